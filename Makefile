@@ -1,0 +1,36 @@
+# The two front-door commands are `make run` and `make test`; everything else serves them.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-12)
+
+.PHONY: run test lint install migrate chaos chaos-long bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	rm -f $(VENV)/.installed-*
+	touch $(STAMP)
+
+install: $(STAMP)
+
+migrate: install
+	$(PY) manage.py migrate --noinput
+
+## run: API (gunicorn), one worker and the reaper; embedded PostgreSQL when DATABASE_URL is unset.
+run: install
+	$(PY) manage.py runstack
+
+## test: the whole suite against the real PostgreSQL and Redis on 127.0.0.1.
+test: install
+	$(VENV)/bin/ruff check .
+	$(PY) manage.py makemigrations --check --dry-run --settings=jobservice.test_settings
+	$(VENV)/bin/pytest
+
+lint: install
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf $(VENV) var .pytest_cache .ruff_cache .hypothesis

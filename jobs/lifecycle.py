@@ -1,0 +1,148 @@
+"""The job lifecycle: states, legal transitions, the terminal set (SPEC §2).
+
+This is the one place the rules live. The model's check constraints, the
+database trigger, the services and the admin all read them from here.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Status(StrEnum):
+    QUEUED = "queued"
+    PROCESSING = "processing"
+    DONE = "done"
+    FAILED = "failed"
+    ENQUEUE_FAILED = "enqueue_failed"
+
+
+STATUSES: tuple[str, ...] = tuple(s.value for s in Status)
+TERMINAL: frozenset[Status] = frozenset({Status.DONE, Status.FAILED})
+# Rows that hold no lease: nobody owns them and nobody has claimed them.
+UNOWNED: frozenset[Status] = frozenset(set(Status) - {Status.PROCESSING})
+
+# (from, to) pairs a row may take. Keeping the status is not a transition.
+TRANSITIONS: frozenset[tuple[Status, Status]] = frozenset(
+    {
+        (Status.QUEUED, Status.ENQUEUE_FAILED),  # API: Redis push failed after commit
+        (Status.ENQUEUE_FAILED, Status.QUEUED),  # reaper / staff: repair
+        (Status.QUEUED, Status.PROCESSING),  # worker: claim
+        (Status.PROCESSING, Status.DONE),  # worker: fenced final write
+        (Status.PROCESSING, Status.QUEUED),  # retry, lease expired, release, revoke
+        (Status.PROCESSING, Status.FAILED),  # budget exhausted, permanent error
+        (Status.QUEUED, Status.FAILED),  # over budget, cancel
+        (Status.ENQUEUE_FAILED, Status.FAILED),  # over budget, cancel
+        (Status.FAILED, Status.QUEUED),  # staff only: manual retry
+    }
+)
+# Transitions that hand the job to a new holder: the fencing token must grow.
+LEASE_BUMPING: frozenset[tuple[Status, Status]] = frozenset(
+    {(Status.QUEUED, Status.PROCESSING), (Status.PROCESSING, Status.QUEUED)}
+)
+INITIAL: Status = Status.QUEUED
+
+
+def is_legal(old: str, new: str) -> bool:
+    """True when old → new is allowed; staying in a state is always allowed."""
+    return old == new or (Status(old), Status(new)) in TRANSITIONS
+
+
+def is_terminal(status: str) -> bool:
+    return Status(status) in TERMINAL
+
+
+def _sql_list(values) -> str:
+    return ", ".join(f"'{v}'" for v in sorted(str(x) for x in values))
+
+
+def _sql_pairs(pairs) -> str:
+    return ", ".join(f"'{a}>{b}'" for a, b in sorted(pairs))
+
+
+def guard_trigger_sql(table: str, history_table: str) -> str:
+    """The database-side guard, generated from the tables above.
+
+    BEFORE INSERT/UPDATE/DELETE on the jobs table:
+    - a new row starts in the initial state with lease_version 0;
+    - a status change must be in TRANSITIONS;
+    - lease_version never decreases, and grows on every LEASE_BUMPING transition;
+    - a processing row keeps its owner unless the lease grows;
+    - only terminal rows may be deleted (retention);
+    - updated_at is stamped with the database clock.
+    AFTER INSERT/UPDATE: one history row per status change, with the actor
+    recorded in the row's updated_by column by whoever made the change.
+    """
+    return f"""
+CREATE OR REPLACE FUNCTION {table}_guard() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF TG_OP = 'INSERT' THEN
+    IF NEW.status <> '{INITIAL}' OR NEW.lease_version <> 0 THEN
+      RAISE EXCEPTION 'illegal job insert: status % lease_version %', NEW.status, NEW.lease_version
+        USING ERRCODE = 'check_violation', CONSTRAINT = '{table}_legal_insert';
+    END IF;
+    RETURN NEW;
+  END IF;
+  IF TG_OP = 'DELETE' THEN
+    IF OLD.status NOT IN ({_sql_list(TERMINAL)}) THEN
+      RAISE EXCEPTION 'illegal job delete: job % is %', OLD.id, OLD.status
+        USING ERRCODE = 'check_violation', CONSTRAINT = '{table}_delete_terminal_only';
+    END IF;
+    RETURN OLD;
+  END IF;
+  IF NEW.lease_version < OLD.lease_version THEN
+    RAISE EXCEPTION 'illegal lease_version decrease on job %: % -> %',
+      OLD.id, OLD.lease_version, NEW.lease_version
+      USING ERRCODE = 'check_violation', CONSTRAINT = '{table}_lease_monotonic';
+  END IF;
+  IF NEW.status <> OLD.status THEN
+    IF (OLD.status || '>' || NEW.status) NOT IN ({_sql_pairs(TRANSITIONS)}) THEN
+      RAISE EXCEPTION 'illegal job transition on job %: % -> %', OLD.id, OLD.status, NEW.status
+        USING ERRCODE = 'check_violation', CONSTRAINT = '{table}_legal_transition';
+    END IF;
+    IF (OLD.status || '>' || NEW.status) IN ({_sql_pairs(LEASE_BUMPING)})
+       AND NEW.lease_version <= OLD.lease_version THEN
+      RAISE EXCEPTION 'job % changed hands (% -> %) without a lease bump',
+        OLD.id, OLD.status, NEW.status
+        USING ERRCODE = 'check_violation', CONSTRAINT = '{table}_lease_bump';
+    END IF;
+  ELSIF NEW.status = '{Status.PROCESSING}'
+        AND NEW.owned_by IS NOT NULL AND NEW.owned_by IS DISTINCT FROM OLD.owned_by
+        AND NEW.lease_version <= OLD.lease_version THEN
+    RAISE EXCEPTION 'job % changed owner without a lease bump', OLD.id
+      USING ERRCODE = 'check_violation', CONSTRAINT = '{table}_lease_bump';
+  END IF;
+  NEW.updated_at := now();
+  RETURN NEW;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION {table}_history() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF TG_OP = 'INSERT' OR NEW.status <> OLD.status THEN
+    INSERT INTO {history_table}
+      (job_id, at, from_status, to_status, actor, lease_version, retry_count, error)
+    VALUES (NEW.id, now(), CASE WHEN TG_OP = 'INSERT' THEN NULL ELSE OLD.status END,
+            NEW.status, COALESCE(NEW.updated_by, ''), NEW.lease_version, NEW.retry_count,
+            CASE WHEN NEW.status = '{Status.DONE}' THEN NULL ELSE NEW.error END);
+  END IF;
+  RETURN NULL;
+END
+$$;
+
+DROP TRIGGER IF EXISTS {table}_guard ON {table};
+CREATE TRIGGER {table}_guard BEFORE INSERT OR UPDATE OR DELETE ON {table}
+  FOR EACH ROW EXECUTE FUNCTION {table}_guard();
+DROP TRIGGER IF EXISTS {table}_history ON {table};
+CREATE TRIGGER {table}_history AFTER INSERT OR UPDATE ON {table}
+  FOR EACH ROW EXECUTE FUNCTION {table}_history();
+"""
+
+
+def drop_trigger_sql(table: str) -> str:
+    return f"""
+DROP TRIGGER IF EXISTS {table}_history ON {table};
+DROP TRIGGER IF EXISTS {table}_guard ON {table};
+DROP FUNCTION IF EXISTS {table}_history();
+DROP FUNCTION IF EXISTS {table}_guard();
+"""

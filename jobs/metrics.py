@@ -1,0 +1,73 @@
+"""Prometheus metrics (SPEC §7). Labels are queue, task, outcome and small
+enums only — never job ids, so cardinality stays bounded."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Histogram
+
+SLO_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 15, 20, 25, 30, 45, 60, 120, 300, 600)
+DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+
+SUBMITTED = Counter("jobs_submitted_total", "Jobs accepted", ["queue", "task"])
+CLAIMED = Counter("jobs_claimed_total", "Jobs claimed by a worker", ["queue"])
+FINISHED = Counter(
+    "jobs_finished_total", "Jobs that reached a terminal state", ["queue", "task", "outcome"]
+)
+DURATION = Histogram(
+    "jobs_duration_seconds",
+    "Handler run time of one attempt",
+    ["queue", "task"],
+    buckets=DURATION_BUCKETS,
+)
+TIME_TO_TERMINAL = Histogram(
+    "jobs_time_to_terminal_seconds",
+    "Submission to terminal state, failures included (the 25 s SLO)",
+    ["queue", "task", "outcome"],
+    buckets=SLO_BUCKETS,
+)
+RETRIES = Histogram(
+    "jobs_retries",
+    "retry_count of jobs when they reached a terminal state",
+    ["queue", "task", "outcome"],
+    buckets=(0, 1, 2, 3, 4, 5, 10, 20),
+)
+RETRIED = Counter("jobs_retried_total", "Failed attempts sent back to queued", ["queue", "task"])
+LEASE_EXPIRED = Counter("jobs_lease_expired_total", "Leases found expired by the reaper", ["queue"])
+REAPER_SWEEPS = Counter("jobs_reaper_sweeps_total", "Reaper sweeps completed")
+REAPER_SWEEP_DURATION = Histogram(
+    "jobs_reaper_sweep_duration_seconds", "Reaper sweep wall time", buckets=DURATION_BUCKETS
+)
+RECOVERED = Counter(
+    "jobs_recovered_total",
+    "Jobs repaired by the reaper, by kind "
+    "(lease, enqueue_failed, lost_signal, scheduled, over_budget)",
+    ["kind"],
+)
+FENCE_REJECTIONS = Counter(
+    "jobs_fence_rejections_total", "Stale writes rejected by the fence", ["queue", "task", "op"]
+)
+ENQUEUE_FAILED = Counter(
+    "jobs_enqueue_failed_total", "Jobs parked as enqueue_failed after a failed push", ["queue"]
+)
+DUPLICATE_DELIVERIES = Counter(
+    "jobs_duplicate_deliveries_total", "Signals for jobs no longer claimable", ["queue"]
+)
+REDIS_ERRORS = Counter("jobs_redis_errors_total", "Redis commands that failed", ["op"])
+HEARTBEATS = Counter("jobs_heartbeats_total", "Leases extended by a heartbeat", ["queue"])
+DB_ERRORS = Counter(
+    "jobs_db_errors_total", "Database operations that failed and were retried", ["op"]
+)
+
+
+def observe_terminal(
+    queue: str,
+    task: str,
+    outcome: str,
+    time_to_terminal: float | None,
+    retry_count: int,
+) -> None:
+    """Record one job reaching done/failed, whoever moved it there."""
+    FINISHED.labels(queue, task, outcome).inc()
+    RETRIES.labels(queue, task, outcome).observe(retry_count)
+    if time_to_terminal is not None:
+        TIME_TO_TERMINAL.labels(queue, task, outcome).observe(max(time_to_terminal, 0.0))

@@ -1,0 +1,182 @@
+"""Tables of the job system. Per-state invariants are named check constraints
+built from `lifecycle`; transitions are guarded by a trigger (see migrations)."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+
+from django.db import models
+from django.db.models import Q
+from django.db.models.functions import Now
+
+from jobs.lifecycle import STATUSES, TERMINAL, UNOWNED, Status
+
+PRIORITY_MIN = -100
+PRIORITY_MAX = 100
+
+_OWNED = Q(owned_by__isnull=False, claimed_at__isnull=False, heartbeat_at__isnull=False)
+_UNOWNED = Q(owned_by__isnull=True, claimed_at__isnull=True, heartbeat_at__isnull=True)
+
+
+class Client(models.Model):
+    """An API client. The token is shown once; only its SHA-256 is stored."""
+
+    name = models.CharField(max_length=100, unique=True)
+    token_hash = models.CharField(max_length=64, unique=True)
+    is_active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @staticmethod
+    def hash_token(token: str) -> str:
+        return hashlib.sha256(token.encode()).hexdigest()
+
+    @classmethod
+    def create_with_token(cls, name: str) -> tuple[Client, str]:
+        token = secrets.token_urlsafe(32)
+        client = cls.objects.create(name=name, token_hash=cls.hash_token(token))
+        return client, token
+
+    # DRF's IsAuthenticated-style checks read these.
+    is_authenticated = True
+
+
+class Job(models.Model):
+    """Every fact about a job (SPEC §2). Written only through `jobs.services`."""
+
+    id = models.BigAutoField(primary_key=True)
+    task = models.CharField(max_length=200)
+    payload = models.JSONField(default=dict)
+    queue = models.CharField(max_length=100, default="default")
+    priority = models.SmallIntegerField(default=0, help_text="Higher runs first.")
+    status = models.CharField(
+        max_length=20, choices=[(s, s) for s in STATUSES], default=Status.QUEUED
+    )
+    result = models.JSONField(null=True, blank=True)
+    error = models.TextField(null=True, blank=True)
+    run_at = models.DateTimeField(db_default=Now())
+    max_retries = models.IntegerField()
+    retry_count = models.IntegerField(default=0)
+    lease_version = models.BigIntegerField(default=0)
+    owned_by = models.CharField(max_length=200, null=True, blank=True)
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+    updated_at = models.DateTimeField(db_default=Now())
+    finished_at = models.DateTimeField(null=True, blank=True)
+    client = models.ForeignKey(
+        Client, null=True, blank=True, on_delete=models.PROTECT, related_name="jobs"
+    )
+    idempotency_key = models.CharField(max_length=200, null=True, blank=True)
+    request_hash = models.CharField(max_length=64, null=True, blank=True)
+    updated_by = models.CharField(
+        max_length=250, null=True, blank=True, help_text="Actor of the latest write."
+    )
+
+    class Meta:
+        db_table = "jobs_job"
+        constraints = [
+            models.CheckConstraint(name="job_status_valid", condition=Q(status__in=STATUSES)),
+            models.CheckConstraint(
+                name="job_processing_is_owned",
+                condition=~Q(status=Status.PROCESSING) | _OWNED,
+            ),
+            models.CheckConstraint(
+                name="job_idle_is_unowned",
+                condition=~Q(status__in=sorted(UNOWNED)) | _UNOWNED,
+            ),
+            models.CheckConstraint(
+                name="job_done_has_no_error",
+                condition=~Q(status=Status.DONE) | Q(error__isnull=True),
+            ),
+            models.CheckConstraint(
+                name="job_failed_has_error",
+                condition=~Q(status=Status.FAILED) | Q(error__isnull=False),
+            ),
+            models.CheckConstraint(
+                name="job_terminal_is_finished",
+                condition=(Q(status__in=sorted(TERMINAL)) & Q(finished_at__isnull=False))
+                | (~Q(status__in=sorted(TERMINAL)) & Q(finished_at__isnull=True)),
+            ),
+            models.CheckConstraint(name="job_retry_count_nonneg", condition=Q(retry_count__gte=0)),
+            models.CheckConstraint(
+                name="job_lease_version_nonneg", condition=Q(lease_version__gte=0)
+            ),
+            models.CheckConstraint(name="job_max_retries_nonneg", condition=Q(max_retries__gte=0)),
+            models.CheckConstraint(
+                name="job_priority_range",
+                condition=Q(priority__gte=PRIORITY_MIN, priority__lte=PRIORITY_MAX),
+            ),
+            models.UniqueConstraint(
+                name="job_idempotency_key_per_client",
+                fields=["client", "idempotency_key"],
+                condition=Q(idempotency_key__isnull=False),
+                nulls_distinct=False,
+            ),
+        ]
+        indexes = [
+            # The claim: claimable rows only, in claim order.
+            models.Index(
+                name="job_claim_idx",
+                fields=["queue", "-priority", "run_at", "id"],
+                condition=Q(status=Status.QUEUED),
+            ),
+            # The reaper's expired-lease sweep.
+            models.Index(
+                name="job_processing_idx",
+                fields=["heartbeat_at"],
+                condition=Q(status=Status.PROCESSING),
+            ),
+            models.Index(
+                name="job_enqueue_failed_idx",
+                fields=["id"],
+                condition=Q(status=Status.ENQUEUE_FAILED),
+            ),
+            # A client's own listing, newest first.
+            models.Index(name="job_client_created_idx", fields=["client", "-created_at", "-id"]),
+            # Retention and time-window aggregates over finished jobs.
+            models.Index(name="job_finished_idx", fields=["finished_at"]),
+            models.Index(name="job_status_task_idx", fields=["status", "task"]),
+        ]
+
+    def __str__(self) -> str:
+        return f"job {self.id} {self.task} [{self.status}]"
+
+    @property
+    def is_terminal(self) -> bool:
+        return Status(self.status) in TERMINAL
+
+
+class JobEvent(models.Model):
+    """Append-only history: one row per transition (written by a database trigger)
+    and one per rejected stale write (written by the worker that was fenced off)."""
+
+    TRANSITION = "transition"
+    FENCE_REJECTED = "fence_rejected"
+
+    id = models.BigAutoField(primary_key=True)
+    job = models.ForeignKey(
+        Job, on_delete=models.DO_NOTHING, db_constraint=False, related_name="events"
+    )
+    kind = models.CharField(max_length=20, default=TRANSITION, db_default=TRANSITION)
+    at = models.DateTimeField(db_default=Now())
+    from_status = models.CharField(max_length=20, null=True, blank=True)
+    to_status = models.CharField(max_length=20)
+    actor = models.CharField(max_length=250, blank=True, default="")
+    lease_version = models.BigIntegerField()
+    retry_count = models.IntegerField(default=0)
+    error = models.TextField(null=True, blank=True)
+
+    class Meta:
+        db_table = "jobs_jobevent"
+        ordering = ["job_id", "id"]
+        indexes = [models.Index(name="jobevent_job_idx", fields=["job", "id"])]
+
+    def __str__(self) -> str:
+        return f"{self.job_id}: {self.from_status or 'new'} → {self.to_status} by {self.actor}"

@@ -1,0 +1,613 @@
+"""Every write to a job, one method per transition (SPEC §2–§5).
+
+Each write is a single compare-and-set statement: its WHERE clause states the
+state it expects, and the rows it returns say whether it held. Writes a worker
+makes after claiming carry the authority predicate of SPEC §3
+(id, lease_version, owned_by, status = 'processing'). Times come from the
+database clock (`now()`), never from Python. History rows are written by the
+table's trigger from `updated_by`, so no path can skip them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from django.db import connection, transaction
+
+from jobs import metrics
+from jobs.lifecycle import Status
+from jobs.logging import job_log_fields
+from jobs.models import Job
+from jobs.transport import TransportError, get_transport
+
+log = logging.getLogger(__name__)
+
+T = Job._meta.db_table
+QUEUED, PROCESSING, DONE, FAILED, ENQUEUE_FAILED = (
+    Status.QUEUED.value,
+    Status.PROCESSING.value,
+    Status.DONE.value,
+    Status.FAILED.value,
+    Status.ENQUEUE_FAILED.value,
+)
+# What a finished row needs to report its metrics.
+_FINISH_RETURNING = (
+    "j.id, j.status, j.queue, j.task, j.retry_count, j.lease_version, "
+    "extract(epoch FROM j.finished_at - j.created_at)"
+)
+_UNOWN = "owned_by = NULL, claimed_at = NULL, heartbeat_at = NULL"
+
+
+class IdempotencyConflict(Exception):
+    """The idempotency key was used before with a different request."""
+
+    def __init__(self, job: Job) -> None:
+        super().__init__(f"idempotency key already used for job {job.pk} with another request")
+        self.job = job
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A worker's authority over one job: valid while the row still matches."""
+
+    job_id: int
+    lease_version: int
+    worker_id: str
+    task: str
+    payload: Any
+    queue: str
+    retry_count: int
+    max_retries: int
+    created_at: datetime
+
+    def log_fields(self, **more: Any) -> dict[str, Any]:
+        return job_log_fields(
+            self.job_id, self.lease_version, self.worker_id, self.queue, self.task, **more
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """A row a write moved out of processing (or a stale write that did not land)."""
+
+    job_id: int
+    status: str
+    queue: str
+    task: str
+    retry_count: int
+    lease_version: int
+    time_to_terminal: float | None
+
+
+def worker_actor(worker_id: str) -> str:
+    return f"worker:{worker_id}"
+
+
+# --- helpers ------------------------------------------------------------------
+
+
+def _rows(sql: str, params: Sequence[Any] | dict[str, Any]) -> list[tuple]:
+    with connection.cursor() as cur:
+        cur.execute(sql, params)
+        return cur.fetchall() if cur.description else []
+
+
+def _group_by_queue(pairs: Iterable[tuple[int, str]]) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = defaultdict(list)
+    for job_id, queue in pairs:
+        out[queue].append(job_id)
+    return dict(out)
+
+
+def signal_after_commit(pairs: Iterable[tuple[int, str]], *, park_on_failure: bool) -> None:
+    """Push job ids to Redis once the current transaction commits (SPEC §1).
+
+    With `park_on_failure`, a failed push moves the still-queued rows to
+    enqueue_failed in a second short transaction (the API's submission path).
+    Otherwise (re-signals by workers and the reaper) a failed push is only
+    counted: the row stays queued and the lost-signal sweep or polling finds it.
+    """
+    ids_by_queue = _group_by_queue(pairs)
+    if not ids_by_queue:
+        return
+
+    def push() -> None:
+        try:
+            get_transport().push(ids_by_queue)
+        except TransportError as exc:
+            ids = [i for ids in ids_by_queue.values() for i in ids]
+            if park_on_failure:
+                parked = mark_enqueue_failed(ids, reason=str(exc))
+                log.warning(
+                    "redis push failed; %d job(s) parked as enqueue_failed: %s",
+                    len(parked),
+                    exc,
+                    extra={"job_ids": parked[:20]},
+                )
+            else:
+                log.warning(
+                    "redis re-signal failed for %d job(s); polling will find them: %s",
+                    len(ids),
+                    exc,
+                )
+
+    transaction.on_commit(push)
+
+
+def push_now_ignoring_rollback(pairs: Iterable[tuple[int, str]]) -> None:
+    """Push ids at once, even inside a transaction that may still roll back.
+
+    Safe only for rows already committed (a wake-up for an uncommitted or
+    rolled-back row is a harmless duplicate delivery). Raises TransportError.
+    """
+    get_transport().push(_group_by_queue(pairs))
+
+
+# --- submission -----------------------------------------------------------------
+
+_JOB_FIELDS = [f.attname for f in Job._meta.concrete_fields]
+_INSERT_SQL = f"""
+INSERT INTO {T} (task, payload, queue, priority, run_at, max_retries, client_id,
+                 idempotency_key, request_hash, updated_by, status, retry_count, lease_version)
+VALUES (%s, %s::jsonb, %s, %s, COALESCE(%s, now()), %s, %s, %s, %s, %s, '{QUEUED}', 0, 0)
+ON CONFLICT DO NOTHING
+RETURNING {", ".join(_JOB_FIELDS)}, run_at <= now()
+"""
+
+
+def _job_from_row(row: Sequence[Any]) -> Job:
+    job = Job.from_db(connection.alias, _JOB_FIELDS, list(row[: len(_JOB_FIELDS)]))
+    if isinstance(job.payload, str):
+        job.payload = json.loads(job.payload)
+    return job
+
+
+def submit(
+    task: str,
+    payload: Any = None,
+    *,
+    queue: str = "default",
+    priority: int = 0,
+    run_at: datetime | None = None,
+    max_retries: int | None = None,
+    client_id: int | None = None,
+    idempotency_key: str | None = None,
+    request_hash: str | None = None,
+    actor: str = "app",
+) -> tuple[Job, bool]:
+    """Insert a queued job inside the caller's transaction (the outbox of seed 002).
+
+    The Redis push runs only when that transaction commits, so the job exists
+    exactly when the caller's change does. Returns (job, created); a reused
+    idempotency key returns the existing job, or raises IdempotencyConflict when
+    `request_hash` differs. Validation of task and payload is the caller's
+    (see jobs.submission); this is the write.
+    """
+    if max_retries is None:
+        max_retries = settings.JOBS_MAX_RETRIES
+    params = [
+        task,
+        json.dumps(payload if payload is not None else {}),
+        queue,
+        priority,
+        run_at,
+        max_retries,
+        client_id,
+        idempotency_key,
+        request_hash,
+        actor,
+    ]
+    rows = _rows(_INSERT_SQL, params)
+    if not rows:
+        existing = Job.objects.get(client_id=client_id, idempotency_key=idempotency_key)
+        if existing.request_hash != request_hash:
+            raise IdempotencyConflict(existing)
+        return existing, False
+    row = rows[0]
+    job = _job_from_row(row)
+    due = row[-1]
+    metrics.SUBMITTED.labels(queue, task).inc()
+    if due:
+        signal_after_commit([(job.pk, queue)], park_on_failure=True)
+    return job, True
+
+
+def mark_enqueue_failed(job_ids: Sequence[int], reason: str = "") -> list[int]:
+    """queued → enqueue_failed for rows whose push failed and nobody has claimed yet."""
+    rows = _rows(
+        f"""UPDATE {T} SET status = '{ENQUEUE_FAILED}', updated_by = 'api'
+            WHERE id = ANY(%s) AND status = '{QUEUED}' RETURNING id, queue""",
+        [list(job_ids)],
+    )
+    for _, queue in rows:
+        metrics.ENQUEUE_FAILED.labels(queue).inc()
+    return [r[0] for r in rows]
+
+
+# --- claiming -------------------------------------------------------------------
+
+_CLAIM_SET = f"""
+UPDATE {T} j SET status = '{PROCESSING}', lease_version = j.lease_version + 1,
+       owned_by = %(worker)s, claimed_at = now(), heartbeat_at = now(),
+       updated_by = %(actor)s
+FROM c WHERE j.id = c.id
+RETURNING j.id, j.lease_version, j.task, j.payload, j.queue, j.retry_count,
+          j.max_retries, j.created_at
+"""
+_CLAIM_NEXT_SQL = f"""
+WITH c AS (
+  SELECT id FROM {T}
+  WHERE status = '{QUEUED}' AND queue = %(queue)s AND run_at <= now()
+  ORDER BY priority DESC, run_at, id
+  LIMIT %(limit)s
+  FOR UPDATE SKIP LOCKED
+)
+{_CLAIM_SET}
+"""
+_CLAIM_IDS_SQL = f"""
+WITH c AS (
+  SELECT id FROM {T}
+  WHERE id = ANY(%(ids)s) AND status = '{QUEUED}' AND run_at <= now()
+  ORDER BY priority DESC, run_at, id
+  FOR UPDATE SKIP LOCKED
+)
+{_CLAIM_SET}
+"""
+
+
+def _leases(rows: list[tuple], worker_id: str) -> list[Lease]:
+    leases = []
+    for r in rows:
+        payload = json.loads(r[3]) if isinstance(r[3], str) else r[3]
+        leases.append(Lease(r[0], r[1], worker_id, r[2], payload, r[4], r[5], r[6], r[7]))
+        metrics.CLAIMED.labels(r[4]).inc()
+    return leases
+
+
+def claim_next(worker_id: str, queues: Sequence[str], limit: int) -> list[Lease]:
+    """queued → processing for up to `limit` due jobs, earlier queues first.
+
+    FOR UPDATE SKIP LOCKED lets many workers claim at once without waiting on
+    each other; the partial index job_claim_idx serves the scan.
+    """
+    leases: list[Lease] = []
+    for queue in queues:
+        if len(leases) >= limit:
+            break
+        rows = _rows(
+            _CLAIM_NEXT_SQL,
+            {
+                "queue": queue,
+                "limit": limit - len(leases),
+                "worker": worker_id,
+                "actor": worker_actor(worker_id),
+            },
+        )
+        leases.extend(_leases(rows, worker_id))
+    return leases
+
+
+def claim_ids(worker_id: str, job_ids: Sequence[int]) -> list[Lease]:
+    """queued → processing for the given ids that are still claimable.
+
+    An id not returned was a duplicate delivery (already claimed, finished,
+    not yet due, or being claimed by someone else right now).
+    """
+    if not job_ids:
+        return []
+    rows = _rows(
+        _CLAIM_IDS_SQL,
+        {"ids": list(job_ids), "worker": worker_id, "actor": worker_actor(worker_id)},
+    )
+    return _leases(rows, worker_id)
+
+
+def claim(worker_id: str, job_id: int) -> Lease | None:
+    leases = claim_ids(worker_id, [job_id])
+    return leases[0] if leases else None
+
+
+# --- fenced writes by the lease holder --------------------------------------------
+
+_FENCE = (
+    "j.id = f.id AND j.lease_version = f.lv AND j.owned_by = f.owner AND j.status = 'processing'"
+)
+
+
+def _fence_arrays(leases: Sequence[Lease]) -> tuple[list[int], list[int], list[str]]:
+    return (
+        [x.job_id for x in leases],
+        [x.lease_version for x in leases],
+        [x.worker_id for x in leases],
+    )
+
+
+def heartbeat(leases: Sequence[Lease]) -> set[int]:
+    """Extend the leases still held, in one statement; returns the job ids that held.
+
+    A lease missing from the answer is lost: its worker must stop treating the
+    job as its own.
+    """
+    if not leases:
+        return set()
+    ids, lvs, owners = _fence_arrays(leases)
+    rows = _rows(
+        f"""UPDATE {T} j SET heartbeat_at = now()
+            FROM unnest(%s::bigint[], %s::bigint[], %s::text[]) AS f(id, lv, owner)
+            WHERE {_FENCE} RETURNING j.id, j.queue""",
+        [ids, lvs, owners],
+    )
+    for _, queue in rows:
+        metrics.HEARTBEATS.labels(queue).inc()
+    return {r[0] for r in rows}
+
+
+def _finished(rows: list[tuple]) -> dict[int, Finished]:
+    out = {}
+    for r in rows:
+        f = Finished(r[0], r[1], r[2], r[3], r[4], r[5], float(r[6]) if r[6] is not None else None)
+        out[f.job_id] = f
+        if f.status in (DONE, FAILED):
+            metrics.observe_terminal(f.queue, f.task, f.status, f.time_to_terminal, f.retry_count)
+    return out
+
+
+def complete(items: Sequence[tuple[Lease, Any]]) -> dict[int, Finished]:
+    """processing → done for each (lease, result) whose fence still holds.
+
+    One statement for the whole batch; a lease missing from the answer lost
+    its authority and its result was not written.
+    """
+    if not items:
+        return {}
+    ids, lvs, owners = _fence_arrays([lease for lease, _ in items])
+    results = [None if r is None else json.dumps(r) for _, r in items]
+    actors = [worker_actor(o) for o in owners]
+    rows = _rows(
+        f"""UPDATE {T} j SET status = '{DONE}', result = f.result::jsonb, error = NULL,
+                   {_UNOWN}, finished_at = now(), updated_by = f.actor
+            FROM unnest(%s::bigint[], %s::bigint[], %s::text[], %s::text[], %s::text[])
+                 AS f(id, lv, owner, result, actor)
+            WHERE {_FENCE} RETURNING {_FINISH_RETURNING}""",
+        [ids, lvs, owners, results, actors],
+    )
+    return _finished(rows)
+
+
+_BACKOFF = (
+    "now() + least(%(cap)s, %(base)s * power(2, j.retry_count)) "
+    "* (0.5 + random() / 2) * interval '1 second'"
+)
+
+
+def fail(items: Sequence[tuple[Lease, str, bool]]) -> dict[int, Finished]:
+    """A failed attempt for each (lease, error, permanent), fenced (SPEC §4).
+
+    Retryable with budget left: retry_count + 1 and back to queued with the
+    lease bumped and run_at pushed back by exponential backoff with jitter.
+    Budget spent (retry_count > max_retries): failed. Permanent: failed at
+    once, retry_count unchanged (no retry was spent). Retries are re-signalled
+    after commit when due; backed-off ones are found by polling and the reaper.
+    """
+    if not items:
+        return {}
+    ids, lvs, owners = _fence_arrays([lease for lease, _, _ in items])
+    errors = [e for _, e, _ in items]
+    permanent = [p for _, _, p in items]
+    actors = [worker_actor(o) for o in owners]
+    retry = "NOT f.permanent AND j.retry_count + 1 <= j.max_retries"
+    rows = _rows(
+        f"""UPDATE {T} j SET
+               retry_count = j.retry_count + CASE WHEN f.permanent THEN 0 ELSE 1 END,
+               error = f.error, result = NULL,
+               status = CASE WHEN {retry} THEN '{QUEUED}' ELSE '{FAILED}' END,
+               lease_version = j.lease_version + CASE WHEN {retry} THEN 1 ELSE 0 END,
+               run_at = CASE WHEN {retry} THEN {_BACKOFF} ELSE j.run_at END,
+               finished_at = CASE WHEN {retry} THEN NULL ELSE now() END,
+               {_UNOWN}, updated_by = f.actor
+            FROM unnest(%(ids)s::bigint[], %(lvs)s::bigint[], %(owners)s::text[],
+                        %(errors)s::text[], %(permanent)s::boolean[], %(actors)s::text[])
+                 AS f(id, lv, owner, error, permanent, actor)
+            WHERE {_FENCE} RETURNING {_FINISH_RETURNING}, j.run_at <= now()""",
+        {
+            "ids": ids,
+            "lvs": lvs,
+            "owners": owners,
+            "errors": errors,
+            "permanent": permanent,
+            "actors": actors,
+            "base": settings.JOBS_RETRY_BACKOFF_BASE,
+            "cap": settings.JOBS_RETRY_BACKOFF_MAX,
+        },
+    )
+    finished = _finished([r[:-1] for r in rows])
+    for f in finished.values():
+        if f.status == QUEUED:
+            metrics.RETRIED.labels(f.queue, f.task).inc()
+    signal_after_commit(
+        [(r[0], r[2]) for r in rows if r[1] == QUEUED and r[-1]], park_on_failure=False
+    )
+    return finished
+
+
+def release(leases: Sequence[Lease], reason: str = "released by worker shutdown") -> set[int]:
+    """processing → queued without spending a retry (graceful shutdown), fenced.
+
+    The lease is bumped so that the releasing worker can no longer write.
+    """
+    if not leases:
+        return set()
+    ids, lvs, owners = _fence_arrays(leases)
+    rows = _rows(
+        f"""UPDATE {T} j SET status = '{QUEUED}', lease_version = j.lease_version + 1,
+                   run_at = now(), error = %s, {_UNOWN}, updated_by = 'worker:' || f.owner
+            FROM unnest(%s::bigint[], %s::bigint[], %s::text[]) AS f(id, lv, owner)
+            WHERE {_FENCE} RETURNING j.id, j.queue""",
+        [reason, ids, lvs, owners],
+    )
+    signal_after_commit(rows, park_on_failure=False)
+    return {r[0] for r in rows}
+
+
+def record_fence_rejections(leases: Sequence[Lease], op: str) -> None:
+    """Count, log and record stale writes that the fence turned away (SPEC §3)."""
+    if not leases:
+        return
+    ids, lvs, owners = _fence_arrays(leases)
+    rows = _rows(
+        f"""INSERT INTO jobs_jobevent (job_id, kind, at, from_status, to_status, actor,
+                                      lease_version, retry_count, error)
+            SELECT j.id, 'fence_rejected', now(), j.status, j.status, 'worker:' || f.owner,
+                   f.lv, j.retry_count,
+                   format('stale %%s rejected: held lease %%s, row is at lease %%s '
+                          '(%%s, owner %%s)', %s::text, f.lv, j.lease_version, j.status,
+                          coalesce(j.owned_by, '-'))
+            FROM unnest(%s::bigint[], %s::bigint[], %s::text[]) AS f(id, lv, owner)
+            JOIN {T} j ON j.id = f.id
+            RETURNING job_id, (SELECT lease_version FROM {T} WHERE id = job_id)""",
+        [op, ids, lvs, owners],
+    )
+    current = dict(rows)
+    for lease in leases:
+        metrics.FENCE_REJECTIONS.labels(lease.queue, lease.task, op).inc()
+        log.warning(
+            "fence rejected stale %s: held lease_version %s, row now at %s",
+            op,
+            lease.lease_version,
+            current.get(lease.job_id),
+            extra=lease.log_fields(current_lease_version=current.get(lease.job_id)),
+        )
+
+
+# --- the reaper -------------------------------------------------------------------
+
+
+def reap_expired(lease_seconds: float, limit: int = 500) -> dict[int, Finished]:
+    """Expired leases (no claim or heartbeat for `lease_seconds`) → queued with a
+    retry spent and the lease bumped, or failed when the budget is spent.
+
+    SKIP LOCKED keeps concurrent reapers from ever touching the same row.
+    """
+    retry = "j.retry_count + 1 <= j.max_retries"
+    rows = _rows(
+        f"""WITH c AS (
+              SELECT id FROM {T}
+              WHERE status = '{PROCESSING}'
+                AND heartbeat_at < now() - %(lease)s * interval '1 second'
+              ORDER BY heartbeat_at LIMIT %(limit)s
+              FOR UPDATE SKIP LOCKED)
+            UPDATE {T} j SET retry_count = j.retry_count + 1, result = NULL,
+                   error = format('lease expired: no heartbeat from %%s for over %%s s',
+                                  j.owned_by, %(lease)s),
+                   status = CASE WHEN {retry} THEN '{QUEUED}' ELSE '{FAILED}' END,
+                   lease_version = j.lease_version + 1,
+                   run_at = CASE WHEN {retry} THEN now() ELSE j.run_at END,
+                   finished_at = CASE WHEN {retry} THEN NULL ELSE now() END,
+                   {_UNOWN}, updated_by = 'reaper'
+            FROM c WHERE j.id = c.id
+            RETURNING {_FINISH_RETURNING}""",
+        {"lease": lease_seconds, "limit": limit},
+    )
+    finished = _finished(rows)
+    for f in finished.values():
+        metrics.LEASE_EXPIRED.labels(f.queue).inc()
+        log.info(
+            "lease expired; job %s",
+            f.status,
+            extra=job_log_fields(f.job_id, f.lease_version, None, f.queue, f.task),
+        )
+    signal_after_commit(
+        [(f.job_id, f.queue) for f in finished.values() if f.status == QUEUED],
+        park_on_failure=False,
+    )
+    return finished
+
+
+def repair_enqueue_failed(
+    limit: int = 500, job_ids: Sequence[int] | None = None, actor: str = "reaper"
+) -> list[int]:
+    """enqueue_failed → queued, re-signalled after commit."""
+    where = "AND id = ANY(%(ids)s)" if job_ids is not None else ""
+    rows = _rows(
+        f"""WITH c AS (SELECT id FROM {T} WHERE status = '{ENQUEUE_FAILED}' {where}
+                       ORDER BY id LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
+            UPDATE {T} j SET status = '{QUEUED}', updated_by = %(actor)s
+            FROM c WHERE j.id = c.id RETURNING j.id, j.queue""",
+        {"ids": list(job_ids or []), "limit": limit, "actor": actor},
+    )
+    signal_after_commit(rows, park_on_failure=False)
+    return [r[0] for r in rows]
+
+
+def fail_over_budget(limit: int = 500) -> dict[int, Finished]:
+    """queued / enqueue_failed rows whose retry_count already exceeds the budget → failed."""
+    rows = _rows(
+        f"""WITH c AS (SELECT id FROM {T}
+                       WHERE status IN ('{QUEUED}', '{ENQUEUE_FAILED}')
+                         AND retry_count > max_retries
+                       LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
+            UPDATE {T} j SET status = '{FAILED}', finished_at = now(), result = NULL,
+                   error = format('retry budget exhausted (%%s retries > max %%s)',
+                                  j.retry_count, j.max_retries),
+                   updated_by = 'reaper'
+            FROM c WHERE j.id = c.id RETURNING {_FINISH_RETURNING}""",
+        {"limit": limit},
+    )
+    return _finished(rows)
+
+
+# --- staff and clients ------------------------------------------------------------
+
+
+def staff_retry(job_ids: Sequence[int], actor: str) -> list[int]:
+    """failed → queued, retry budget reset (SPEC §2: staff only, audited)."""
+    rows = _rows(
+        f"""UPDATE {T} j SET status = '{QUEUED}', retry_count = 0, result = NULL,
+                   finished_at = NULL, run_at = now(), updated_by = %s
+            WHERE id = ANY(%s) AND status = '{FAILED}' RETURNING id, queue""",
+        [actor, list(job_ids)],
+    )
+    signal_after_commit(rows, park_on_failure=False)
+    return [r[0] for r in rows]
+
+
+def staff_repair(job_ids: Sequence[int], actor: str) -> list[int]:
+    return repair_enqueue_failed(limit=len(job_ids) or 1, job_ids=job_ids, actor=actor)
+
+
+def revoke(job_ids: Sequence[int], actor: str) -> list[int]:
+    """processing → queued with the lease bumped and the owner cleared, so the
+    running worker's late write is rejected by the fence. No retry is spent."""
+    rows = _rows(
+        f"""UPDATE {T} j SET status = '{QUEUED}', lease_version = j.lease_version + 1,
+                   run_at = now(), error = 'lease revoked by ' || %s, {_UNOWN},
+                   updated_by = %s
+            WHERE id = ANY(%s) AND status = '{PROCESSING}' RETURNING id, queue""",
+        [actor, actor, list(job_ids)],
+    )
+    signal_after_commit(rows, park_on_failure=False)
+    return [r[0] for r in rows]
+
+
+def cancel(job_ids: Sequence[int], actor: str, client_id: int | None = None) -> list[int]:
+    """queued / enqueue_failed → failed with error "cancelled": only jobs not started.
+
+    With `client_id`, only that client's jobs are touched.
+    """
+    client_clause = "AND client_id = %(client)s" if client_id is not None else ""
+    rows = _rows(
+        f"""UPDATE {T} j SET status = '{FAILED}', error = 'cancelled', finished_at = now(),
+                   result = NULL, updated_by = %(actor)s
+            WHERE id = ANY(%(ids)s) AND status IN ('{QUEUED}', '{ENQUEUE_FAILED}')
+                  {client_clause}
+            RETURNING {_FINISH_RETURNING}""",
+        {"actor": actor, "ids": list(job_ids), "client": client_id},
+    )
+    return list(_finished(rows))

@@ -1,0 +1,169 @@
+"""The task registry: names the API accepts and the functions workers run.
+
+Applications register their own with the decorator:
+
+    from jobs.tasks import task, PermanentError
+
+    @task("resize-image")
+    def resize(payload, ctx):
+        ...
+
+and list the module in JOBS_TASK_MODULES so every process imports it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.conf import settings
+
+
+class PermanentError(Exception):
+    """Raised by a handler: the job fails at once, no retries (SPEC §4)."""
+
+
+class RetryableError(Exception):
+    """Raised by a handler to ask for a retry explicitly (any other exception retries too)."""
+
+
+class InvalidPayload(PermanentError):
+    """The payload does not fit the task; raised by validators, rejected by the API."""
+
+
+@dataclass
+class JobContext:
+    """What a handler knows about the attempt it runs.
+
+    `stop` is set when the worker lost authority over the job (a heartbeat was
+    fenced off) or is shutting down: long handlers should check it and return.
+    """
+
+    job_id: int
+    lease_version: int
+    attempt: int
+    worker_id: str
+    queue: str
+    task: str
+    stop: threading.Event = field(default_factory=threading.Event)
+    lost_authority: bool = False
+
+    def sleep(self, seconds: float) -> bool:
+        """Sleep cooperatively; returns False when told to stop early."""
+        return not self.stop.wait(seconds)
+
+
+Handler = Callable[[Any, JobContext], Any]
+Validator = Callable[[Any], None]
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    name: str
+    fn: Handler
+    transactional: bool = False
+    validate: Validator | None = None
+
+
+_registry: dict[str, TaskSpec] = {}
+_loaded = False
+_load_lock = threading.Lock()
+
+
+def task(
+    name: str | None = None,
+    *,
+    transactional: bool = False,
+    validate: Validator | None = None,
+) -> Callable[[Handler], Handler]:
+    """Register a handler `fn(payload, ctx)`.
+
+    transactional=True runs the handler inside the database transaction of its
+    fenced completion: its own writes commit only if the worker still holds the
+    lease when it finishes, so a stale worker's side effects roll back with its
+    rejected result (exactly-once effects inside PostgreSQL).
+    validate(payload) raises InvalidPayload for payloads the task cannot run;
+    the API calls it before accepting a job.
+    """
+
+    def register(fn: Handler) -> Handler:
+        key = name or fn.__name__
+        existing = _registry.get(key)
+        if existing is not None and existing.fn is not fn:
+            raise ValueError(f"task {key!r} is already registered")
+        _registry[key] = TaskSpec(key, fn, transactional, validate)
+        return fn
+
+    return register
+
+
+def load() -> dict[str, TaskSpec]:
+    """Import the built-ins and every module in JOBS_TASK_MODULES, once."""
+    global _loaded
+    if not _loaded:
+        with _load_lock:
+            if not _loaded:
+                for module in settings.JOBS_TASK_MODULES:
+                    importlib.import_module(module)
+                _loaded = True
+    return _registry
+
+
+def get(name: str) -> TaskSpec | None:
+    return load().get(name)
+
+
+def names() -> list[str]:
+    return sorted(load())
+
+
+def validate_payload(name: str, payload: Any) -> None:
+    """Raise KeyError for an unknown task, InvalidPayload for a payload it rejects."""
+    spec = get(name)
+    if spec is None:
+        raise KeyError(name)
+    if spec.validate is not None:
+        spec.validate(payload)
+
+
+# --- built-in tasks (SPEC §9) -------------------------------------------------------
+
+
+@task("echo")
+def echo(payload: Any, ctx: JobContext) -> Any:
+    """Return the payload unchanged."""
+    return payload
+
+
+MAX_SLEEP_SECONDS = 3600
+
+
+def _validate_sleep(payload: Any) -> None:
+    if not isinstance(payload, dict) or "seconds" not in payload:
+        raise InvalidPayload('sleep needs {"seconds": <number>}')
+    seconds = payload["seconds"]
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        raise InvalidPayload("seconds must be a number")
+    if not 0 <= seconds <= MAX_SLEEP_SECONDS:
+        raise InvalidPayload(f"seconds must be between 0 and {MAX_SLEEP_SECONDS}")
+
+
+@task("sleep", validate=_validate_sleep)
+def sleep(payload: dict, ctx: JobContext) -> dict:
+    """Sleep `seconds`, waking early only when the worker lost the job or stops."""
+    started = time.monotonic()
+    finished = ctx.sleep(float(payload["seconds"]))
+    if not finished:
+        raise RetryableError("interrupted before the sleep ended")
+    return {"slept": round(time.monotonic() - started, 3)}
+
+
+@task("fail")
+def fail(payload: Any, ctx: JobContext) -> Any:
+    """Always raise a retryable error (for testing retries and the failed state)."""
+    message = payload.get("message") if isinstance(payload, dict) else None
+    raise RetryableError(message or "fail task always fails")

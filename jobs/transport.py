@@ -1,0 +1,137 @@
+"""Redis as transport only (SPEC §1): lists of job ids, one per queue.
+
+The only module that imports redis. A message is a wake-up hint, never a fact;
+losing every message may delay work but never lose or change a job.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Sequence
+
+import redis
+from django.conf import settings
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from jobs import metrics
+
+log = logging.getLogger(__name__)
+
+# Short socket timeouts: a dead or frozen Redis must not stall the API.
+CONNECT_TIMEOUT = 0.5
+SOCKET_TIMEOUT = 2.0
+
+
+class TransportError(Exception):
+    """Redis could not be reached or refused the command."""
+
+
+class Transport:
+    """Pushes and pops job ids on Redis lists named `<prefix>q:<queue>`."""
+
+    enabled = True
+
+    def __init__(self, url: str, prefix: str) -> None:
+        self.url = url
+        self.prefix = prefix
+        self._client = redis.Redis.from_url(
+            url,
+            socket_connect_timeout=CONNECT_TIMEOUT,
+            socket_timeout=SOCKET_TIMEOUT,
+            retry=Retry(NoBackoff(), 0),  # callers decide when to try again
+            health_check_interval=15,
+        )
+
+    def key(self, queue: str) -> str:
+        return f"{self.prefix}q:{queue}"
+
+    def _fail(self, op: str, exc: Exception) -> TransportError:
+        metrics.REDIS_ERRORS.labels(op=op).inc()
+        return TransportError(f"redis {op} failed: {exc.__class__.__name__}: {exc}")
+
+    def push(self, ids_by_queue: dict[str, Sequence[int]]) -> None:
+        """RPUSH every id to its queue's list in one round trip."""
+        if not any(ids_by_queue.values()):
+            return
+        try:
+            pipe = self._client.pipeline(transaction=False)
+            for queue, ids in ids_by_queue.items():
+                if ids:
+                    pipe.rpush(self.key(queue), *ids)
+            pipe.execute()
+        except redis.RedisError as exc:
+            raise self._fail("push", exc) from exc
+
+    def pop(self, queues: Sequence[str], timeout: float, count: int) -> list[int]:
+        """Block up to `timeout` s for ids, taking lists in the order given
+        (earlier queues first), then take up to `count` ids from that list."""
+        keys = [self.key(q) for q in queues]
+        try:
+            got = self._client.blpop(keys, timeout=timeout)
+            if got is None:
+                return []
+            key, first = got
+            ids = [int(first)]
+            if count > 1:
+                more = self._client.lpop(key, count - 1)
+                if more:
+                    ids.extend(int(x) for x in more)
+            return ids
+        except redis.RedisError as exc:
+            raise self._fail("pop", exc) from exc
+
+    def lengths(self, queues: Iterable[str]) -> dict[str, int]:
+        queues = list(queues)
+        try:
+            pipe = self._client.pipeline(transaction=False)
+            for q in queues:
+                pipe.llen(self.key(q))
+            return dict(zip(queues, pipe.execute(), strict=True))
+        except redis.RedisError as exc:
+            raise self._fail("llen", exc) from exc
+
+    def state(self) -> str:
+        try:
+            self._client.ping()
+            return "ok"
+        except redis.RedisError as exc:
+            metrics.REDIS_ERRORS.labels(op="ping").inc()
+            return f"down: {exc.__class__.__name__}"
+
+
+class NullTransport:
+    """No Redis configured: pushes are no-ops, workers find work by polling Postgres."""
+
+    enabled = False
+    prefix = ""
+
+    def push(self, ids_by_queue: dict[str, Sequence[int]]) -> None:
+        return None
+
+    def pop(self, queues: Sequence[str], timeout: float, count: int) -> list[int]:
+        threading.Event().wait(timeout)
+        return []
+
+    def lengths(self, queues: Iterable[str]) -> dict[str, int]:
+        return {}
+
+    def state(self) -> str:
+        return "disabled"
+
+
+_lock = threading.Lock()
+_transport: Transport | NullTransport | None = None
+_transport_key: tuple[str, str] | None = None
+
+
+def get_transport() -> Transport | NullTransport:
+    """The process-wide transport for the current settings."""
+    global _transport, _transport_key
+    key = (settings.REDIS_URL, settings.JOBS_REDIS_PREFIX)
+    with _lock:
+        if _transport is None or _transport_key != key:
+            _transport = Transport(*key) if key[0] else NullTransport()
+            _transport_key = key
+        return _transport

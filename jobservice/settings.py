@@ -1,0 +1,154 @@
+"""Settings, all from the environment (SPEC §9). Defaults suit development."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+env = environ.Env()
+
+DEBUG = env.bool("DEBUG", default=False)
+PRODUCTION = env.bool("JOBS_PRODUCTION", default=False)
+
+if PRODUCTION:
+    _missing = [k for k in ("SECRET_KEY", "DATABASE_URL", "REDIS_URL") if not env.str(k, "")]
+    if _missing:
+        raise SystemExit(f"jobservice: production needs {', '.join(_missing)} in the environment")
+
+SECRET_KEY = env.str("SECRET_KEY", default="dev-insecure-" + "x" * 50)
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]"])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "django_filters",
+    "drf_spectacular",
+    "django_prometheus",
+    "jobs",
+]
+
+MIDDLEWARE = [
+    "django_prometheus.middleware.PrometheusBeforeMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_prometheus.middleware.PrometheusAfterMiddleware",
+]
+
+ROOT_URLCONF = "jobservice.urls"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+WSGI_APPLICATION = "jobservice.wsgi.application"
+
+if env.str("DATABASE_URL", ""):
+    DATABASES = {"default": env.db("DATABASE_URL")}
+else:
+    from jobservice.embedded import database_settings
+
+    DATABASES = {"default": database_settings(BASE_DIR)}
+DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("DB_CONN_MAX_AGE", default=60))
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+DATABASES["default"].setdefault("TEST", {})
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+
+# --- the job system (SPEC §9) -------------------------------------------------
+REDIS_URL = env.str("REDIS_URL", default="")
+JOBS_REDIS_PREFIX = env.str("JOBS_REDIS_PREFIX", default="jobs:")
+JOBS_LEASE_SECONDS = env.float("JOBS_LEASE_SECONDS", default=15.0)
+JOBS_REAPER_INTERVAL = env.float("JOBS_REAPER_INTERVAL", default=5.0)
+JOBS_MAX_RETRIES = env.int("JOBS_MAX_RETRIES", default=3)
+JOBS_MAX_QUEUE_DEPTH = env.int("JOBS_MAX_QUEUE_DEPTH", default=100_000)
+JOBS_MAX_PAYLOAD_BYTES = env.int("JOBS_MAX_PAYLOAD_BYTES", default=65_536)
+# Backoff for retries: base * 2**(retry_count-1), capped, with full jitter.
+JOBS_RETRY_BACKOFF_BASE = env.float("JOBS_RETRY_BACKOFF_BASE", default=1.0)
+JOBS_RETRY_BACKOFF_MAX = env.float("JOBS_RETRY_BACKOFF_MAX", default=60.0)
+# A due queued job untouched this long is assumed to have lost its signal.
+JOBS_LOST_SIGNAL_SECONDS = env.float("JOBS_LOST_SIGNAL_SECONDS", default=10.0)
+JOBS_SLO_SECONDS = env.float("JOBS_SLO_SECONDS", default=25.0)
+JOBS_TASK_MODULES = env.list("JOBS_TASK_MODULES", default=[])
+
+# --- API ------------------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["jobs.api.auth.ClientTokenAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["jobs.api.auth.IsClient"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    "DEFAULT_THROTTLE_CLASSES": ["jobs.api.auth.ClientRateThrottle"],
+    "DEFAULT_THROTTLE_RATES": {"client": env.str("JOBS_API_THROTTLE", default="100000/minute")},
+    "UNAUTHENTICATED_USER": None,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "jobservice API",
+    "DESCRIPTION": "Submit asynchronous jobs; PostgreSQL holds the truth, Redis signals workers.",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+}
+
+LOG_FORMAT = env.str("LOG_FORMAT", default="json" if PRODUCTION else "text")
+LOG_LEVEL = env.str("LOG_LEVEL", default="INFO")
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "json": {"()": "jobs.logging.JsonFormatter"},
+        "text": {"()": "jobs.logging.TextFormatter"},
+    },
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "stream": sys.stderr,
+            "formatter": LOG_FORMAT,
+        },
+    },
+    "root": {"handlers": ["console"], "level": "WARNING"},
+    "loggers": {
+        "jobs": {"handlers": ["console"], "level": LOG_LEVEL, "propagate": False},
+    },
+}
+
+if PRODUCTION:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=True)
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=31_536_000)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+    SECURE_HSTS_PRELOAD = True
+    SECURE_CONTENT_TYPE_NOSNIFF = True

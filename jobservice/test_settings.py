@@ -1,0 +1,18 @@
+"""Test settings: the real PostgreSQL and Redis on 127.0.0.1, never the embedded server."""
+
+import hashlib
+import os
+from pathlib import Path
+
+os.environ.setdefault("DATABASE_URL", "postgres://root@127.0.0.1:5432/jobservice")
+os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/0")
+# A prefix of our own per checkout, so parallel checkouts on one machine never share keys.
+_checkout = hashlib.sha1(str(Path(__file__).resolve().parent.parent).encode()).hexdigest()[:8]
+os.environ.setdefault("JOBS_REDIS_PREFIX", f"jobs-test-{_checkout}:")
+
+from jobservice.settings import *  # noqa: E402,F403
+from jobservice.settings import DATABASES  # noqa: E402
+
+DATABASES["default"]["TEST"] = {"NAME": f"test_jobservice_{_checkout}"}
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+DEBUG = False

@@ -1,0 +1,38 @@
+"""Shared fixtures. Everything runs against the real PostgreSQL and Redis."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+
+from tests.factories import raw
+
+
+@pytest.fixture
+def sql(db):
+    """Run raw SQL on the test connection: sql("UPDATE ...", [params])."""
+    return raw
+
+
+@pytest.fixture(autouse=True)
+def _clean_redis_keys(settings):
+    """Each test starts with none of this checkout's Redis keys."""
+    from jobs.transport import get_transport
+
+    t = get_transport()
+    if t.enabled:
+        client = t._client
+        try:
+            keys = list(client.scan_iter(match=f"{t.prefix}*", count=1000))
+            if keys:
+                client.delete(*keys)
+        except Exception:
+            pass  # a test that stops Redis leaves it stopped; the next test restarts nothing
+    yield
+
+
+def job_row(job_id: int) -> dict:
+    with connection.cursor() as cur:
+        cur.execute("SELECT * FROM jobs_job WHERE id = %s", [job_id])
+        cols = [c.name for c in cur.description]
+        return dict(zip(cols, cur.fetchone(), strict=True))
