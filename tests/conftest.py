@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from django.db import connection
 
@@ -35,4 +37,9 @@ def job_row(job_id: int) -> dict:
     with connection.cursor() as cur:
         cur.execute("SELECT * FROM jobs_job WHERE id = %s", [job_id])
         cols = [c.name for c in cur.description]
-        return dict(zip(cols, cur.fetchone(), strict=True))
+        row = dict(zip(cols, cur.fetchone(), strict=True))
+    # Django's psycopg setup hands jsonb back as text; decode it for comparisons.
+    for key in ("payload", "result"):
+        if isinstance(row[key], str):
+            row[key] = json.loads(row[key])
+    return row
