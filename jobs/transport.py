@@ -64,21 +64,32 @@ class Transport:
         except redis.RedisError as exc:
             raise self._fail("push", exc) from exc
 
-    def pop(self, queues: Sequence[str], timeout: float, count: int) -> list[int]:
-        """Block up to `timeout` s for ids, taking lists in the order given
-        (earlier queues first), then take up to `count` ids from that list."""
+    def pop(self, queues: Sequence[str], timeout: float, count: int) -> tuple[str, list[int]]:
+        """Take up to `count` ids from the first non-empty list, earlier queues first.
+
+        Blocks up to `timeout` s for the first id; `timeout <= 0` does not block.
+        Returns (queue, ids), with ids empty when nothing came.
+        """
         keys = [self.key(q) for q in queues]
         try:
-            got = self._client.blpop(keys, timeout=timeout)
-            if got is None:
-                return []
-            key, first = got
-            ids = [int(first)]
-            if count > 1:
-                more = self._client.lpop(key, count - 1)
-                if more:
-                    ids.extend(int(x) for x in more)
-            return ids
+            if timeout > 0:
+                got = self._client.blpop(keys, timeout=timeout)
+                if got is None:
+                    return "", []
+                key, first = got
+                ids = [int(first)]
+                if count > 1:
+                    ids.extend(int(x) for x in self._client.lpop(key, count - 1) or ())
+            else:
+                for key in keys:
+                    more = self._client.lpop(key, count)
+                    if more:
+                        break
+                else:
+                    return "", []
+                ids = [int(x) for x in more]
+            queue = (key.decode() if isinstance(key, bytes) else key)[len(self.prefix) + 2 :]
+            return queue, ids
         except redis.RedisError as exc:
             raise self._fail("pop", exc) from exc
 
@@ -110,9 +121,10 @@ class NullTransport:
     def push(self, ids_by_queue: dict[str, Sequence[int]]) -> None:
         return None
 
-    def pop(self, queues: Sequence[str], timeout: float, count: int) -> list[int]:
-        threading.Event().wait(timeout)
-        return []
+    def pop(self, queues: Sequence[str], timeout: float, count: int) -> tuple[str, list[int]]:
+        if timeout > 0:
+            threading.Event().wait(timeout)
+        return "", []
 
     def lengths(self, queues: Iterable[str]) -> dict[str, int]:
         return {}

@@ -1,0 +1,86 @@
+"""manage.py runstack — the whole service for development: API, worker(s), reaper.
+
+`make run` calls this. It migrates, collects static files for the admin, then
+supervises gunicorn, the workers and the reaper as child processes: a signal
+stops them all, and any child dying stops the rest.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError
+
+
+class Command(BaseCommand):
+    help = "Run the API (gunicorn), worker(s) and the reaper together."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--bind", default="127.0.0.1:8000")
+        parser.add_argument("--workers", type=int, default=1, help="runworker processes.")
+        parser.add_argument("--concurrency", type=int, default=4, help="Jobs per worker.")
+        parser.add_argument("--no-migrate", action="store_true")
+
+    def handle(self, *args, **opts):
+        if opts["workers"] < 1:
+            raise CommandError("--workers must be at least 1")
+        env = dict(os.environ)
+        if not env.get("DATABASE_URL"):
+            from jobservice.embedded import database_url
+
+            env["DATABASE_URL"] = database_url(settings.BASE_DIR)
+            self.stdout.write(f"embedded PostgreSQL: {env['DATABASE_URL']}")
+        if not opts["no_migrate"]:
+            call_command("migrate", interactive=False, verbosity=1)
+        call_command("collectstatic", interactive=False, verbosity=0)
+        env.setdefault("DEBUG", "1" if settings.DEBUG else "0")
+        env["BIND"] = opts["bind"]
+        manage = [sys.executable, str(settings.BASE_DIR / "manage.py")]
+        commands = {
+            "api": [sys.executable, "-m", "gunicorn", "-c",
+                    str(settings.BASE_DIR / "gunicorn.conf.py"), "jobservice.wsgi:application"],
+            "reaper": [*manage, "runreaper", "--metrics-port", "9102"],
+        }
+        for n in range(opts["workers"]):
+            commands[f"worker-{n + 1}"] = [
+                *manage, "runworker", "--concurrency", str(opts["concurrency"]),
+                "--metrics-port", str(9101 + 100 * n),
+            ]
+        if not settings.REDIS_URL:
+            self.stdout.write("REDIS_URL unset: workers claim by polling PostgreSQL")
+        children = {
+            # Own sessions: a terminal Ctrl-C reaches only us, and we stop each child once.
+            name: subprocess.Popen(cmd, env=env, cwd=settings.BASE_DIR, start_new_session=True)
+            for name, cmd in commands.items()
+        }
+        self.stdout.write(
+            f"API on http://{opts['bind']}/ (admin /admin/, docs /api/v1/docs/); "
+            f"{opts['workers']} worker(s), 1 reaper. Ctrl-C stops everything."
+        )
+        stopping = False
+
+        def stop(*_):
+            nonlocal stopping
+            for p in children.values():
+                if p.poll() is None:
+                    p.send_signal(signal.SIGTERM if not stopping else signal.SIGKILL)
+            stopping = True
+
+        signal.signal(signal.SIGINT, stop)
+        signal.signal(signal.SIGTERM, stop)
+        code = 0
+        while any(p.poll() is None for p in children.values()):
+            for name, p in children.items():
+                if p.poll() is not None and not stopping:
+                    self.stderr.write(f"{name} exited with {p.returncode}; stopping the rest")
+                    code = p.returncode or 1
+                    stop()
+            time.sleep(0.2)
+        if code:
+            raise CommandError(f"a child process failed (exit {code})")

@@ -1,0 +1,75 @@
+"""manage.py runworker — run jobs until stopped (SPEC §9)."""
+
+from __future__ import annotations
+
+import signal
+
+from django.core.management.base import BaseCommand, CommandError
+
+from jobs.worker import Worker
+
+
+def parse_queues(value: str) -> list[str]:
+    queues = [q.strip() for q in value.split(",") if q.strip()]
+    if not queues:
+        raise CommandError("--queues needs at least one queue name")
+    return queues
+
+
+def start_metrics_server(port: int | None) -> None:
+    if port:
+        from prometheus_client import start_http_server
+
+        try:
+            start_http_server(port, addr="0.0.0.0")
+        except OSError as exc:
+            raise CommandError(f"cannot serve metrics on port {port}: {exc}") from exc
+
+
+class Command(BaseCommand):
+    help = "Run a worker: claim jobs from PostgreSQL (woken by Redis) and run them."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--concurrency", type=int, default=4, help="Jobs run at once.")
+        parser.add_argument(
+            "--queues", default="default", help="Comma-separated queues, highest priority first."
+        )
+        parser.add_argument("--burst", action="store_true", help="Exit once no work is left.")
+        parser.add_argument(
+            "--max-jobs", type=int, default=None, help="Exit after claiming this many jobs."
+        )
+        parser.add_argument(
+            "--grace",
+            type=float,
+            default=10.0,
+            help="Seconds running jobs get to finish on the first signal.",
+        )
+        parser.add_argument(
+            "--poll-interval",
+            type=float,
+            default=1.0,
+            help="Seconds of Redis silence before claiming from Postgres.",
+        )
+        parser.add_argument(
+            "--metrics-port", type=int, default=None, help="Serve Prometheus metrics on this port."
+        )
+
+    def handle(self, *args, **opts):
+        if opts["concurrency"] < 1:
+            raise CommandError("--concurrency must be at least 1")
+        if opts["max_jobs"] is not None and opts["max_jobs"] < 1:
+            raise CommandError("--max-jobs must be at least 1")
+        start_metrics_server(opts["metrics_port"])
+        worker = Worker(
+            parse_queues(opts["queues"]),
+            opts["concurrency"],
+            burst=opts["burst"],
+            max_jobs=opts["max_jobs"],
+            grace=opts["grace"],
+            poll_interval=opts["poll_interval"],
+        )
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: worker.request_stop())
+        self.stdout.write(f"worker {worker.worker_id} on queues {','.join(worker.queues)}")
+        finished = worker.run()
+        self.stdout.write(f"worker {worker.worker_id} stopped after {finished} job(s)")

@@ -1,0 +1,168 @@
+"""The reaper: repairs what crashes, lost messages and stale workers leave behind (SPEC §5).
+
+Every sweep works in bounded batches with FOR UPDATE SKIP LOCKED, so any
+number of reapers can run side by side without touching the same row twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+from django.conf import settings
+from django.db import DatabaseError, InterfaceError, close_old_connections, connection
+
+from jobs import metrics, selectors, services
+from jobs.transport import TransportError, get_transport
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SweepReport:
+    lease_requeued: int = 0
+    lease_failed: int = 0
+    repaired: int = 0
+    over_budget: int = 0
+    came_due: int = 0
+    lost_signal: int = 0
+    seconds: float = 0.0
+    errors: list[str] = field(default_factory=list)
+
+    def total(self) -> int:
+        return (
+            self.lease_requeued
+            + self.lease_failed
+            + self.repaired
+            + self.over_budget
+            + self.came_due
+            + self.lost_signal
+        )
+
+
+class Reaper:
+    """Sweeps every `interval` seconds until stopped; `sweep()` runs one pass."""
+
+    def __init__(
+        self,
+        interval: float | None = None,
+        lease: float | None = None,
+        batch: int = 500,
+        lost_signal_after: float | None = None,
+    ) -> None:
+        self.interval = interval if interval is not None else settings.JOBS_REAPER_INTERVAL
+        self.lease = lease if lease is not None else settings.JOBS_LEASE_SECONDS
+        self.batch = batch
+        self.lost_signal_after = (
+            lost_signal_after
+            if lost_signal_after is not None
+            else settings.JOBS_LOST_SIGNAL_SECONDS
+        )
+        self.transport = get_transport()
+        self.stop = threading.Event()
+        self._last_due_check = None
+        self._stop_requests = 0
+
+    def request_stop(self) -> None:
+        """First request: finish the current sweep and exit. Second: exit now."""
+        self._stop_requests += 1
+        if self._stop_requests > 1:
+            import os
+
+            os._exit(130)
+        self.stop.set()
+
+    def run(self) -> None:
+        backoff = self.interval
+        log.info("reaper started: lease %.1fs, interval %.1fs", self.lease, self.interval)
+        while not self.stop.is_set():
+            close_old_connections()
+            try:
+                report = self.sweep()
+                backoff = self.interval
+                if report.total():
+                    log.info("sweep repaired %d job(s)", report.total(), extra=vars(report))
+                wait = max(0.0, self.interval - report.seconds)
+            except (DatabaseError, InterfaceError) as exc:
+                metrics.DB_ERRORS.labels(op="sweep").inc()
+                log.warning("sweep failed, postgres unavailable: %s", exc)
+                connection.close()
+                wait = backoff
+                backoff = min(backoff * 2, 60.0)
+            self.stop.wait(wait)
+        connection.close()
+        log.info("reaper stopped")
+
+    def sweep(self) -> SweepReport:
+        started = time.monotonic()
+        report = SweepReport()
+        # 1. Expired leases: requeue with a retry spent, or fail when the budget is gone.
+        while True:
+            reaped = services.reap_expired(self.lease, self.batch)
+            for f in reaped.values():
+                if f.status == "queued":
+                    report.lease_requeued += 1
+                else:
+                    report.lease_failed += 1
+            if len(reaped) < self.batch:
+                break
+        metrics.RECOVERED.labels("lease").inc(report.lease_requeued + report.lease_failed)
+        # 2. Rows whose push failed after submission.
+        while True:
+            repaired = services.repair_enqueue_failed(self.batch)
+            report.repaired += len(repaired)
+            if len(repaired) < self.batch:
+                break
+        metrics.RECOVERED.labels("enqueue_failed").inc(report.repaired)
+        # 3. Rows over budget that never got to run again.
+        report.over_budget = len(services.fail_over_budget(self.batch))
+        metrics.RECOVERED.labels("over_budget").inc(report.over_budget)
+        # 4 and 5. Signals: scheduled or backed-off jobs that came due, and lost signals.
+        if self.transport.enabled:
+            self._signal(report)
+        report.seconds = time.monotonic() - started
+        metrics.REAPER_SWEEPS.inc()
+        metrics.REAPER_SWEEP_DURATION.observe(report.seconds)
+        return report
+
+    def _push(self, pairs: list[tuple[int, str]], report: SweepReport) -> bool:
+        try:
+            services.push_now_ignoring_rollback(pairs)  # rows are committed; outside any txn
+            return True
+        except TransportError as exc:
+            report.errors.append(str(exc))
+            log.warning("reaper could not signal %d job(s): %s", len(pairs), exc)
+            return False
+
+    def _signal(self, report: SweepReport) -> None:
+        now = selectors.db_now()
+        since = self._last_due_check
+        if since is None:
+            from datetime import timedelta
+
+            since = now - timedelta(seconds=self.lost_signal_after)
+        due = selectors.came_due(since, now, self.batch * 10)
+        if due and self._push(due, report):
+            report.came_due = len(due)
+            metrics.RECOVERED.labels("scheduled").inc(len(due))
+        self._last_due_check = now
+        # Lost signals matter only where a queue's list is empty: a non-empty list
+        # means workers are behind and will get there; an empty one with due jobs
+        # waiting means their signals are gone.
+        queues = selectors.queued_queues()
+        if not queues:
+            return
+        try:
+            lengths = self.transport.lengths(queues)
+        except TransportError as exc:
+            report.errors.append(str(exc))
+            return
+        empty = [q for q in queues if lengths.get(q, 0) == 0]
+        if not empty:
+            return
+        lost = selectors.waiting_too_long(empty, self.lost_signal_after, self.batch * 10)
+        if lost and self._push(lost, report):
+            report.lost_signal = len(lost)
+            metrics.RECOVERED.labels("lost_signal").inc(len(lost))

@@ -1,0 +1,444 @@
+"""The worker: discover, claim, run, and write back under the fence (SPEC §1, §3, §4).
+
+One process runs one dispatcher (this module's `Worker.run`, on the main
+thread), a pool of handler threads, a flusher that writes finished attempts
+back in batches, and a heartbeat thread that extends every held lease in one
+statement. Redis ids are hints: the dispatcher claims them in Postgres, and
+falls back to claiming straight from Postgres whenever Redis is silent, down
+or not configured.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue as queue_mod
+import secrets
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.conf import settings
+from django.db import DatabaseError, InterfaceError, close_old_connections, connection, transaction
+
+from jobs import metrics, services, tasks
+from jobs.services import Lease
+from jobs.tasks import InvalidPayload, JobContext, PermanentError
+from jobs.transport import TransportError, get_transport
+
+log = logging.getLogger(__name__)
+
+MAX_ERROR_CHARS = 4000
+DB_BACKOFF_MAX = 10.0
+REDIS_BACKOFF_MAX = 30.0
+
+
+def new_worker_id() -> str:
+    """host:pid:random — unique per process, stored in owned_by and the history."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+def describe(exc: BaseException) -> str:
+    return f"{exc.__class__.__name__}: {exc}"[:MAX_ERROR_CHARS]
+
+
+@dataclass
+class Outcome:
+    """What one attempt ended with, waiting to be written back."""
+
+    lease: Lease
+    kind: str  # "done" | "fail" | "release" | "settled"
+    result: Any = None
+    error: str = ""
+    permanent: bool = False
+
+
+@dataclass
+class InFlight:
+    lease: Lease
+    ctx: JobContext
+    started: float = field(default_factory=time.monotonic)
+    finishing: bool = False  # its outcome is queued for write-back: heartbeats ignore it
+
+
+class _FenceRejected(Exception):
+    """Raised inside a transactional completion to roll back a stale worker's effects."""
+
+
+class Worker:
+    """Runs jobs from the given queues until told to stop.
+
+    First `request_stop()`: stop claiming, let running jobs finish within
+    `grace` seconds, release the rest (fenced, lease bumped), exit. Second:
+    exit at once; leases still held are recovered by the reaper.
+    """
+
+    def __init__(
+        self,
+        queues: list[str] | None = None,
+        concurrency: int = 4,
+        *,
+        burst: bool = False,
+        max_jobs: int | None = None,
+        grace: float = 10.0,
+        poll_interval: float = 1.0,
+        lease_seconds: float | None = None,
+        flush_interval: float = 0.002,
+        worker_id: str | None = None,
+    ) -> None:
+        self.queues = queues or ["default"]
+        self.concurrency = max(1, concurrency)
+        self.burst = burst
+        self.max_jobs = max_jobs
+        self.grace = grace
+        self.poll_interval = poll_interval
+        self.lease_seconds = lease_seconds or settings.JOBS_LEASE_SECONDS
+        self.heartbeat_interval = max(0.2, self.lease_seconds / 3)
+        self.flush_interval = flush_interval
+        self.worker_id = worker_id or new_worker_id()
+        self.transport = get_transport()
+
+        self.stopping = threading.Event()  # no more claims
+        self.halt = threading.Event()  # background threads end
+        self._inflight: dict[int, InFlight] = {}
+        self._lock = threading.Lock()
+        self._slot_free = threading.Event()
+        self._outcomes: queue_mod.Queue[Outcome] = queue_mod.Queue()
+        self._released: set[int] = set()
+        self.claimed = 0
+        self.finished = 0
+        self._stop_requests = 0
+        self._pg_had_work = False
+        self._redis_down_until = 0.0
+        self._redis_backoff = 0.5
+        self._db_backoff = 0.2
+
+    # --- control ------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        self._stop_requests += 1
+        if self._stop_requests == 1:
+            log.info(
+                "worker stopping: finishing in-flight jobs", extra={"worker_id": self.worker_id}
+            )
+            self.stopping.set()
+        else:
+            log.warning(
+                "worker exiting now; held leases will be reaped",
+                extra={"worker_id": self.worker_id},
+            )
+            os._exit(130)
+
+    @property
+    def inflight(self) -> int:
+        with self._lock:
+            return len(self._inflight)
+
+    # --- main loop -------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Run until stopped (or, with burst/max_jobs, until done); returns jobs finished."""
+        log.info(
+            "worker started",
+            extra={
+                "worker_id": self.worker_id,
+                "queues": self.queues,
+                "concurrency": self.concurrency,
+            },
+        )
+        tasks.load()
+        pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="job")
+        flusher = threading.Thread(target=self._flush_loop, name="flusher", daemon=True)
+        beater = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
+        flusher.start()
+        beater.start()
+        try:
+            while not self.stopping.is_set():
+                close_old_connections()
+                if self.max_jobs is not None and self.claimed >= self.max_jobs:
+                    break
+                free = self.concurrency - self.inflight
+                if self.max_jobs is not None:
+                    free = min(free, self.max_jobs - self.claimed)
+                if free <= 0:
+                    self._slot_free.wait(0.1)
+                    self._slot_free.clear()
+                    continue
+                leases = self._discover(free)
+                if leases is None:
+                    continue
+                if not leases and self.burst and self.inflight == 0 and self._outcomes.empty():
+                    break
+                for lease in leases:
+                    self._start(pool, lease)
+            self._drain(pool)
+        finally:
+            self.halt.set()
+            flusher.join(timeout=30)
+            beater.join(timeout=5)
+            pool.shutdown(wait=False, cancel_futures=True)
+            connection.close()
+        log.info("worker stopped", extra={"worker_id": self.worker_id, "finished": self.finished})
+        return self.finished
+
+    def _discover(self, free: int) -> list[Lease] | None:
+        """Claim up to `free` jobs. None means "nothing, loop again at once"."""
+        try:
+            if self.transport.enabled and time.monotonic() >= self._redis_down_until:
+                try:
+                    timeout = 0 if self._pg_had_work else self.poll_interval
+                    queue, ids = self.transport.pop(self.queues, timeout, free)
+                    self._redis_backoff = 0.5
+                except TransportError as exc:
+                    self._redis_down_until = time.monotonic() + self._redis_backoff
+                    log.warning(
+                        "redis unavailable, claiming from postgres for %.1fs: %s",
+                        self._redis_backoff,
+                        exc,
+                        extra={"worker_id": self.worker_id},
+                    )
+                    self._redis_backoff = min(self._redis_backoff * 2, REDIS_BACKOFF_MAX)
+                    ids = []
+                if ids:
+                    leases = services.claim_ids(self.worker_id, ids)
+                    dupes = len(ids) - len(leases)
+                    if dupes:
+                        metrics.DUPLICATE_DELIVERIES.labels(queue).inc(dupes)
+                    self._db_backoff = 0.2
+                    if leases:
+                        return leases
+                    return None
+            leases = services.claim_next(self.worker_id, self.queues, free)
+            self._db_backoff = 0.2
+            self._pg_had_work = len(leases) == free
+            if not leases and (not self.transport.enabled or self._redis_down()):
+                self.stopping.wait(self.poll_interval if not self.burst else 0)
+            return leases
+        except (DatabaseError, InterfaceError) as exc:
+            metrics.DB_ERRORS.labels(op="claim").inc()
+            log.warning(
+                "postgres unavailable for claims, retrying in %.1fs: %s",
+                self._db_backoff,
+                exc,
+                extra={"worker_id": self.worker_id},
+            )
+            connection.close()
+            self.stopping.wait(self._db_backoff)
+            self._db_backoff = min(self._db_backoff * 2, DB_BACKOFF_MAX)
+            return None
+
+    def _redis_down(self) -> bool:
+        return time.monotonic() < self._redis_down_until
+
+    # --- running a job ------------------------------------------------------------------
+
+    def _start(self, pool: ThreadPoolExecutor, lease: Lease) -> None:
+        ctx = JobContext(
+            job_id=lease.job_id,
+            lease_version=lease.lease_version,
+            attempt=lease.retry_count + 1,
+            worker_id=self.worker_id,
+            queue=lease.queue,
+            task=lease.task,
+        )
+        with self._lock:
+            self._inflight[lease.job_id] = InFlight(lease, ctx)
+        self.claimed += 1
+        log.debug("claimed", extra=lease.log_fields())
+        pool.submit(self._run_one, lease, ctx)
+
+    def _run_one(self, lease: Lease, ctx: JobContext) -> None:
+        started = time.monotonic()
+        outcome = self._execute(lease, ctx)
+        metrics.DURATION.labels(lease.queue, lease.task).observe(time.monotonic() - started)
+        if (
+            outcome.kind == "fail"
+            and ctx.stop.is_set()
+            and self.stopping.is_set()
+            and not ctx.lost_authority
+        ):
+            # Interrupted by shutdown, not by its own fault: hand it back without a retry.
+            outcome = Outcome(lease, "release")
+        self._settle(outcome)
+
+    def _execute(self, lease: Lease, ctx: JobContext) -> Outcome:
+        spec = tasks.get(lease.task)
+        if spec is None:
+            return Outcome(lease, "fail", error=f"unknown task {lease.task!r}", permanent=True)
+        try:
+            if spec.validate is not None:
+                spec.validate(lease.payload)
+            if spec.transactional:
+                return self._execute_transactional(spec, lease, ctx)
+            return Outcome(lease, "done", result=spec.fn(lease.payload, ctx))
+        except InvalidPayload as exc:
+            return Outcome(lease, "fail", error=f"invalid payload: {exc}", permanent=True)
+        except PermanentError as exc:
+            return Outcome(lease, "fail", error=describe(exc), permanent=True)
+        except Exception as exc:
+            log.info("attempt failed: %s", describe(exc), extra=lease.log_fields())
+            return Outcome(lease, "fail", error=describe(exc))
+
+    def _execute_transactional(
+        self, spec: tasks.TaskSpec, lease: Lease, ctx: JobContext
+    ) -> Outcome:
+        """Handler writes and the fenced completion commit together or not at all."""
+        try:
+            with transaction.atomic(durable=True):
+                result = spec.fn(lease.payload, ctx)
+                self._mark_finishing(lease.job_id)
+                if lease.job_id not in services.complete([(lease, result)]):
+                    raise _FenceRejected
+        except _FenceRejected:
+            services.record_fence_rejections([lease], "complete")
+            return Outcome(lease, "settled")
+        finally:
+            connection.close_if_unusable_or_obsolete()
+        self.finished += 1
+        return Outcome(lease, "settled")
+
+    def _mark_finishing(self, job_id: int) -> None:
+        with self._lock:
+            item = self._inflight.get(job_id)
+            if item is not None:
+                item.finishing = True
+
+    def _settle(self, outcome: Outcome) -> None:
+        if outcome.kind == "settled":
+            self._forget([outcome.lease.job_id])
+        else:
+            self._mark_finishing(outcome.lease.job_id)
+            self._outcomes.put(outcome)
+
+    def _forget(self, job_ids: list[int]) -> None:
+        with self._lock:
+            for job_id in job_ids:
+                self._inflight.pop(job_id, None)
+        self._slot_free.set()
+
+    # --- write-back in batches ----------------------------------------------------------
+
+    def _flush_loop(self) -> None:
+        while not (self.halt.is_set() and self._outcomes.empty()):
+            try:
+                first = self._outcomes.get(timeout=0.1)
+            except queue_mod.Empty:
+                continue
+            batch = [first]
+            deadline = time.monotonic() + self.flush_interval
+            while len(batch) < 1000:
+                remaining = deadline - time.monotonic()
+                try:
+                    batch.append(
+                        self._outcomes.get(timeout=max(remaining, 0))
+                        if remaining > 0
+                        else self._outcomes.get_nowait()
+                    )
+                except queue_mod.Empty:
+                    break
+            self._write_back(batch)
+        connection.close()
+
+    def _write_back(self, batch: list[Outcome]) -> None:
+        """One statement per kind for the whole batch; retried until Postgres answers."""
+        with self._lock:
+            batch = [o for o in batch if o.lease.job_id not in self._released]
+        done = [(o.lease, o.result) for o in batch if o.kind == "done"]
+        failed = [(o.lease, o.error, o.permanent) for o in batch if o.kind == "fail"]
+        released = [o.lease for o in batch if o.kind == "release"]
+        backoff = 0.1
+        while True:
+            try:
+                ok_done = services.complete(done)
+                ok_fail = services.fail(failed)
+                ok_rel = services.release(released)
+                break
+            except (DatabaseError, InterfaceError) as exc:
+                metrics.DB_ERRORS.labels(op="write_back").inc()
+                log.warning(
+                    "write-back failed, retrying in %.1fs: %s",
+                    backoff,
+                    exc,
+                    extra={"worker_id": self.worker_id},
+                )
+                connection.close()
+                if self.halt.wait(backoff) and backoff >= DB_BACKOFF_MAX:
+                    log.error(
+                        "giving up write-back of %d outcome(s) at exit; the reaper "
+                        "will recover their jobs",
+                        len(batch),
+                    )
+                    return
+                backoff = min(backoff * 2, DB_BACKOFF_MAX)
+        stale = [lease for lease, _ in done if lease.job_id not in ok_done]
+        stale += [lease for lease, _, _ in failed if lease.job_id not in ok_fail]
+        stale_ops = {lease.job_id: "complete" for lease, _ in done}
+        stale_ops.update({lease.job_id: "fail" for lease, _, _ in failed})
+        for op in ("complete", "fail"):
+            services.record_fence_rejections([s for s in stale if stale_ops[s.job_id] == op], op)
+        self.finished += len(ok_done) + sum(1 for f in ok_fail.values() if f.status == "failed")
+        for o in batch:
+            if o.kind == "release" and o.lease.job_id in ok_rel:
+                log.info("released on shutdown", extra=o.lease.log_fields())
+        self._forget([o.lease.job_id for o in batch])
+
+    # --- heartbeats ------------------------------------------------------------------------
+
+    def _heartbeat_loop(self) -> None:
+        while not self.halt.wait(self.heartbeat_interval):
+            with self._lock:
+                held = [i for i in self._inflight.values() if not i.finishing]
+            if not held:
+                continue
+            try:
+                ok = services.heartbeat([i.lease for i in held])
+            except (DatabaseError, InterfaceError) as exc:
+                metrics.DB_ERRORS.labels(op="heartbeat").inc()
+                log.warning("heartbeat failed: %s", exc, extra={"worker_id": self.worker_id})
+                connection.close()
+                continue
+            for item in held:
+                if item.lease.job_id not in ok and not item.finishing:
+                    item.ctx.lost_authority = True
+                    item.ctx.stop.set()
+                    log.warning(
+                        "lost authority over job (fenced off by a newer lease)",
+                        extra=item.lease.log_fields(),
+                    )
+        connection.close()
+
+    # --- shutdown ----------------------------------------------------------------------------
+
+    def _drain(self, pool: ThreadPoolExecutor) -> None:
+        """Wait up to `grace` for running jobs, then release the rest back to queued."""
+        deadline = time.monotonic() + self.grace
+        while self.inflight and time.monotonic() < deadline:
+            self._slot_free.wait(0.05)
+            self._slot_free.clear()
+        with self._lock:
+            leftover = [i for i in self._inflight.values() if not i.finishing]
+            for item in leftover:
+                item.ctx.stop.set()
+                self._released.add(item.lease.job_id)
+        if leftover:
+            try:
+                ok = services.release([i.lease for i in leftover])
+                log.info(
+                    "released %d job(s) still running at the end of the grace period",
+                    len(ok),
+                    extra={"worker_id": self.worker_id},
+                )
+            except (DatabaseError, InterfaceError) as exc:
+                log.warning(
+                    "could not release jobs at shutdown (%s); the reaper will",
+                    exc,
+                    extra={"worker_id": self.worker_id},
+                )
+            self._forget([i.lease.job_id for i in leftover])
+        # Outcomes already queued are written by the flusher before it exits.
+        wait_until = time.monotonic() + 10
+        while not self._outcomes.empty() and time.monotonic() < wait_until:
+            time.sleep(0.01)
