@@ -34,6 +34,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "django_prometheus",
     "jobs",
+    "demo",
 ]
 
 MIDDLEWARE = [
