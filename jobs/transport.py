@@ -73,7 +73,8 @@ class Transport:
         keys = [self.key(q) for q in queues]
         try:
             if timeout > 0:
-                got = self._client.blpop(keys, timeout=timeout)
+                # Stay under the socket timeout, so a frozen Redis reads as an error.
+                got = self._client.blpop(keys, timeout=min(timeout, SOCKET_TIMEOUT - 0.5))
                 if got is None:
                     return "", []
                 key, first = got

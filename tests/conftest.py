@@ -43,3 +43,38 @@ def job_row(job_id: int) -> dict:
         if isinstance(row[key], str):
             row[key] = json.loads(row[key])
     return row
+
+
+@pytest.fixture
+def private_redis():
+    """A redis-server of this test's own, free to stop, freeze and flush."""
+    from tests.harness import RedisServer
+
+    server = RedisServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def stack(transactional_db, tmp_path, request):
+    """Start runworker/runreaper subprocesses against the test database.
+
+    Redis: the shared server with this test's own key prefix, unless the test
+    calls `stack.env.update(REDIS_URL=...)` (e.g. a private server) first.
+    """
+    from django.conf import settings as dj_settings
+
+    from tests.harness import Stack
+
+    s = Stack(tmp_path, redis_url=dj_settings.REDIS_URL, prefix=dj_settings.JOBS_REDIS_PREFIX)
+    yield s
+    s.close()
+    if request.node.rep_call.failed if hasattr(request.node, "rep_call") else False:
+        print(s.logs())
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    rep = yield
+    setattr(item, f"rep_{rep.when}", rep)
+    return rep
