@@ -219,6 +219,136 @@ def submit(
     return job, True
 
 
+@dataclass(frozen=True, slots=True)
+class NewJob:
+    """One item of `submit_many`: the same fields `submit` takes."""
+
+    task: str
+    payload: Any = None
+    queue: str = "default"
+    priority: int = 0
+    run_at: datetime | None = None
+    max_retries: int | None = None
+    idempotency_key: str | None = None
+    request_hash: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Submitted:
+    """What `submit_many` reports per item, in input order."""
+
+    job_id: int
+    created: bool
+    status: str
+    queue: str
+    task: str
+    created_at: datetime
+    run_at: datetime
+
+
+class IdempotencyConflicts(Exception):
+    """Items of a batch reuse an idempotency key with another request; nothing was written.
+
+    `conflicts` maps the item's index to the job that holds the key.
+    """
+
+    def __init__(self, conflicts: dict[int, int]) -> None:
+        super().__init__(f"{len(conflicts)} idempotency key(s) already used with another request")
+        self.conflicts = conflicts
+
+
+_SUBMIT_MANY_SQL = f"""
+WITH input AS MATERIALIZED (
+  SELECT u.*, nextval(pg_get_serial_sequence('{T}', 'id')) AS id
+  FROM unnest(%(tasks)s::text[], %(payloads)s::text[], %(queues)s::text[],
+              %(priorities)s::int[], %(run_ats)s::timestamptz[], %(max_retries)s::int[],
+              %(keys)s::text[], %(hashes)s::text[])
+       WITH ORDINALITY AS u(task, payload, queue, priority, run_at, max_retries, key, hash, ord)
+), ins AS (
+  INSERT INTO {T} (id, task, payload, queue, priority, run_at, max_retries, client_id,
+                   idempotency_key, request_hash, updated_by, status, retry_count,
+                   lease_version)
+  SELECT id, task, payload::jsonb, queue, priority, COALESCE(run_at, now()), max_retries,
+         %(client)s, key, hash, %(actor)s, '{QUEUED}', 0, 0
+  FROM input ORDER BY ord
+  ON CONFLICT DO NOTHING
+  RETURNING id, created_at, run_at
+)
+SELECT ins.id, ins.created_at, ins.run_at, ins.run_at <= now()
+FROM input LEFT JOIN ins ON ins.id = input.id ORDER BY input.ord
+"""
+
+
+def submit_many(
+    items: Sequence[NewJob], *, client_id: int | None = None, actor: str = "app"
+) -> list[Submitted]:
+    """Insert many queued jobs in one statement; one Redis push for all of them on commit.
+
+    All or nothing: runs in a (nested) transaction, and raises IdempotencyConflicts
+    (writing nothing) when any item reuses a key with a different request_hash.
+    An item whose key exists with the same request_hash reports the existing job
+    (created=False), like `submit`. Validation is the caller's, as for `submit`.
+    """
+    if not items:
+        return []
+    default_retries = settings.JOBS_MAX_RETRIES
+    params = {
+        "tasks": [i.task for i in items],
+        "payloads": [json.dumps(i.payload if i.payload is not None else {}) for i in items],
+        "queues": [i.queue for i in items],
+        "priorities": [i.priority for i in items],
+        "run_ats": [i.run_at for i in items],
+        "max_retries": [
+            default_retries if i.max_retries is None else i.max_retries for i in items
+        ],
+        "keys": [i.idempotency_key for i in items],
+        "hashes": [i.request_hash for i in items],
+        "client": client_id,
+        "actor": actor,
+    }
+    with transaction.atomic():
+        rows = _rows(_SUBMIT_MANY_SQL, params)
+        missing = [n for n, r in enumerate(rows) if r[0] is None]
+        existing: dict[str, tuple] = {}
+        if missing:
+            keys = [items[n].idempotency_key for n in missing]
+            existing = {
+                r[0]: r[1:]
+                for r in _rows(
+                    f"""SELECT idempotency_key, id, request_hash, status, queue, task,
+                               created_at, run_at
+                        FROM {T} WHERE client_id IS NOT DISTINCT FROM %s
+                          AND idempotency_key = ANY(%s)""",
+                    [client_id, keys],
+                )
+            }
+            conflicts = {
+                n: existing[items[n].idempotency_key][0]
+                for n in missing
+                if existing[items[n].idempotency_key][1] != items[n].request_hash
+            }
+            if conflicts:
+                raise IdempotencyConflicts(conflicts)
+        out: list[Submitted] = []
+        due: list[tuple[int, str]] = []
+        counts: dict[tuple[str, str], int] = defaultdict(int)
+        for item, row in zip(items, rows, strict=True):
+            if row[0] is None:
+                job_id, _, status, queue, task, created_at, run_at = existing[
+                    item.idempotency_key
+                ]
+                out.append(Submitted(job_id, False, status, queue, task, created_at, run_at))
+                continue
+            out.append(Submitted(row[0], True, QUEUED, item.queue, item.task, row[1], row[2]))
+            counts[(item.queue, item.task)] += 1
+            if row[3]:
+                due.append((row[0], item.queue))
+        for (queue, task), n in counts.items():
+            metrics.SUBMITTED.labels(queue, task).inc(n)
+        signal_after_commit(due, park_on_failure=True)
+    return out
+
+
 def mark_enqueue_failed(job_ids: Sequence[int], reason: str = "") -> list[int]:
     """queued → enqueue_failed for rows whose push failed and nobody has claimed yet."""
     rows = _rows(

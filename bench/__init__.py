@@ -1,0 +1,1 @@
+"""`python -m bench`: reproducible throughput and latency figures against real processes."""

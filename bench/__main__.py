@@ -1,0 +1,159 @@
+"""`python -m bench [--scenario NAME ...] [--quick] [--baseline REF]`.
+
+Starts real processes (runworker, runreaper, gunicorn) on a scratch database and a
+private redis-server, measures each scenario with database timestamps where the
+database has them, prints the figure with the exact command that produced it, and
+appends JSON lines to bench/results/. It reports; it never asserts a timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
+
+from bench import scenarios
+from bench.env import ROOT, Code, Processes, Redis, ScratchDatabase, setup_django
+
+RESULTS = ROOT / "bench" / "results"
+
+
+def _git(*args: str) -> str:
+    out = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
+    return out.stdout.strip()
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    p.add_argument(
+        "--scenario",
+        action="append",
+        choices=list(scenarios.ALL),
+        help="Run only these (repeatable). Default: all.",
+    )
+    p.add_argument("--quick", action="store_true", help="Tiny sizes: a smoke test, not a figure.")
+    p.add_argument(
+        "--baseline",
+        metavar="REF",
+        help="Also run the worker scenarios with the workers of git REF, side by side.",
+    )
+    p.add_argument("--repeat", type=int, default=1, help="Run each measurement this many times.")
+    p.add_argument("--jobs", type=int, help="Jobs per drain run (default 20000; quick 300).")
+    p.add_argument(
+        "--concurrency", type=int, default=None, help="runworker --concurrency for the drains."
+    )
+    p.add_argument("--worker-args", default="", help="Extra runworker arguments for the drains.")
+    p.add_argument(
+        "--claimers", type=int, default=None, help="Claim-latency processes (default 16)."
+    )
+    p.add_argument(
+        "--finished-rows",
+        type=int,
+        default=1_000_000,
+        help="Finished rows in the table for claim-big (default 1,000,000).",
+    )
+    p.add_argument(
+        "--lease",
+        type=float,
+        default=None,
+        help="Recovery with this JOBS_LEASE_SECONDS (and reaper interval lease/4), "
+        "labelled as a short lease; default: the service defaults (15 s / 5 s).",
+    )
+    p.add_argument("--out", type=Path, default=None, help="JSON lines file to append to.")
+    p.add_argument("--keep-db", action="store_true", help="Do not drop the scratch database.")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    names = args.scenario or scenarios.default_names(args.quick)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    run_id = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ") + f"-{os.getpid()}"
+    out = args.out or RESULTS / f"{run_id}.jsonl"
+    meta = {
+        "run": run_id,
+        "git": _git("rev-parse", "--short", "HEAD")
+        + ("+dirty" if _git("status", "--porcelain") else ""),
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "quick": args.quick,
+    }
+    db = ScratchDatabase().create()
+    redis = Redis().start()
+    logdir = Path(tempfile.mkdtemp(prefix="jobservice-bench-logs-"))
+    code = Code()
+    baseline = Code(args.baseline) if args.baseline else None
+    print(f"bench {run_id}: database {db.name}, redis {redis.url}, logs {logdir}", flush=True)
+    try:
+        setup_django(db.url, redis.url)
+        procs = Processes(db.url, redis.url, logdir)
+        ctx = scenarios.Context(args, db, redis, procs, code, baseline, logdir)
+        with open(out, "a") as fh:
+            for name in names:
+                for record in scenarios.run(name, ctx):
+                    record = {**meta, **record, "at": datetime.now(UTC).isoformat()}
+                    record["command"] = command_for(name, args, record)
+                    fh.write(json.dumps(record, default=str) + "\n")
+                    fh.flush()
+                    print(format_record(record), flush=True)
+                procs.stop_all()
+    finally:
+        try:
+            from django.db import connections
+
+            connections.close_all()
+        except Exception:
+            pass
+        redis.stop()
+        if not args.keep_db:
+            db.drop()
+        code.close()
+        if baseline:
+            baseline.close()
+    print(f"results: {out}")
+    return 0
+
+
+def command_for(name: str, args: argparse.Namespace, record: dict) -> str:
+    """The command that reproduces this figure (the options that shaped it)."""
+    parts = ["python", "-m", "bench", "--scenario", name]
+    if args.quick:
+        parts.append("--quick")
+    for opt in ("jobs", "concurrency", "claimers", "lease", "repeat"):
+        value = getattr(args, opt)
+        if value is not None and not (opt == "repeat" and value == 1):
+            parts += [f"--{opt}", str(value)]
+    if args.worker_args:
+        parts += ["--worker-args", args.worker_args]
+    if name == "claim-big":
+        parts += ["--finished-rows", str(args.finished_rows)]
+    if args.baseline:
+        parts += ["--baseline", args.baseline]
+    return shlex.join(parts)
+
+
+def format_record(r: dict) -> str:
+    value = r.get("value")
+    shown = "NOT MEASURED" if value is None else f"{value:,.2f} {r.get('unit', '')}"
+    code = f" [{r['code']}]" if r.get("code") else ""
+    line = f"{r['scenario']:<14}{code} {r['figure']}: {shown}"
+    if r.get("target"):
+        line += f"  (target {r['target']})"
+    extra = r.get("summary")
+    if extra:
+        line += f"\n    {extra}"
+    if r.get("note"):
+        line += f"\n    note: {r['note']}"
+    return line + f"\n    $ {r['command']}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

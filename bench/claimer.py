@@ -1,0 +1,46 @@
+"""One claim-latency process: claim one job, time the claim statement, complete it; repeat.
+
+Run by the `claim` scenario as `python -m bench.claimer SECONDS`, with the bench's
+environment (scratch database). Prints one JSON line: the claim timings in ms.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+
+def main() -> None:
+    seconds = float(sys.argv[1])
+    batch = int(sys.argv[2]) if len(sys.argv) > 2 else 1
+    import django
+
+    django.setup()
+    from jobs import services
+
+    worker = f"claimer:{os.getpid()}"
+    timings: list[float] = []
+    empty = 0
+    # Warm the connection so the first timing is not a connect.
+    services.claim_next(worker, ["warmup"], 1)
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    sys.stdin.readline()  # start gate: all claimers begin together
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        t0 = time.perf_counter()
+        leases = services.claim_next(worker, ["default"], batch)
+        timings.append((time.perf_counter() - t0) * 1000)
+        if not leases:
+            empty += 1
+            if empty > 50:
+                break
+            continue
+        services.complete([(lease, None) for lease in leases])
+    sys.stdout.write(json.dumps({"claims_ms": timings, "empty": empty}) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,443 @@
+"""The scenarios. Each yields records: {scenario, figure, value, unit, target?, ...}.
+
+Times that decide a figure come from the database (created_at, the history's claim
+times, finished_at) wherever the database has them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.env import ROOT, Code, Processes, Redis, ScratchDatabase, wait_until
+
+
+@dataclass
+class Context:
+    args: argparse.Namespace
+    db: ScratchDatabase
+    redis: Redis
+    procs: Processes
+    code: Code
+    baseline: Code | None
+    logdir: Path
+
+    @property
+    def quick(self) -> bool:
+        return self.args.quick
+
+    def codes(self) -> list[Code]:
+        """Baseline first, then the current tree: a side-by-side pair on the same run."""
+        return [self.baseline, self.code] if self.baseline else [self.code]
+
+
+ALL: dict[str, Callable[[Context], Iterator[dict]]] = {}
+
+
+def scenario(name: str):
+    def register(fn):
+        ALL[name] = fn
+        return fn
+
+    return register
+
+
+def default_names(quick: bool) -> list[str]:
+    skip = {"claim-big"} if quick else set()
+    return [n for n in ALL if n not in skip]
+
+
+def run(name: str, ctx: Context) -> Iterator[dict]:
+    for _ in range(max(1, ctx.args.repeat)):
+        reset(ctx)
+        load_before = os.getloadavg()[0]
+        for record in ALL[name](ctx):
+            record.setdefault("scenario", name)
+            record["loadavg_1m"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
+            yield record
+
+
+# --- helpers -------------------------------------------------------------------------------
+
+
+def sql(query: str, params: Any = None) -> list[tuple]:
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute(query, params)
+        return cur.fetchall() if cur.description else []
+
+
+def reset(ctx: Context) -> None:
+    """Empty the job tables and Redis between measurements (a scratch database)."""
+    ctx.procs.stop_all()
+    sql("TRUNCATE jobs_job, jobs_jobevent, demo_effect")
+    ctx.redis.flush()
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    s = sorted(values)
+
+    def rank(p: float) -> float:
+        return s[min(len(s) - 1, max(0, int(round(p / 100 * len(s) + 0.5)) - 1))]
+
+    return {
+        "n": len(s),
+        "p50": rank(50),
+        "p90": rank(90),
+        "p95": rank(95),
+        "p99": rank(99),
+        "max": s[-1],
+        "mean": statistics.fmean(s),
+    }
+
+
+def fmt_pcts(p: dict[str, float], unit: str = "ms") -> str:
+    return ", ".join(f"{k} {v:.2f}{unit}" for k, v in p.items() if k != "n") + f" (n={p['n']})"
+
+
+def preload(n: int, task: str = "echo", payload: Any = None, chunk: int = 1000) -> float:
+    """Commit n queued jobs in one transaction (signalled after commit); returns seconds."""
+    from django.db import transaction
+
+    from jobs import services
+
+    started = time.perf_counter()
+    with transaction.atomic():
+        for start in range(0, n, chunk):
+            services.submit_many(
+                [services.NewJob(task, payload or {}) for _ in range(min(chunk, n - start))]
+            )
+    return time.perf_counter() - started
+
+
+def counts_by_status() -> dict[str, int]:
+    return dict(sql("SELECT status, count(*) FROM jobs_job GROUP BY status"))
+
+
+def wait_terminal(n: int, timeout: float) -> None:
+    wait_until(
+        lambda: sql("SELECT count(*) FROM jobs_job WHERE status IN ('done', 'failed')")[0][0] >= n,
+        timeout,
+        f"{n} jobs terminal",
+        interval=0.05,
+    )
+
+
+def worker_args(ctx: Context, concurrency: int) -> list[str]:
+    extra = ctx.args.worker_args.split() if ctx.args.worker_args else []
+    return ["--concurrency", str(concurrency), *extra]
+
+
+# --- in-process submission -------------------------------------------------------------------
+
+
+@scenario("submit")
+def submit_loop(ctx: Context) -> Iterator[dict]:
+    """services.submit in a loop, each its own transaction (commit + push per job)."""
+    from jobs import services
+
+    n = 100 if ctx.quick else 3000
+    started = time.perf_counter()
+    for _ in range(n):
+        services.submit("echo", {})
+    elapsed = time.perf_counter() - started
+    yield {
+        "figure": "in-process services.submit, one job per transaction",
+        "value": n / elapsed,
+        "unit": "jobs/s",
+        "summary": f"{n} jobs in {elapsed:.2f}s",
+        "details": {"jobs": n, "seconds": elapsed},
+    }
+
+
+@scenario("submit-many")
+def submit_many(ctx: Context) -> Iterator[dict]:
+    """services.submit_many, 1,000 jobs per transaction (one INSERT, one Redis push)."""
+    from django.db import transaction
+
+    from jobs import services
+
+    n, batch = (2000, 1000) if ctx.quick else (30000, 1000)
+    started = time.perf_counter()
+    for _ in range(n // batch):
+        with transaction.atomic():
+            services.submit_many([services.NewJob("echo", {"n": i}) for i in range(batch)])
+    elapsed = time.perf_counter() - started
+    yield {
+        "figure": f"in-process services.submit_many, {batch} jobs per transaction",
+        "value": n / elapsed,
+        "unit": "jobs/s",
+        "summary": f"{n} jobs in {elapsed:.2f}s",
+        "details": {"jobs": n, "batch": batch, "seconds": elapsed},
+    }
+
+
+# --- drain -------------------------------------------------------------------------------------
+
+
+def drain(ctx: Context, workers: int) -> Iterator[dict]:
+    n = ctx.args.jobs or (300 if ctx.quick else 20000)
+    concurrency = ctx.args.concurrency or 64
+    for code in ctx.codes():
+        reset(ctx)
+        procs = [ctx.procs.worker(code, *worker_args(ctx, concurrency)) for _ in range(workers)]
+        # Workers are up and idle; the jobs arrive in one commit and one push, so the
+        # measurement starts from the same state for every worker.
+        load_s = preload(n)
+        wait_terminal(n, timeout=max(60, n / 200))
+        first_claim, last_finish, claims = sql(
+            """SELECT min(e.at), (SELECT max(finished_at) FROM jobs_job), count(*)
+               FROM jobs_jobevent e WHERE e.to_status = 'processing'"""
+        )[0]
+        seconds = (last_finish - first_claim).total_seconds()
+        for p in procs:
+            p.stop()
+        status = counts_by_status()
+        yield {
+            "scenario": f"drain-{workers}",
+            "code": code.label,
+            "figure": f"drain {n} no-op jobs with {workers} runworker process(es)",
+            "value": n / seconds,
+            "unit": "jobs/s",
+            "target": ">= 7,800 jobs/s with 2 workers" if workers == 2 else None,
+            "summary": (
+                f"first claim -> last finish {seconds:.3f}s, {claims} claims, "
+                f"statuses {status}, --concurrency {concurrency}, preload {load_s:.2f}s"
+            ),
+            "details": {
+                "jobs": n,
+                "workers": workers,
+                "concurrency": concurrency,
+                "worker_args": ctx.args.worker_args,
+                "seconds": seconds,
+                "claims": claims,
+                "statuses": status,
+            },
+        }
+
+
+@scenario("drain-1")
+def drain_1(ctx: Context) -> Iterator[dict]:
+    yield from drain(ctx, 1)
+
+
+@scenario("drain-2")
+def drain_2(ctx: Context) -> Iterator[dict]:
+    yield from drain(ctx, 2)
+
+
+@scenario("drain-4")
+def drain_4(ctx: Context) -> Iterator[dict]:
+    yield from drain(ctx, 4)
+
+
+# --- end-to-end latency --------------------------------------------------------------------------
+
+
+@scenario("latency")
+def latency(ctx: Context) -> Iterator[dict]:
+    """Jobs submitted one at a time to idle workers: created_at -> finished_at."""
+    from jobs import services
+
+    n, gap = (30, 0.01) if ctx.quick else (1000, 0.01)
+    concurrency = ctx.args.concurrency or 64
+    for code in ctx.codes():
+        reset(ctx)
+        procs = [ctx.procs.worker(code, *worker_args(ctx, concurrency)) for _ in range(2)]
+        time.sleep(0.5)
+        for _ in range(n):
+            services.submit("echo", {})
+            time.sleep(gap)
+        wait_terminal(n, timeout=60)
+        ms = [
+            r[0]
+            for r in sql("SELECT extract(epoch FROM finished_at - created_at) * 1000 FROM jobs_job")
+        ]
+        ms = [float(x) for x in ms]
+        for p in procs:
+            p.stop()
+        pct = percentiles(ms)
+        yield {
+            "code": code.label,
+            "figure": "submission -> done of a no-op job on idle workers (p99)",
+            "value": pct["p99"],
+            "unit": "ms",
+            "target": "p99 <= 4 ms",
+            "summary": fmt_pcts(pct) + f"; one job every {gap * 1000:.0f} ms, 2 workers",
+            "details": {"percentiles_ms": pct, "jobs": n, "gap_s": gap, "workers": 2},
+        }
+
+
+# --- claim latency ----------------------------------------------------------------------
+
+
+def fill_finished(rows: int) -> float:
+    """Add `rows` finished jobs (history not included) as fixture data, in bulk.
+
+    The lifecycle trigger admits only queued inserts, so this fixture load runs with
+    session_replication_role = replica (triggers off) on the scratch database; the
+    check constraints still apply to every row.
+    """
+    started = time.perf_counter()
+    step = 250_000
+    for start in range(0, rows, step):
+        size = min(step, rows - start)
+        sql(
+            """SET session_replication_role = replica;
+               INSERT INTO jobs_job (task, payload, queue, priority, status, result, run_at,
+                   max_retries, retry_count, lease_version, created_at, updated_at,
+                   finished_at, updated_by)
+               SELECT 'echo', '{}', 'default', 0, 'done', '{}',
+                      now() - interval '1 day', 3, 0, 1,
+                      now() - interval '1 day', now() - interval '1 day',
+                      now() - interval '1 day' + g * interval '1 ms', 'bench-fixture'
+               FROM generate_series(1, %s) AS g;
+               SET session_replication_role = origin;""",
+            [size],
+        )
+    sql("VACUUM ANALYZE jobs_job")
+    return time.perf_counter() - started
+
+
+def claim_latency(ctx: Context, finished_rows: int) -> Iterator[dict]:
+    claimers = ctx.args.claimers or (4 if ctx.quick else 16)
+    seconds = 1.0 if ctx.quick else 5.0
+    jobs = 2000 if ctx.quick else 40000
+    fill_s = fill_finished(finished_rows) if finished_rows else 0.0
+    preload(jobs)
+    sql("ANALYZE jobs_job")
+    env = {**ctx.procs.env, "LOG_LEVEL": "WARNING"}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "bench.claimer", str(seconds)],
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(claimers)
+    ]
+    for p in procs:
+        assert p.stdout.readline().strip() == "ready"
+    for p in procs:
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    timings: list[float] = []
+    for p in procs:
+        out, _ = p.communicate(timeout=seconds + 60)
+        timings.extend(json.loads(out.strip().splitlines()[-1])["claims_ms"])
+    pct = percentiles(timings)
+    label = f"{finished_rows:,} finished rows" if finished_rows else "an empty history"
+    yield {
+        "code": ctx.code.label,
+        "figure": f"claim statement latency, {claimers} concurrent claimers, {label} (p99)",
+        "value": pct["p99"],
+        "unit": "ms",
+        "target": "p99 < 10 ms",
+        "summary": fmt_pcts(pct)
+        + f"; {len(timings) / seconds:,.0f} claims/s; claim_next(limit 1) + complete",
+        "details": {
+            "percentiles_ms": pct,
+            "claimers": claimers,
+            "seconds": seconds,
+            "finished_rows": finished_rows,
+            "fill_seconds": fill_s,
+        },
+    }
+
+
+@scenario("claim")
+def claim(ctx: Context) -> Iterator[dict]:
+    yield from claim_latency(ctx, 0)
+
+
+@scenario("claim-big")
+def claim_big(ctx: Context) -> Iterator[dict]:
+    yield from claim_latency(ctx, ctx.args.finished_rows)
+
+
+# --- recovery ----------------------------------------------------------------------------------
+
+
+@scenario("recovery")
+def recovery(ctx: Context) -> Iterator[dict]:
+    """kill -9 a worker holding jobs; time until they are terminal (reaper + another worker)."""
+    lease = ctx.args.lease if ctx.args.lease is not None else (2.0 if ctx.quick else None)
+    env: dict[str, str] = {}
+    label = "service defaults (lease 15 s, reaper every 5 s)"
+    if lease is not None:
+        interval = max(0.2, lease / 4)
+        env = {"JOBS_LEASE_SECONDS": str(lease), "JOBS_REAPER_INTERVAL": str(interval)}
+        label = f"SHORT LEASE {lease:g} s, reaper every {interval:g} s (not the defaults)"
+    held = 8
+    victim = ctx.procs.worker(ctx.code, "--concurrency", str(held), **env)
+    preload(held, task="bench.hold_first", payload={"seconds": 300})
+    wait_until(
+        lambda: counts_by_status().get("processing", 0) == held, 30, "jobs held by the victim"
+    )
+    rescuer = ctx.procs.worker(ctx.code, "--concurrency", str(held), **env)
+    victim.kill()
+    killed_at = sql("SELECT clock_timestamp()")[0][0]
+    ctx.procs.start(ctx.code, "runreaper", **env)
+    wait_terminal(held, timeout=120)
+    requeued, finished = sql(
+        """SELECT (SELECT max(at) FROM jobs_jobevent WHERE actor = 'reaper'),
+                  (SELECT max(finished_at) FROM jobs_job)"""
+    )[0]
+    rescuer.stop()
+    to_requeue = (requeued - killed_at).total_seconds()
+    to_terminal = (finished - killed_at).total_seconds()
+    yield {
+        "code": ctx.code.label,
+        "figure": f"recovery after kill -9 of a worker holding {held} jobs, {label}",
+        "value": to_terminal,
+        "unit": "s",
+        "summary": f"kill -> requeued by the reaper {to_requeue:.2f}s, -> all done "
+        f"{to_terminal:.2f}s; statuses {counts_by_status()}",
+        "details": {
+            "lease": lease,
+            "held": held,
+            "to_requeue_s": to_requeue,
+            "to_terminal_s": to_terminal,
+        },
+    }
+
+
+# --- HTTP -------------------------------------------------------------------------------------
+
+
+def api_available() -> bool:
+    return (ROOT / "jobs" / "api" / "views.py").exists()
+
+
+@scenario("http-single")
+def http_single(ctx: Context) -> Iterator[dict]:
+    from bench import http
+
+    if not api_available():
+        yield http.not_measured("http-single")
+        return
+    yield from http.single(ctx)
+
+
+@scenario("http-bulk")
+def http_bulk(ctx: Context) -> Iterator[dict]:
+    from bench import http
+
+    if not api_available():
+        yield http.not_measured("http-bulk")
+        return
+    yield from http.bulk(ctx)
