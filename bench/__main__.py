@@ -66,6 +66,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="Recovery with this JOBS_LEASE_SECONDS (and reaper interval lease/4), "
         "labelled as a short lease; default: the service defaults (15 s / 5 s).",
     )
+    p.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="Attach py-spy to the drain workers; raw stacks go to DIR.",
+    )
     p.add_argument("--out", type=Path, default=None, help="JSON lines file to append to.")
     p.add_argument("--keep-db", action="store_true", help="Do not drop the scratch database.")
     return p.parse_args(argv)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -135,6 +136,78 @@ def wait_terminal(n: int, timeout: float) -> None:
     )
 
 
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User+system CPU of these processes (and their threads) so far, from /proc."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / _TICK
+
+
+def backend_pids() -> list[int]:
+    """PostgreSQL backends connected to the scratch database (same machine)."""
+    return [
+        r[0]
+        for r in sql(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND pid <> pg_backend_pid()"
+        )
+    ]
+
+
+class Profiler:
+    """py-spy attached to worker processes for the length of a measurement (--profile)."""
+
+    def __init__(self, ctx: Context, procs: list, label: str) -> None:
+        self.runs = []
+        self.dir = ctx.args.profile
+        if not self.dir:
+            return
+        spy = Path(sys.executable).parent / "py-spy"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        for n, p in enumerate(procs):
+            out = self.dir / f"{label}-{n}.txt"
+            self.runs.append(
+                (
+                    out,
+                    subprocess.Popen(
+                        [
+                            str(spy),
+                            "record",
+                            "--pid",
+                            str(p.pid),
+                            "--rate",
+                            "250",
+                            "--format",
+                            "raw",
+                            "--threads",
+                            "--gil",
+                            "--nonblocking",
+                            "-o",
+                            str(out),
+                        ],
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                    ),
+                )
+            )
+        time.sleep(1.0)  # py-spy attaches
+
+    def stop(self) -> list[str]:
+        for _, proc in self.runs:
+            proc.send_signal(signal.SIGINT)
+        for _, proc in self.runs:
+            proc.wait(30)
+        return [str(out) for out, _ in self.runs]
+
+
 def worker_args(ctx: Context, concurrency: int) -> list[str]:
     extra = ctx.args.worker_args.split() if ctx.args.worker_args else []
     return ["--concurrency", str(concurrency), *extra]
@@ -193,10 +266,18 @@ def drain(ctx: Context, workers: int) -> Iterator[dict]:
     for code in ctx.codes():
         reset(ctx)
         procs = [ctx.procs.worker(code, *worker_args(ctx, concurrency)) for _ in range(workers)]
+        profiler = Profiler(ctx, procs, f"drain-{workers}-{code.label}")
         # Workers are up and idle; the jobs arrive in one commit and one push, so the
         # measurement starts from the same state for every worker.
+        backends = backend_pids()
+        worker_pids = [p.pid for p in procs]
+        cpu_before = cpu_seconds(worker_pids), cpu_seconds(backends)
         load_s = preload(n)
         wait_terminal(n, timeout=max(60, n / 200))
+        backends = sorted(set(backends) | set(backend_pids()))
+        cpu_workers = cpu_seconds(worker_pids) - cpu_before[0]
+        cpu_pg = cpu_seconds(backends) - cpu_before[1]
+        profiles = profiler.stop()
         first_claim, last_finish, claims = sql(
             """SELECT min(e.at), (SELECT max(finished_at) FROM jobs_job), count(*)
                FROM jobs_jobevent e WHERE e.to_status = 'processing'"""
@@ -214,7 +295,9 @@ def drain(ctx: Context, workers: int) -> Iterator[dict]:
             "target": ">= 7,800 jobs/s with 2 workers" if workers == 2 else None,
             "summary": (
                 f"first claim -> last finish {seconds:.3f}s, {claims} claims, "
-                f"statuses {status}, --concurrency {concurrency}, preload {load_s:.2f}s"
+                f"statuses {status}, --concurrency {concurrency}, preload {load_s:.2f}s; "
+                f"CPU per job: workers {cpu_workers / n * 1e6:.0f} us, "
+                f"postgres {cpu_pg / n * 1e6:.0f} us"
             ),
             "details": {
                 "jobs": n,
@@ -224,6 +307,9 @@ def drain(ctx: Context, workers: int) -> Iterator[dict]:
                 "seconds": seconds,
                 "claims": claims,
                 "statuses": status,
+                "cpu_workers_s": cpu_workers,
+                "cpu_postgres_s": cpu_pg,
+                "profiles": profiles,
             },
         }
 

@@ -3,6 +3,8 @@ enums only — never job ids, so cardinality stays bounded."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import Counter, Histogram
 
 SLO_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 15, 20, 25, 30, 45, 60, 120, 300, 600)
@@ -59,6 +61,22 @@ DB_ERRORS = Counter(
 )
 
 
+_children: dict[tuple[Any, ...], Any] = {}
+
+
+def child(metric: Any, *labels: str) -> Any:
+    """`metric.labels(*labels)`, cached: the hot path skips labels()' lock and checks.
+
+    Label values are queue/task/outcome names, so the cache stays as small as the
+    metric's own set of children.
+    """
+    key = (metric, *labels)
+    found = _children.get(key)
+    if found is None:
+        found = _children[key] = metric.labels(*labels)
+    return found
+
+
 def observe_terminal(
     queue: str,
     task: str,
@@ -67,7 +85,7 @@ def observe_terminal(
     retry_count: int,
 ) -> None:
     """Record one job reaching done/failed, whoever moved it there."""
-    FINISHED.labels(queue, task, outcome).inc()
-    RETRIES.labels(queue, task, outcome).observe(retry_count)
+    child(FINISHED, queue, task, outcome).inc()
+    child(RETRIES, queue, task, outcome).observe(retry_count)
     if time_to_terminal is not None:
-        TIME_TO_TERMINAL.labels(queue, task, outcome).observe(max(time_to_terminal, 0.0))
+        child(TIME_TO_TERMINAL, queue, task, outcome).observe(max(time_to_terminal, 0.0))

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import psycopg
 from django.conf import settings
 from django.db import connection, transaction
 
@@ -97,6 +98,22 @@ def _rows(sql: str, params: Sequence[Any] | dict[str, Any]) -> list[tuple]:
     with connection.cursor() as cur:
         cur.execute(sql, params)
         return cur.fetchall() if cur.description else []
+
+
+def _hot_rows(sql: str, params: Sequence[Any] | dict[str, Any]) -> list[tuple]:
+    """The worker's hot-path statements: a plain psycopg cursor on Django's connection.
+
+    Server-side parameter binding and a prepared statement per query text (parsed
+    and planned once per connection), without Django's cursor wrapper. Same
+    connection, so the same transaction as any surrounding `atomic()`; errors are
+    translated to Django's exceptions like any other query. Behind PgBouncer in
+    transaction mode this needs PgBouncer >= 1.21 with max_prepared_statements set.
+    """
+    connection.ensure_connection()
+    with connection.wrap_database_errors:
+        with psycopg.Cursor(connection.connection) as cur:
+            cur.execute(sql, params, prepare=True)
+            return cur.fetchall() if cur.description else []
 
 
 def _group_by_queue(pairs: Iterable[tuple[int, str]]) -> dict[str, list[int]]:
@@ -394,10 +411,14 @@ WITH c AS (
 
 def _leases(rows: list[tuple], worker_id: str) -> list[Lease]:
     leases = []
+    per_queue: dict[str, int] = defaultdict(int)
+    loads = json.loads
     for r in rows:
-        payload = json.loads(r[3]) if isinstance(r[3], str) else r[3]
+        payload = loads(r[3]) if isinstance(r[3], str) else r[3]
         leases.append(Lease(r[0], r[1], worker_id, r[2], payload, r[4], r[5], r[6], r[7]))
-        metrics.CLAIMED.labels(r[4]).inc()
+        per_queue[r[4]] += 1
+    for queue, n in per_queue.items():
+        metrics.child(metrics.CLAIMED, queue).inc(n)
     return leases
 
 
@@ -411,7 +432,7 @@ def claim_next(worker_id: str, queues: Sequence[str], limit: int) -> list[Lease]
     for queue in queues:
         if len(leases) >= limit:
             break
-        rows = _rows(
+        rows = _hot_rows(
             _CLAIM_NEXT_SQL,
             {
                 "queue": queue,
@@ -432,7 +453,7 @@ def claim_ids(worker_id: str, job_ids: Sequence[int]) -> list[Lease]:
     """
     if not job_ids:
         return []
-    rows = _rows(
+    rows = _hot_rows(
         _CLAIM_IDS_SQL,
         {"ids": list(job_ids), "worker": worker_id, "actor": worker_actor(worker_id)},
     )
@@ -459,6 +480,13 @@ def _fence_arrays(leases: Sequence[Lease]) -> tuple[list[int], list[int], list[s
     )
 
 
+_HEARTBEAT_SQL = f"""
+UPDATE {T} j SET heartbeat_at = now()
+FROM unnest(%s::bigint[], %s::bigint[], %s::text[]) AS f(id, lv, owner)
+WHERE {_FENCE} RETURNING j.id, j.queue
+"""
+
+
 def heartbeat(leases: Sequence[Lease]) -> set[int]:
     """Extend the leases still held, in one statement; returns the job ids that held.
 
@@ -467,15 +495,12 @@ def heartbeat(leases: Sequence[Lease]) -> set[int]:
     """
     if not leases:
         return set()
-    ids, lvs, owners = _fence_arrays(leases)
-    rows = _rows(
-        f"""UPDATE {T} j SET heartbeat_at = now()
-            FROM unnest(%s::bigint[], %s::bigint[], %s::text[]) AS f(id, lv, owner)
-            WHERE {_FENCE} RETURNING j.id, j.queue""",
-        [ids, lvs, owners],
-    )
+    rows = _hot_rows(_HEARTBEAT_SQL, _fence_arrays(leases))
+    per_queue: dict[str, int] = defaultdict(int)
     for _, queue in rows:
-        metrics.HEARTBEATS.labels(queue).inc()
+        per_queue[queue] += 1
+    for queue, n in per_queue.items():
+        metrics.child(metrics.HEARTBEATS, queue).inc(n)
     return {r[0] for r in rows}
 
 
@@ -489,6 +514,14 @@ def _finished(rows: list[tuple]) -> dict[int, Finished]:
     return out
 
 
+_COMPLETE_SQL = f"""
+UPDATE {T} j SET status = '{DONE}', result = f.result::jsonb, error = NULL,
+       {_UNOWN}, finished_at = now(), updated_by = 'worker:' || f.owner
+FROM unnest(%s::bigint[], %s::bigint[], %s::text[], %s::text[]) AS f(id, lv, owner, result)
+WHERE {_FENCE} RETURNING {_FINISH_RETURNING}
+"""
+
+
 def complete(items: Sequence[tuple[Lease, Any]]) -> dict[int, Finished]:
     """processing → done for each (lease, result) whose fence still holds.
 
@@ -498,23 +531,33 @@ def complete(items: Sequence[tuple[Lease, Any]]) -> dict[int, Finished]:
     if not items:
         return {}
     ids, lvs, owners = _fence_arrays([lease for lease, _ in items])
-    results = [None if r is None else json.dumps(r) for _, r in items]
-    actors = [worker_actor(o) for o in owners]
-    rows = _rows(
-        f"""UPDATE {T} j SET status = '{DONE}', result = f.result::jsonb, error = NULL,
-                   {_UNOWN}, finished_at = now(), updated_by = f.actor
-            FROM unnest(%s::bigint[], %s::bigint[], %s::text[], %s::text[], %s::text[])
-                 AS f(id, lv, owner, result, actor)
-            WHERE {_FENCE} RETURNING {_FINISH_RETURNING}""",
-        [ids, lvs, owners, results, actors],
-    )
+    dumps = json.dumps
+    results = [None if r is None else dumps(r) for _, r in items]
+    rows = _hot_rows(_COMPLETE_SQL, [ids, lvs, owners, results])
     return _finished(rows)
 
 
 _BACKOFF = (
-    "now() + least(%(cap)s, %(base)s * power(2, j.retry_count)) "
+    "now() + least(%(cap)s::float8, %(base)s::float8 * power(2, j.retry_count)) "
     "* (0.5 + random() / 2) * interval '1 second'"
 )
+
+
+_RETRY = "NOT f.permanent AND j.retry_count + 1 <= j.max_retries"
+_FAIL_SQL = f"""
+UPDATE {T} j SET
+       retry_count = j.retry_count + CASE WHEN f.permanent THEN 0 ELSE 1 END,
+       error = f.error, result = NULL,
+       status = CASE WHEN {_RETRY} THEN '{QUEUED}' ELSE '{FAILED}' END,
+       lease_version = j.lease_version + CASE WHEN {_RETRY} THEN 1 ELSE 0 END,
+       run_at = CASE WHEN {_RETRY} THEN {_BACKOFF} ELSE j.run_at END,
+       finished_at = CASE WHEN {_RETRY} THEN NULL ELSE now() END,
+       {_UNOWN}, updated_by = 'worker:' || f.owner
+FROM unnest(%(ids)s::bigint[], %(lvs)s::bigint[], %(owners)s::text[],
+            %(errors)s::text[], %(permanent)s::boolean[])
+     AS f(id, lv, owner, error, permanent)
+WHERE {_FENCE} RETURNING {_FINISH_RETURNING}, j.run_at <= now()
+"""
 
 
 def fail(items: Sequence[tuple[Lease, str, bool]]) -> dict[int, Finished]:
@@ -529,42 +572,34 @@ def fail(items: Sequence[tuple[Lease, str, bool]]) -> dict[int, Finished]:
     if not items:
         return {}
     ids, lvs, owners = _fence_arrays([lease for lease, _, _ in items])
-    errors = [e for _, e, _ in items]
-    permanent = [p for _, _, p in items]
-    actors = [worker_actor(o) for o in owners]
-    retry = "NOT f.permanent AND j.retry_count + 1 <= j.max_retries"
-    rows = _rows(
-        f"""UPDATE {T} j SET
-               retry_count = j.retry_count + CASE WHEN f.permanent THEN 0 ELSE 1 END,
-               error = f.error, result = NULL,
-               status = CASE WHEN {retry} THEN '{QUEUED}' ELSE '{FAILED}' END,
-               lease_version = j.lease_version + CASE WHEN {retry} THEN 1 ELSE 0 END,
-               run_at = CASE WHEN {retry} THEN {_BACKOFF} ELSE j.run_at END,
-               finished_at = CASE WHEN {retry} THEN NULL ELSE now() END,
-               {_UNOWN}, updated_by = f.actor
-            FROM unnest(%(ids)s::bigint[], %(lvs)s::bigint[], %(owners)s::text[],
-                        %(errors)s::text[], %(permanent)s::boolean[], %(actors)s::text[])
-                 AS f(id, lv, owner, error, permanent, actor)
-            WHERE {_FENCE} RETURNING {_FINISH_RETURNING}, j.run_at <= now()""",
+    rows = _hot_rows(
+        _FAIL_SQL,
         {
             "ids": ids,
             "lvs": lvs,
             "owners": owners,
-            "errors": errors,
-            "permanent": permanent,
-            "actors": actors,
-            "base": settings.JOBS_RETRY_BACKOFF_BASE,
-            "cap": settings.JOBS_RETRY_BACKOFF_MAX,
+            "errors": [e for _, e, _ in items],
+            "permanent": [p for _, _, p in items],
+            "base": float(settings.JOBS_RETRY_BACKOFF_BASE),
+            "cap": float(settings.JOBS_RETRY_BACKOFF_MAX),
         },
     )
     finished = _finished([r[:-1] for r in rows])
     for f in finished.values():
         if f.status == QUEUED:
-            metrics.RETRIED.labels(f.queue, f.task).inc()
+            metrics.child(metrics.RETRIED, f.queue, f.task).inc()
     signal_after_commit(
         [(r[0], r[2]) for r in rows if r[1] == QUEUED and r[-1]], park_on_failure=False
     )
     return finished
+
+
+_RELEASE_SQL = f"""
+UPDATE {T} j SET status = '{QUEUED}', lease_version = j.lease_version + 1,
+       run_at = now(), error = %s::text, {_UNOWN}, updated_by = 'worker:' || f.owner
+FROM unnest(%s::bigint[], %s::bigint[], %s::text[]) AS f(id, lv, owner)
+WHERE {_FENCE} RETURNING j.id, j.queue
+"""
 
 
 def release(leases: Sequence[Lease], reason: str = "released by worker shutdown") -> set[int]:
@@ -574,14 +609,7 @@ def release(leases: Sequence[Lease], reason: str = "released by worker shutdown"
     """
     if not leases:
         return set()
-    ids, lvs, owners = _fence_arrays(leases)
-    rows = _rows(
-        f"""UPDATE {T} j SET status = '{QUEUED}', lease_version = j.lease_version + 1,
-                   run_at = now(), error = %s, {_UNOWN}, updated_by = 'worker:' || f.owner
-            FROM unnest(%s::bigint[], %s::bigint[], %s::text[]) AS f(id, lv, owner)
-            WHERE {_FENCE} RETURNING j.id, j.queue""",
-        [reason, ids, lvs, owners],
-    )
+    rows = _hot_rows(_RELEASE_SQL, [reason, *_fence_arrays(leases)])
     signal_after_commit(rows, park_on_failure=False)
     return {r[0] for r in rows}
 

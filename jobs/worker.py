@@ -1,11 +1,18 @@
 """The worker: discover, claim, run, and write back under the fence (SPEC §1, §3, §4).
 
 One process runs one dispatcher (this module's `Worker.run`, on the main
-thread), a pool of handler threads, a flusher that writes finished attempts
-back in batches, and a heartbeat thread that extends every held lease in one
-statement. Redis ids are hints: the dispatcher claims them in Postgres, and
-falls back to claiming straight from Postgres whenever Redis is silent, down
-or not configured.
+thread), `concurrency` handler threads fed from one queue, a flusher that writes
+finished attempts back in batches, and a heartbeat thread that extends every
+held lease in one statement. Redis ids are hints: the dispatcher claims them in
+Postgres, and falls back to claiming straight from Postgres whenever Redis is
+silent, down or not configured.
+
+Batching never merges authority: each row of a batched write carries its own
+(id, lease_version, owned_by) and status = 'processing' predicate, so one stale
+entry is rejected alone while the others land. The flusher batches by natural
+group commit: it writes whatever finished while the previous write was in
+flight, so an idle worker writes one result at once and a busy one writes many
+per statement, without a fixed wait (`flush_interval` adds one, default 0).
 """
 
 from __future__ import annotations
@@ -17,7 +24,6 @@ import secrets
 import socket
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +40,8 @@ log = logging.getLogger(__name__)
 MAX_ERROR_CHARS = 4000
 DB_BACKOFF_MAX = 10.0
 REDIS_BACKOFF_MAX = 30.0
+MAX_BATCH = 1000
+HEALTH_CHECK_EVERY = 1.0  # seconds between the dispatcher's connection health checks
 
 
 def new_worker_id() -> str:
@@ -86,7 +94,7 @@ class Worker:
         grace: float = 10.0,
         poll_interval: float = 1.0,
         lease_seconds: float | None = None,
-        flush_interval: float = 0.002,
+        flush_interval: float = 0.0,
         worker_id: str | None = None,
     ) -> None:
         self.queues = queues or ["default"]
@@ -106,7 +114,11 @@ class Worker:
         self._inflight: dict[int, InFlight] = {}
         self._lock = threading.Lock()
         self._slot_free = threading.Event()
-        self._outcomes: queue_mod.Queue[Outcome] = queue_mod.Queue()
+        self._ready: queue_mod.SimpleQueue[tuple[Lease, JobContext] | None] = (
+            queue_mod.SimpleQueue()
+        )
+        self._outcomes: queue_mod.SimpleQueue[Outcome] = queue_mod.SimpleQueue()
+        self._debug = log.isEnabledFor(logging.DEBUG)
         self._released: set[int] = set()
         self.claimed = 0
         self.finished = 0
@@ -150,14 +162,22 @@ class Worker:
             },
         )
         tasks.load()
-        pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="job")
+        handlers = [
+            threading.Thread(target=self._handler_loop, name=f"job_{n}", daemon=True)
+            for n in range(self.concurrency)
+        ]
         flusher = threading.Thread(target=self._flush_loop, name="flusher", daemon=True)
         beater = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
-        flusher.start()
-        beater.start()
+        for thread in (*handlers, flusher, beater):
+            thread.start()
+        checked = 0.0
         try:
             while not self.stopping.is_set():
-                close_old_connections()
+                now = time.monotonic()
+                if now - checked >= HEALTH_CHECK_EVERY:
+                    # Not every loop: with CONN_HEALTH_CHECKS each call costs a round trip.
+                    close_old_connections()
+                    checked = now
                 if self.max_jobs is not None and self.claimed >= self.max_jobs:
                     break
                 free = self.concurrency - self.inflight
@@ -172,14 +192,14 @@ class Worker:
                     continue
                 if not leases and self.burst and self.inflight == 0 and self._outcomes.empty():
                     break
-                for lease in leases:
-                    self._start(pool, lease)
-            self._drain(pool)
+                self._start(leases)
+            self._drain()
         finally:
             self.halt.set()
+            for _ in handlers:
+                self._ready.put(None)
             flusher.join(timeout=30)
             beater.join(timeout=5)
-            pool.shutdown(wait=False, cancel_futures=True)
             connection.close()
         log.info("worker stopped", extra={"worker_id": self.worker_id, "finished": self.finished})
         return self.finished
@@ -206,7 +226,7 @@ class Worker:
                     leases = services.claim_ids(self.worker_id, ids)
                     dupes = len(ids) - len(leases)
                     if dupes:
-                        metrics.DUPLICATE_DELIVERIES.labels(queue).inc(dupes)
+                        metrics.child(metrics.DUPLICATE_DELIVERIES, queue).inc(dupes)
                     self._db_backoff = 0.2
                     if leases:
                         return leases
@@ -218,7 +238,7 @@ class Worker:
                 self.stopping.wait(self.poll_interval if not self.burst else 0)
             return leases
         except (DatabaseError, InterfaceError) as exc:
-            metrics.DB_ERRORS.labels(op="claim").inc()
+            metrics.child(metrics.DB_ERRORS, "claim").inc()
             log.warning(
                 "postgres unavailable for claims, retrying in %.1fs: %s",
                 self._db_backoff,
@@ -235,25 +255,43 @@ class Worker:
 
     # --- running a job ------------------------------------------------------------------
 
-    def _start(self, pool: ThreadPoolExecutor, lease: Lease) -> None:
-        ctx = JobContext(
-            job_id=lease.job_id,
-            lease_version=lease.lease_version,
-            attempt=lease.retry_count + 1,
-            worker_id=self.worker_id,
-            queue=lease.queue,
-            task=lease.task,
-        )
+    def _start(self, leases: list[Lease]) -> None:
+        """Hand a claimed batch to the handler threads (one lock round for the batch)."""
+        started = []
+        for lease in leases:
+            ctx = JobContext(
+                job_id=lease.job_id,
+                lease_version=lease.lease_version,
+                attempt=lease.retry_count + 1,
+                worker_id=self.worker_id,
+                queue=lease.queue,
+                task=lease.task,
+            )
+            started.append((lease, ctx))
         with self._lock:
-            self._inflight[lease.job_id] = InFlight(lease, ctx)
-        self.claimed += 1
-        log.debug("claimed", extra=lease.log_fields())
-        pool.submit(self._run_one, lease, ctx)
+            for lease, ctx in started:
+                self._inflight[lease.job_id] = InFlight(lease, ctx)
+        self.claimed += len(leases)
+        put = self._ready.put
+        for item in started:
+            if self._debug:
+                log.debug("claimed", extra=item[0].log_fields())
+            put(item)
+
+    def _handler_loop(self) -> None:
+        get = self._ready.get
+        while True:
+            item = get()
+            if item is None:
+                return
+            self._run_one(*item)
 
     def _run_one(self, lease: Lease, ctx: JobContext) -> None:
         started = time.monotonic()
         outcome = self._execute(lease, ctx)
-        metrics.DURATION.labels(lease.queue, lease.task).observe(time.monotonic() - started)
+        metrics.child(metrics.DURATION, lease.queue, lease.task).observe(
+            time.monotonic() - started
+        )
         if (
             outcome.kind == "fail"
             and ctx.stop.is_set()
@@ -322,23 +360,26 @@ class Worker:
     # --- write-back in batches ----------------------------------------------------------
 
     def _flush_loop(self) -> None:
-        while not (self.halt.is_set() and self._outcomes.empty()):
+        outcomes = self._outcomes
+        while not (self.halt.is_set() and outcomes.empty()):
             try:
-                first = self._outcomes.get(timeout=0.1)
+                batch = [outcomes.get(timeout=0.1)]
             except queue_mod.Empty:
                 continue
-            batch = [first]
+            # Natural group commit: everything that finished while the last write was
+            # in flight goes into this one; an optional flush_interval waits for more.
             deadline = time.monotonic() + self.flush_interval
-            while len(batch) < 1000:
-                remaining = deadline - time.monotonic()
+            while len(batch) < MAX_BATCH:
                 try:
-                    batch.append(
-                        self._outcomes.get(timeout=max(remaining, 0))
-                        if remaining > 0
-                        else self._outcomes.get_nowait()
-                    )
+                    batch.append(outcomes.get_nowait())
                 except queue_mod.Empty:
-                    break
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    try:
+                        batch.append(outcomes.get(timeout=remaining))
+                    except queue_mod.Empty:
+                        break
             self._write_back(batch)
         connection.close()
 
@@ -357,7 +398,7 @@ class Worker:
                 ok_rel = services.release(released)
                 break
             except (DatabaseError, InterfaceError) as exc:
-                metrics.DB_ERRORS.labels(op="write_back").inc()
+                metrics.child(metrics.DB_ERRORS, "write_back").inc()
                 log.warning(
                     "write-back failed, retrying in %.1fs: %s",
                     backoff,
@@ -396,7 +437,7 @@ class Worker:
             try:
                 ok = services.heartbeat([i.lease for i in held])
             except (DatabaseError, InterfaceError) as exc:
-                metrics.DB_ERRORS.labels(op="heartbeat").inc()
+                metrics.child(metrics.DB_ERRORS, "heartbeat").inc()
                 log.warning("heartbeat failed: %s", exc, extra={"worker_id": self.worker_id})
                 connection.close()
                 continue
@@ -412,7 +453,7 @@ class Worker:
 
     # --- shutdown ----------------------------------------------------------------------------
 
-    def _drain(self, pool: ThreadPoolExecutor) -> None:
+    def _drain(self) -> None:
         """Wait up to `grace` for running jobs, then release the rest back to queued."""
         deadline = time.monotonic() + self.grace
         while self.inflight and time.monotonic() < deadline:
