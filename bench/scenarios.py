@@ -278,8 +278,10 @@ def drain(ctx: Context, workers: int) -> Iterator[dict]:
         cpu_workers = cpu_seconds(worker_pids) - cpu_before[0]
         cpu_pg = cpu_seconds(backends) - cpu_before[1]
         profiles = profiler.stop()
-        first_claim, last_finish, claims = sql(
-            """SELECT min(e.at), (SELECT max(finished_at) FROM jobs_job), count(*)
+        first_claim, last_finish, claims, claim_tx, done_tx = sql(
+            """SELECT min(e.at), (SELECT max(finished_at) FROM jobs_job), count(*),
+                      count(DISTINCT (e.actor, e.at)),
+                      (SELECT count(DISTINCT (updated_by, finished_at)) FROM jobs_job)
                FROM jobs_jobevent e WHERE e.to_status = 'processing'"""
         )[0]
         seconds = (last_finish - first_claim).total_seconds()
@@ -294,7 +296,8 @@ def drain(ctx: Context, workers: int) -> Iterator[dict]:
             "unit": "jobs/s",
             "target": ">= 7,800 jobs/s with 2 workers" if workers == 2 else None,
             "summary": (
-                f"first claim -> last finish {seconds:.3f}s, {claims} claims, "
+                f"first claim -> last finish {seconds:.3f}s, {claims} claims in "
+                f"{claim_tx} statements, completions in {done_tx} statements, "
                 f"statuses {status}, --concurrency {concurrency}, preload {load_s:.2f}s; "
                 f"CPU per job: workers {cpu_workers / n * 1e6:.0f} us, "
                 f"postgres {cpu_pg / n * 1e6:.0f} us"
@@ -306,6 +309,8 @@ def drain(ctx: Context, workers: int) -> Iterator[dict]:
                 "worker_args": ctx.args.worker_args,
                 "seconds": seconds,
                 "claims": claims,
+                "claim_statements": claim_tx,
+                "complete_statements": done_tx,
                 "statuses": status,
                 "cpu_workers_s": cpu_workers,
                 "cpu_postgres_s": cpu_pg,

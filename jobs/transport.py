@@ -43,6 +43,7 @@ class Transport:
             retry=Retry(NoBackoff(), 0),  # callers decide when to try again
             health_check_interval=15,
         )
+        self._blmpop = True  # falls back to BLPOP + LPOP on servers older than 7.0
 
     def key(self, queue: str) -> str:
         return f"{self.prefix}q:{queue}"
@@ -72,7 +73,26 @@ class Transport:
         """
         keys = [self.key(q) for q in queues]
         try:
-            if timeout > 0:
+            if timeout > 0 and self._blmpop:
+                # One round trip for up to `count` ids (Redis >= 7.0).
+                try:
+                    got = self._client.blmpop(
+                        min(timeout, SOCKET_TIMEOUT - 0.5),
+                        len(keys),
+                        *keys,
+                        direction="LEFT",
+                        count=count,
+                    )
+                except redis.ResponseError as exc:
+                    if "unknown command" not in str(exc).lower():
+                        raise
+                    self._blmpop = False
+                    return self.pop(queues, timeout, count)
+                if not got:
+                    return "", []
+                key, more = got
+                ids = [int(x) for x in more]
+            elif timeout > 0:
                 # Stay under the socket timeout, so a frozen Redis reads as an error.
                 got = self._client.blpop(keys, timeout=min(timeout, SOCKET_TIMEOUT - 0.5))
                 if got is None:
@@ -81,6 +101,12 @@ class Transport:
                 ids = [int(first)]
                 if count > 1:
                     ids.extend(int(x) for x in self._client.lpop(key, count - 1) or ())
+            elif self._blmpop and len(keys) > 1:
+                got = self._client.lmpop(len(keys), *keys, direction="LEFT", count=count)
+                if not got:
+                    return "", []
+                key, more = got
+                ids = [int(x) for x in more]
             else:
                 for key in keys:
                     more = self._client.lpop(key, count)
