@@ -315,9 +315,7 @@ def submit_many(
         "queues": [i.queue for i in items],
         "priorities": [i.priority for i in items],
         "run_ats": [i.run_at for i in items],
-        "max_retries": [
-            default_retries if i.max_retries is None else i.max_retries for i in items
-        ],
+        "max_retries": [default_retries if i.max_retries is None else i.max_retries for i in items],
         "keys": [i.idempotency_key for i in items],
         "hashes": [i.request_hash for i in items],
         "client": client_id,
@@ -351,9 +349,7 @@ def submit_many(
         counts: dict[tuple[str, str], int] = defaultdict(int)
         for item, row in zip(items, rows, strict=True):
             if row[0] is None:
-                job_id, _, status, queue, task, created_at, run_at = existing[
-                    item.idempotency_key
-                ]
+                job_id, _, status, queue, task, created_at, run_at = existing[item.idempotency_key]
                 out.append(Submitted(job_id, False, status, queue, task, created_at, run_at))
                 continue
             out.append(Submitted(row[0], True, QUEUED, item.queue, item.task, row[1], row[2]))

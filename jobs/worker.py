@@ -289,9 +289,7 @@ class Worker:
     def _run_one(self, lease: Lease, ctx: JobContext) -> None:
         started = time.monotonic()
         outcome = self._execute(lease, ctx)
-        metrics.child(metrics.DURATION, lease.queue, lease.task).observe(
-            time.monotonic() - started
-        )
+        metrics.child(metrics.DURATION, lease.queue, lease.task).observe(time.monotonic() - started)
         if (
             outcome.kind == "fail"
             and ctx.stop.is_set()

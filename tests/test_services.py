@@ -126,6 +126,44 @@ def test_batch_with_one_stale_entry_completes_the_others_and_rejects_only_that_o
             assert row["status"] == "done" and row["result"] == {"n": i}
 
 
+def test_fail_batch_with_one_stale_entry_fails_the_others_and_rejects_only_that_one():
+    leases = [claimed() for _ in range(5)]
+    services.revoke([leases[1].job_id], actor="staff:t")
+    items = [(x, f"boom {i}", i % 2 == 0) for i, x in enumerate(leases)]
+    out = services.fail(items)
+    assert set(out) == {x.job_id for i, x in enumerate(leases) if i != 1}
+    stale = job_row(leases[1].job_id)
+    assert (stale["status"], stale["retry_count"], stale["lease_version"]) == ("queued", 0, 2)
+    assert stale["error"].startswith("lease revoked")
+    for i, x in enumerate(leases):
+        if i == 1:
+            continue
+        row = job_row(x.job_id)
+        permanent = i % 2 == 0
+        assert row["error"] == f"boom {i}"
+        assert row["status"] == ("failed" if permanent else "queued")
+        assert row["retry_count"] == (0 if permanent else 1)
+
+
+def test_heartbeat_batch_with_one_stale_entry_extends_the_others_only():
+    leases = [claimed() for _ in range(4)]
+    for x in leases:
+        _expire(x.job_id)
+    services.revoke([leases[3].job_id], actor="staff:t")
+    newer = services.claim("w-2", leases[3].job_id)
+    assert newer is not None
+    _expire(newer.job_id)
+    assert services.heartbeat(leases) == {x.job_id for x in leases[:3]}
+    fresh = raw(
+        "SELECT id FROM jobs_job WHERE heartbeat_at > now() - interval '5 seconds'"
+        " AND id = ANY(%s)",
+        [[x.job_id for x in leases]],
+    )
+    assert {r[0] for r in fresh} == {x.job_id for x in leases[:3]}
+    row = job_row(newer.job_id)
+    assert (row["owned_by"], row["lease_version"]) == ("w-2", 3)
+
+
 def test_fence_rejection_is_recorded_with_both_lease_versions():
     lease = claimed()
     services.revoke([lease.job_id], actor="staff:t")
@@ -314,3 +352,106 @@ def test_eight_threads_claim_500_jobs_exactly_once():
         "WHERE queue = 'race' AND status = 'processing'"
     )
     assert rows == [(500, 1, 1)]
+
+
+# --- bulk submission -------------------------------------------------------------------
+
+
+def _queued_ids() -> list[int]:
+    from jobs.transport import get_transport
+
+    t = get_transport()
+    return [int(x) for x in t._client.lrange(t.key("default"), 0, -1)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_submit_many_inserts_in_order_and_signals_after_commit():
+    from django.db import transaction
+
+    items = [services.NewJob("echo", {"n": i}, priority=i) for i in range(5)]
+    items.append(services.NewJob("echo", {"later": True}, run_at=_in_one_hour()))
+    with transaction.atomic():
+        out = services.submit_many(items)
+        assert _queued_ids() == []  # nothing is signalled before commit
+    assert [o.created for o in out] == [True] * 6
+    rows = {r[0]: r for r in raw("SELECT id, payload, priority, status FROM jobs_job")}
+    assert len(rows) == 6
+    for i, o in enumerate(out[:5]):
+        assert rows[o.job_id][2] == i and o.status == "queued"
+    # Due jobs are pushed once, in one round trip; the scheduled one is not pushed early.
+    assert _queued_ids() == [o.job_id for o in out[:5]]
+    events = JobEvent.objects.filter(job_id__in=[o.job_id for o in out], to_status="queued")
+    assert events.count() == 6
+
+
+def _in_one_hour():
+    from datetime import UTC, datetime, timedelta
+
+    return datetime.now(UTC) + timedelta(hours=1)
+
+
+def test_submit_many_idempotent_replay_returns_existing_and_conflict_writes_nothing():
+    first = services.submit_many(
+        [
+            services.NewJob("echo", {"a": 1}, idempotency_key="k1", request_hash="h1"),
+            services.NewJob("echo", {"b": 2}),
+        ]
+    )
+    assert [o.created for o in first] == [True, True]
+    replay = services.submit_many(
+        [
+            services.NewJob("echo", {"c": 3}),
+            services.NewJob("echo", {"a": 1}, idempotency_key="k1", request_hash="h1"),
+        ]
+    )
+    assert replay[1].job_id == first[0].job_id and not replay[1].created
+    assert replay[0].created
+    before = Job.objects.count()
+    with pytest.raises(services.IdempotencyConflicts) as err:
+        services.submit_many(
+            [
+                services.NewJob("echo", {"d": 4}),
+                services.NewJob("echo", {"a": 9}, idempotency_key="k1", request_hash="h9"),
+            ]
+        )
+    assert err.value.conflicts == {1: first[0].job_id}
+    assert Job.objects.count() == before  # the other item was rolled back with it
+
+
+def test_submit_many_same_key_twice_in_one_batch():
+    same = services.submit_many(
+        [
+            services.NewJob("echo", {}, idempotency_key="dup", request_hash="h"),
+            services.NewJob("echo", {}, idempotency_key="dup", request_hash="h"),
+        ]
+    )
+    assert same[0].created and not same[1].created and same[0].job_id == same[1].job_id
+    with pytest.raises(services.IdempotencyConflicts):
+        services.submit_many(
+            [
+                services.NewJob("echo", {}, idempotency_key="dup2", request_hash="h1"),
+                services.NewJob("echo", {}, idempotency_key="dup2", request_hash="h2"),
+            ]
+        )
+    assert not Job.objects.filter(idempotency_key="dup2").exists()
+
+
+def test_submit_many_keys_are_per_client():
+    from tests.factories import ClientFactory
+
+    a, b = ClientFactory.create(), ClientFactory.create()
+    item = services.NewJob("echo", {}, idempotency_key="k", request_hash="h")
+    ja = services.submit_many([item], client_id=a.pk)[0]
+    jb = services.submit_many([item], client_id=b.pk)[0]
+    assert ja.created and jb.created and ja.job_id != jb.job_id
+    assert services.submit_many([item], client_id=a.pk)[0].job_id == ja.job_id
+
+
+def test_submit_many_rejected_by_the_database_writes_nothing():
+    from django.db import IntegrityError
+
+    with pytest.raises(IntegrityError):
+        services.submit_many(
+            [services.NewJob("echo", {}), services.NewJob("echo", {}, priority=1000)]
+        )
+    assert Job.objects.count() == 0

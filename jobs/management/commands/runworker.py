@@ -51,12 +51,21 @@ class Command(BaseCommand):
             help="Seconds of Redis silence before claiming from Postgres.",
         )
         parser.add_argument(
+            "--flush-interval",
+            type=float,
+            default=0.0,
+            help="Seconds the flusher waits to gather more results per write "
+            "(default 0: write whatever finished while the previous write ran).",
+        )
+        parser.add_argument(
             "--metrics-port", type=int, default=None, help="Serve Prometheus metrics on this port."
         )
 
     def handle(self, *args, **opts):
         if opts["concurrency"] < 1:
             raise CommandError("--concurrency must be at least 1")
+        if not 0 <= opts["flush_interval"] <= 5:
+            raise CommandError("--flush-interval must be between 0 and 5 seconds")
         if opts["max_jobs"] is not None and opts["max_jobs"] < 1:
             raise CommandError("--max-jobs must be at least 1")
         start_metrics_server(opts["metrics_port"])
@@ -67,6 +76,7 @@ class Command(BaseCommand):
             max_jobs=opts["max_jobs"],
             grace=opts["grace"],
             poll_interval=opts["poll_interval"],
+            flush_interval=opts["flush_interval"],
         )
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: worker.request_stop())

@@ -1,0 +1,65 @@
+"""`python -m bench --quick` runs end to end and writes well-formed JSON lines.
+
+It checks the shape of the report, never a timing: figures depend on the machine.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from bench import scenarios
+from tests.harness import ROOT
+
+pytestmark = pytest.mark.slow
+
+
+def test_quick_bench_reports_a_figure_per_scenario(tmp_path):
+    out = tmp_path / "bench.jsonl"
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--out", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    expected = set(scenarios.default_names(quick=True))
+    seen = {r["scenario"] for r in records}
+    assert seen == expected, proc.stdout
+    for r in records:
+        assert r["command"].startswith("python -m bench --scenario ")
+        assert r["unit"] and r["figure"] and r["run"] and r["git"]
+        if r["value"] is None:  # only a scenario that says why it was not measured
+            assert r["note"].startswith("NOT MEASURED"), r
+        else:
+            assert isinstance(r["value"], float) and math.isfinite(r["value"]) and r["value"] > 0
+        assert r["command"] in proc.stdout
+    # The scratch database is gone afterwards.
+    run = records[0]["run"]
+    assert "jobservice_bench_" in proc.stdout and run in proc.stdout
+    db = proc.stdout.split("database ", 1)[1].split(",", 1)[0]
+    listed = subprocess.run(
+        [
+            "psql",
+            "-h",
+            "127.0.0.1",
+            "-U",
+            "root",
+            "-d",
+            "postgres",
+            "-Atc",
+            f"SELECT count(*) FROM pg_database WHERE datname = '{db}'",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert listed.stdout.strip() == "0"

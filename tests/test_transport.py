@@ -1,0 +1,34 @@
+"""Redis transport: batches of ids per round trip, earlier queues first (SPEC §1)."""
+
+from __future__ import annotations
+
+import pytest
+
+from jobs.transport import get_transport
+
+
+@pytest.fixture
+def transport():
+    t = get_transport()
+    assert t.enabled
+    return t
+
+
+@pytest.mark.parametrize("multi_pop", [True, False], ids=["blmpop", "blpop-fallback"])
+def test_pop_takes_up_to_count_from_the_first_non_empty_queue(transport, multi_pop):
+    transport._blmpop = multi_pop
+    try:
+        transport.push({"bulk": [1, 2, 3], "urgent": [10, 11]})
+        assert transport.pop(["urgent", "bulk"], 1.0, 5) == ("urgent", [10, 11])
+        assert transport.pop(["urgent", "bulk"], 1.0, 2) == ("bulk", [1, 2])
+        assert transport.pop(["urgent", "bulk"], 0, 5) == ("bulk", [3])
+        assert transport.pop(["urgent", "bulk"], 0, 5) == ("", [])
+        assert transport.pop(["urgent", "bulk"], 0.2, 5) == ("", [])
+    finally:
+        transport._blmpop = True
+
+
+def test_non_blocking_pop_prefers_earlier_queues(transport):
+    transport.push({"b": [7], "a": [5, 6]})
+    assert transport.pop(["a", "b"], 0, 10) == ("a", [5, 6])
+    assert transport.pop(["a", "b"], 0, 10) == ("b", [7])
