@@ -237,3 +237,20 @@ def test_refusals_are_counted_by_code(api):
     before = sample()
     post_json(api, {"task": "nope", "payload": {}})
     assert sample() == before + 1
+
+
+def test_parser_never_reads_past_its_bound(settings):
+    """Without a usable Content-Length the parser still stops at the bound."""
+    import io
+
+    from jobs.api.errors import RequestTooLarge
+    from jobs.api.parsers import BoundedJSONParser, max_body_bytes
+
+    settings.JOBS_MAX_PAYLOAD_BYTES = 100
+    limit = max_body_bytes()
+    stream = io.BytesIO(b"[" + b" " * limit + b"]")
+    with pytest.raises(RequestTooLarge):
+        BoundedJSONParser().parse(stream, "application/json", {})
+    assert stream.tell() == limit + 1  # read one byte past the bound, no more
+    ok = BoundedJSONParser().parse(io.BytesIO(b'{"a": 1}'), "application/json", {})
+    assert ok == {"a": 1}
