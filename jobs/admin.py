@@ -12,9 +12,10 @@ count, indexed filters, exact-id search.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -80,6 +81,13 @@ def short_duration(value: timedelta | float | None) -> str:
     if minutes:
         return f"{sign}{minutes}m {s}s"
     return f"{sign}{s}s"
+
+
+def iso_time(value: datetime | None) -> str:
+    """UTC to the millisecond: lease and heartbeat questions need seconds."""
+    if value is None:
+        return "—"
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
 
 
 def pretty_json(value: Any) -> str:
@@ -170,8 +178,8 @@ class QueueFilter(_ValueFilter):
     field = "queue"
 
     def known(self) -> list[str]:
-        """Queues with live jobs or jobs finished within the dashboard window."""
-        return ["default", *(q.queue for q in selectors.cached_dashboard().queues)]
+        """Queues with live jobs or among the newest jobs (cached, index-bounded)."""
+        return ["default", *selectors.known_queues()]
 
 
 # --- staff actions -------------------------------------------------------------------
@@ -184,6 +192,7 @@ class StaffAction:
     name: str
     permission: str  # has_<permission>_permission, backed by jobs.<permission>_job
     label: str
+    button: str  # short label on the job's detail page
     verb: str  # "3 retried"
     eligible: tuple[Status, ...]
     skip_reason: str  # "1 skipped: not failed"
@@ -195,6 +204,7 @@ RETRY = StaffAction(
     name="retry_jobs",
     permission="retry",
     label="Retry failed jobs (resets the retry budget)",
+    button="Retry",
     verb="retried",
     eligible=(Status.FAILED,),
     skip_reason="not failed",
@@ -209,6 +219,7 @@ REPAIR = StaffAction(
     name="repair_jobs",
     permission="repair",
     label="Repair enqueue_failed jobs (requeue and re-signal)",
+    button="Repair",
     verb="repaired",
     eligible=(Status.ENQUEUE_FAILED,),
     skip_reason="not enqueue_failed",
@@ -222,6 +233,7 @@ REVOKE = StaffAction(
     name="revoke_jobs",
     permission="revoke",
     label="Revoke lease and requeue processing jobs",
+    button="Revoke lease",
     verb="revoked",
     eligible=(Status.PROCESSING,),
     skip_reason="not processing",
@@ -237,6 +249,7 @@ CANCEL = StaffAction(
     name="cancel_jobs",
     permission="cancel",
     label="Cancel jobs that have not started",
+    button="Cancel",
     verb="cancelled",
     eligible=(Status.QUEUED, Status.ENQUEUE_FAILED),
     skip_reason="already started or finished",
@@ -273,13 +286,17 @@ class JobEventInline(admin.TabularInline):
     fk_name = "job"
     verbose_name = "history event"
     verbose_name_plural = "History"
-    fields = ("at", "kind", "actor", "transition", "lease_version", "retry_count", "error")
+    fields = ("at_utc", "kind", "actor", "transition", "lease_version", "retry_count", "error")
     readonly_fields = fields
     ordering = ("id",)
     extra = 0
     max_num = 0
     can_delete = False
     show_change_link = False
+
+    @admin.display(description="at")
+    def at_utc(self, obj: JobEvent) -> str:
+        return iso_time(obj.at)
 
     @admin.display(description="from → to")
     def transition(self, obj: JobEvent) -> str:
@@ -322,6 +339,7 @@ class JobAdmin(admin.ModelAdmin):
     list_per_page = 100
     list_max_show_all = 500
     show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER  # facet counts would GROUP BY the whole table
     paginator = CappedCountPaginator
     ordering = ("-id",)
     sortable_by = ("id", "age", "priority", "retries", "lease_version", "in_state")
@@ -332,12 +350,12 @@ class JobAdmin(admin.ModelAdmin):
     action_chunk_size = 1000
     fieldsets = (
         (None, {"fields": ("id", "status_badge", "task", "queue", "priority", "client")}),
-        ("Lease", {"fields": ("lease_version", "owned_by", "claimed_at", "heartbeat_at")}),
-        ("Retries", {"fields": ("retry_count", "max_retries", "run_at", "error_text")}),
         (
-            "Times",
-            {"fields": ("created_at", "updated_at", "finished_at", "in_state", "updated_by")},
+            "Lease",
+            {"fields": ("lease_version", "owned_by", "claimed", "heartbeat", "heartbeat_age")},
         ),
+        ("Retries", {"fields": ("retry_count", "max_retries", "run", "error_text")}),
+        ("Times", {"fields": ("created", "updated", "finished", "in_state", "updated_by")}),
         ("Payload", {"fields": ("payload_pretty",)}),
         ("Result", {"fields": ("result_pretty",)}),
         ("Idempotency", {"fields": ("idempotency_key", "request_hash")}),
@@ -371,7 +389,11 @@ class JobAdmin(admin.ModelAdmin):
         return (
             super()
             .get_queryset(request)
-            .annotate(_age=Now() - F("created_at"), _in_state=Now() - F("updated_at"))
+            .annotate(
+                _age=Now() - F("created_at"),
+                _in_state=Now() - F("updated_at"),
+                _heartbeat_age=Now() - F("heartbeat_at"),
+            )
         )
 
     def get_sortable_by(self, request):
@@ -416,6 +438,39 @@ class JobAdmin(admin.ModelAdmin):
     @admin.display(description="in state for", ordering="updated_at")
     def in_state(self, obj: Job) -> str:
         return short_duration(getattr(obj, "_in_state", None))
+
+    @admin.display(description="created at")
+    def created(self, obj: Job) -> str:
+        return iso_time(obj.created_at)
+
+    @admin.display(description="updated at")
+    def updated(self, obj: Job) -> str:
+        return iso_time(obj.updated_at)
+
+    @admin.display(description="finished at")
+    def finished(self, obj: Job) -> str:
+        return iso_time(obj.finished_at)
+
+    @admin.display(description="claimed at")
+    def claimed(self, obj: Job) -> str:
+        return iso_time(obj.claimed_at)
+
+    @admin.display(description="heartbeat at")
+    def heartbeat(self, obj: Job) -> str:
+        return iso_time(obj.heartbeat_at)
+
+    @admin.display(description="run at")
+    def run(self, obj: Job) -> str:
+        return iso_time(obj.run_at)
+
+    @admin.display(description="since heartbeat")
+    def heartbeat_age(self, obj: Job) -> str:
+        age = getattr(obj, "_heartbeat_age", None)
+        if age is None:
+            return "—"
+        lease = timedelta(seconds=settings.JOBS_LEASE_SECONDS)
+        note = " — past the lease: the reaper will requeue it" if age > lease else ""
+        return f"{short_duration(age)} (lease {settings.JOBS_LEASE_SECONDS:g} s){note}"
 
     @admin.display(description="error")
     def error_text(self, obj: Job) -> str:
@@ -546,9 +601,19 @@ class JobAdmin(admin.ModelAdmin):
             "chart": throughput_chart(board),
             "state_bars": state_bars(board),
             "slo_target": 0.95,
+            "window_minutes": board.window_seconds // 60,
+            "slo_percent": percent(board.slo_attainment),
+            "success_percent": percent(board.success_rate),
             "changelist_url": reverse("admin:jobs_job_changelist"),
         }
         return TemplateResponse(request, "admin/jobs/job/dashboard.html", context)
+
+
+def percent(share: float | None) -> str:
+    """0.6667 → '66.7%' (one decimal, so 94.96% never reads as the 95% target)."""
+    if share is None:
+        return "—"
+    return f"{math.floor(share * 1000 + 1e-9) / 10:.1f}%"  # truncated, never rounded up
 
 
 def state_bars(board: selectors.Dashboard) -> list[dict[str, Any]]:

@@ -242,6 +242,24 @@ def cached_dashboard(ttl: int = DASHBOARD_CACHE_SECONDS) -> Dashboard:
     return cache.get_or_set(key, dashboard, ttl)
 
 
+# Queue names worth offering as a filter: those with live jobs (status index) and
+# those among the newest jobs (pk index, bounded) — never DISTINCT over the table.
+KNOWN_QUEUES_SQL = f"""
+SELECT queue FROM {T}
+WHERE status IN ('{Status.QUEUED}', '{Status.PROCESSING}', '{Status.ENQUEUE_FAILED}')
+UNION
+SELECT queue FROM (SELECT queue FROM {T} ORDER BY id DESC LIMIT %(recent)s) AS newest"""
+
+
+def known_queues(ttl: int = 30, recent: int = 10_000) -> list[str]:
+    """Queues with live jobs or among the newest `recent` jobs, cached `ttl` seconds."""
+
+    def fetch() -> list[str]:
+        return sorted(r[0] for r in _fetch(KNOWN_QUEUES_SQL, {"recent": recent}))
+
+    return cache.get_or_set(f"jobs:known_queues:{recent}", fetch, ttl)
+
+
 # --- counting for the admin list ----------------------------------------------------
 
 
