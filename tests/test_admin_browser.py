@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.core.cache import cache
+from django.db import connection, connections
 
 from jobs import services
 from jobs.models import Job, JobEvent
@@ -45,6 +46,10 @@ def page(live_server, monkeypatch):
     # Playwright's sync API runs an event loop in this thread; the ORM calls the test
     # makes between page steps are still plain synchronous calls.
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    # The live server's request threads share this settings dict: with no persistent
+    # connections, a browser's keep-alive socket cannot leave a session open on the test
+    # database when the suite tears it down.
+    monkeypatch.setitem(connection.settings_dict, "CONN_MAX_AGE", 0)
     from playwright.sync_api import sync_playwright
 
     cache.clear()  # the dashboard's few-second cache is per process, shared with the server
@@ -65,6 +70,9 @@ def page(live_server, monkeypatch):
         yield tab
         context.close()
         browser.close()
+        # ORM calls made while Playwright's loop runs get a connection of their own
+        # context: close it here, in that context, or it outlives the test database.
+        connections.close_all()
 
 
 def test_filter_failed_and_retry_through_the_confirmation_page(page):
