@@ -620,20 +620,15 @@ def state_bars(board: selectors.Dashboard) -> list[dict[str, Any]]:
     """Horizontal CSS bars for the state counts, scaled to the largest."""
     counts = board.state_counts
     top = max(counts.values(), default=0) or 1
-    colours = {
-        Status.QUEUED: BADGE_COLOURS[Status.QUEUED],
-        Status.PROCESSING: BADGE_COLOURS[Status.PROCESSING],
-        Status.ENQUEUE_FAILED: BADGE_COLOURS[Status.ENQUEUE_FAILED],
-    }
     bars = []
     for label, count in counts.items():
-        state = label.split(" ")[0]
+        state = label.split(" ")[0]  # "done (window)" → "done"
         bars.append(
             {
                 "label": label,
                 "count": count,
                 "percent": round(100 * count / top, 1),
-                "colour": colours.get(state, BADGE_COLOURS.get(state, "#57606a")),
+                "colour": BADGE_COLOURS.get(state, "#57606a"),
                 "status": state,
             }
         )
