@@ -302,7 +302,7 @@ def test_repair_requeues_and_resignals_enqueue_failed(
         response = post_action(client, "repair_jobs", [parked.pk, queued.pk])
     assert messages_of(response) == ["1 repaired, 1 skipped: not enqueue_failed"]
     assert status(parked.pk) == "queued"
-    assert transport.pop(["repairq"], timeout=0.5, count=10) == [parked.pk]
+    assert transport.pop(["repairq"], timeout=0.5, count=10) == ("repairq", [parked.pk])
     event = last_event(parked.pk)
     assert (event.from_status, event.to_status, event.actor) == (
         "enqueue_failed",
