@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-12)
 
-.PHONY: run test lint install migrate chaos chaos-long bench clean
+.PHONY: run test lint install migrate browser chaos chaos-long bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,8 +23,12 @@ migrate: install
 run: install
 	$(PY) manage.py runstack
 
+## browser: Debian's chromium for the admin's browser tests (Playwright drives /usr/bin/chromium).
+browser:
+	@test -x /usr/bin/chromium || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium; }
+
 ## test: the whole suite against the real PostgreSQL and Redis on 127.0.0.1.
-test: install
+test: install browser
 	$(VENV)/bin/ruff check .
 	$(PY) manage.py makemigrations --check --dry-run --settings=jobservice.test_settings
 	$(VENV)/bin/pytest

@@ -81,6 +81,13 @@ class Job(models.Model):
 
     class Meta:
         db_table = "jobs_job"
+        # Staff actions in the admin, each granted on its own (see jobs/admin.py).
+        permissions = [
+            ("retry_job", "Can retry failed jobs (resets the retry budget)"),
+            ("repair_job", "Can repair enqueue_failed jobs"),
+            ("revoke_job", "Can revoke the lease of processing jobs"),
+            ("cancel_job", "Can cancel jobs that have not started"),
+        ]
         constraints = [
             models.CheckConstraint(name="job_status_valid", condition=Q(status__in=STATUSES)),
             models.CheckConstraint(
