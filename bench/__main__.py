@@ -73,6 +73,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         metavar="DIR",
         help="Attach py-spy to the drain workers; raw stacks go to DIR.",
     )
+    p.add_argument(
+        "--web-concurrency",
+        type=int,
+        default=None,
+        help="gunicorn workers for the HTTP scenarios (default 2, as WEB_CONCURRENCY).",
+    )
     p.add_argument("--out", type=Path, default=None, help="JSON lines file to append to.")
     p.add_argument("--keep-db", action="store_true", help="Do not drop the scratch database.")
     return p.parse_args(argv)
@@ -134,10 +140,10 @@ def command_for(name: str, args: argparse.Namespace, record: dict) -> str:
     parts = ["python", "-m", "bench", "--scenario", name]
     if args.quick:
         parts.append("--quick")
-    for opt in ("jobs", "concurrency", "claimers", "lease", "repeat"):
+    for opt in ("jobs", "concurrency", "claimers", "lease", "repeat", "web_concurrency"):
         value = getattr(args, opt)
         if value is not None and not (opt == "repeat" and value == 1):
-            parts += [f"--{opt}", str(value)]
+            parts += [f"--{opt.replace('_', '-')}", str(value)]
     if args.worker_args:
         parts += ["--worker-args", args.worker_args]
     if name == "claim-big":

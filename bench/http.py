@@ -1,6 +1,14 @@
-"""HTTP submission through gunicorn (needs the API on this branch)."""
+"""HTTP submission through gunicorn: single jobs and batches of 1000."""
 
 from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+from bench.env import ROOT, Proc, wait_until
 
 
 def not_measured(name: str) -> dict:
@@ -11,3 +19,145 @@ def not_measured(name: str) -> dict:
         "unit": "jobs/s",
         "note": "NOT MEASURED: the REST API (jobs/api/) is not on this branch yet",
     }
+
+
+def _gunicorn(ctx: Any, web_concurrency: int) -> tuple[Proc, str]:
+    from tests.harness import free_port
+
+    port = free_port()
+    env = {
+        **ctx.procs.env,
+        "BIND": f"127.0.0.1:{port}",
+        "WEB_CONCURRENCY": str(web_concurrency),
+        "LOG_LEVEL": "WARNING",
+        "JOBS_MAX_QUEUE_DEPTH": "100000000",
+        "JOBS_API_THROTTLE": "100000000/minute",
+    }
+    log = ctx.logdir / f"gunicorn-{port}.log"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "-c",
+            str(ctx.code.root / "gunicorn.conf.py"),
+            "jobservice.wsgi:application",
+        ],
+        cwd=ctx.code.root,
+        env=env,
+        stdout=open(log, "wb"),
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"{url}/healthz", timeout=1) as r:
+                return r.status == 200
+        except OSError:
+            return proc.poll() is not None
+
+    wait_until(up, 60, "gunicorn to answer /healthz", interval=0.1)
+    if proc.poll() is not None:
+        raise RuntimeError(f"gunicorn exited:\n{log.read_text()}")
+    wrapper = Proc.__new__(Proc)
+    wrapper.proc, wrapper.args, wrapper.log_path = proc, ["gunicorn"], log
+    wrapper._log = open(log, "ab")
+    ctx.procs.procs.append(wrapper)
+    return wrapper, url
+
+
+def _load(ctx: Any, url: str, body: Any, seconds: float, clients: int, threads: int) -> dict:
+    from jobs.models import Client
+
+    _, token = Client.create_with_token(f"bench-{id(body)}-{url.rsplit(':', 1)[1]}")
+    body_file = ctx.logdir / f"body-{id(body)}.json"
+    body_file.write_text(json.dumps(body))
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "bench.httpload",
+                url,
+                token,
+                str(body_file),
+                str(seconds),
+                str(threads),
+            ],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(clients)
+    ]
+    for p in procs:
+        assert p.stdout.readline().strip() == "ready"
+    for p in procs:
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    statuses: dict[str, int] = {}
+    latencies: list[float] = []
+    elapsed = 0.0
+    for p in procs:
+        out, _ = p.communicate(timeout=seconds + 120)
+        doc = json.loads(out.strip().splitlines()[-1])
+        for k, v in doc["statuses"].items():
+            statuses[k] = statuses.get(k, 0) + v
+        latencies.extend(doc["latencies_ms"])
+        elapsed = max(elapsed, doc["seconds"])
+    return {"statuses": statuses, "latencies": latencies, "seconds": elapsed}
+
+
+def _run(ctx: Any, name: str, body: Any, jobs_per_request: int, clients: int, threads: int):
+    from bench.scenarios import Profiler, fmt_pcts, percentiles, sql
+
+    web = ctx.args.web_concurrency or 2
+    seconds = 2.0 if ctx.quick else 10.0
+    server, url = _gunicorn(ctx, web)
+    path = "/api/v1/jobs/batch/" if jobs_per_request > 1 else "/api/v1/jobs/"
+    profiler = Profiler(ctx, [server], name)
+    got = _load(ctx, url + path, body, seconds, clients, threads)
+    profiler.stop()
+    created = sql("SELECT count(*), min(created_at), max(created_at) FROM jobs_job")[0]
+    ok = got["statuses"].get("201", 0)
+    pct = percentiles(got["latencies"])
+    jobs = ok * jobs_per_request
+    db_span = (created[2] - created[1]).total_seconds() if created[0] > 1 else 0.0
+    target = ">= 30,000 jobs/s" if jobs_per_request > 1 else ">= 1,500 jobs/s"
+    return {
+        "scenario": name,
+        "code": ctx.code.label,
+        "figure": f"HTTP POST {path} through gunicorn ({web} sync workers), "
+        f"{jobs_per_request} job(s) per request",
+        "value": jobs / got["seconds"],
+        "unit": "jobs/s",
+        "target": target,
+        "summary": f"{ok} x 201 in {got['seconds']:.2f}s ({ok / got['seconds']:,.0f} req/s), "
+        f"statuses {got['statuses']}, {created[0]} rows; request latency "
+        + (fmt_pcts(pct) if pct else "-")
+        + f"; {clients}x{threads} client threads",
+        "details": {
+            "requests_ok": ok,
+            "statuses": got["statuses"],
+            "seconds": got["seconds"],
+            "rows": created[0],
+            "db_span_s": db_span,
+            "latency_ms": pct,
+            "web_concurrency": web,
+            "client_threads": clients * threads,
+        },
+    }
+
+
+def single(ctx: Any) -> Iterator[dict]:
+    yield _run(ctx, "http-single", {"task": "echo", "payload": {"n": 1}}, 1, 2, 4)
+
+
+def bulk(ctx: Any) -> Iterator[dict]:
+    size = 1000
+    body = {"jobs": [{"task": "echo", "payload": {"n": n}} for n in range(size)]}
+    yield _run(ctx, "http-bulk", body, size, 1, 2)

@@ -190,6 +190,7 @@ class Profiler:
                             "--threads",
                             "--gil",
                             "--nonblocking",
+                            "--subprocesses",
                             "-o",
                             str(out),
                         ],

@@ -322,7 +322,7 @@ def submit_many(
         "actor": actor,
     }
     with transaction.atomic():
-        rows = _rows(_SUBMIT_MANY_SQL, params)
+        rows = _hot_rows(_SUBMIT_MANY_SQL, params)
         missing = [n for n, r in enumerate(rows) if r[0] is None]
         existing: dict[str, tuple] = {}
         if missing:

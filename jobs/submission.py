@@ -20,16 +20,19 @@ import logging
 import re
 import threading
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
 from django.db import connection
+from django.utils.dateparse import parse_datetime
 
 from jobs import metrics, services, tasks
 from jobs.lifecycle import Status
 from jobs.logging import job_log_fields
 from jobs.models import PRIORITY_MAX, PRIORITY_MIN, Client, Job
+from jobs.services import Submitted
 
 log = logging.getLogger(__name__)
 
@@ -210,12 +213,12 @@ def queue_depth(queue: str, limit: int) -> int:
     return depth
 
 
-def _count_accepted(queue: str) -> None:
+def _count_accepted(queue: str, n: int = 1) -> None:
     """Keep this process's cached reading current between refreshes."""
     with _depth_lock:
         cached = _depth_cache.get(queue)
         if cached is not None:
-            _depth_cache[queue] = (cached[0] + 1, cached[1])
+            _depth_cache[queue] = (cached[0] + n, cached[1])
 
 
 def clear_depth_cache() -> None:
@@ -276,6 +279,65 @@ def _submit(
     idempotency_key: str | None,
     client: Client | None,
 ) -> tuple[Job, bool]:
+    max_retries, digest = _validate(
+        task, payload, queue, priority, run_at, max_retries, idempotency_key
+    )
+
+    limit = settings.JOBS_MAX_QUEUE_DEPTH
+    depth = queue_depth(queue, limit)
+    if depth > limit:
+        # A replay of a request that was already accepted is answered, not refused.
+        existing = _existing(client, idempotency_key)
+        if existing is None:
+            raise QueueFull(queue, depth, limit)
+        if existing.request_hash != digest:
+            raise IdempotencyConflict(existing)
+        return existing, False
+    try:
+        job, created = services.submit(
+            task,
+            payload,
+            queue=queue,
+            priority=priority,
+            run_at=run_at,
+            max_retries=max_retries,
+            client_id=client.pk if client is not None else None,
+            idempotency_key=idempotency_key,
+            request_hash=digest,
+            actor=f"client:{client.name}" if client is not None else "app",
+        )
+    except services.IdempotencyConflict as exc:
+        raise IdempotencyConflict(exc.job) from exc
+    if created:
+        _count_accepted(queue)
+        log.info(
+            "job submitted",
+            extra=job_log_fields(
+                job.pk,
+                job.lease_version,
+                None,
+                queue,
+                task,
+                client=client.name if client is not None else None,
+            ),
+        )
+    return job, created
+
+
+def _validate(
+    task: Any,
+    payload: Any,
+    queue: Any,
+    priority: Any,
+    run_at: Any,
+    max_retries: Any,
+    idempotency_key: Any,
+) -> tuple[int, str | None]:
+    """Every rule one submission must pass; returns (max_retries, request hash or None).
+
+    Raises a SubmissionError naming the field. Shared by submit and submit_many,
+    so a job in a batch is held to exactly the rules of a single one.
+    """
     if not isinstance(task, str) or tasks.get(task) is None:
         raise UnknownTask(f"unknown task {task!r}; known: {', '.join(tasks.names())}", field="task")
     if not isinstance(queue, str) or not QUEUE_NAME_RE.match(queue):
@@ -311,48 +373,7 @@ def _submit(
     digest = None
     if idempotency_key is not None:
         digest = request_hash(task, payload, queue, priority, run_at, max_retries)
-
-    limit = settings.JOBS_MAX_QUEUE_DEPTH
-    depth = queue_depth(queue, limit)
-    if depth > limit:
-        # A replay of a request that was already accepted is answered, not refused.
-        existing = _existing(client, idempotency_key)
-        if existing is None:
-            raise QueueFull(queue, depth, limit)
-        if existing.request_hash != digest:
-            raise IdempotencyConflict(existing)
-        return existing, False
-
-    try:
-        job, created = services.submit(
-            task,
-            payload,
-            queue=queue,
-            priority=priority,
-            run_at=run_at,
-            max_retries=max_retries,
-            client_id=client.pk if client is not None else None,
-            idempotency_key=idempotency_key,
-            request_hash=digest,
-            actor=f"client:{client.name}" if client is not None else "app",
-        )
-    except services.IdempotencyConflict as exc:
-        raise IdempotencyConflict(exc.job) from exc
-    if created:
-        _count_accepted(queue)
-        log.info(
-            "job submitted",
-            extra=job_log_fields(
-                job.pk,
-                job.lease_version,
-                None,
-                queue,
-                task,
-                client=client.name if client is not None else None,
-            ),
-        )
-    return job, created
-
+    return max_retries, digest
 
 def _existing(client: Client | None, idempotency_key: str | None) -> Job | None:
     if idempotency_key is None:
@@ -360,3 +381,170 @@ def _existing(client: Client | None, idempotency_key: str | None) -> Job | None:
     return Job.objects.filter(
         client_id=client.pk if client is not None else None, idempotency_key=idempotency_key
     ).first()
+
+
+# --- many at once -------------------------------------------------------------------
+
+MAX_BATCH = 1000
+BATCH_FIELDS = ("task", "payload", "queue", "priority", "run_at", "max_retries", "idempotency_key")
+
+
+class BatchInvalid(SubmissionError):
+    """Jobs of a batch were refused; nothing was written.
+
+    `errors` maps "jobs.<index>.<field>" to [{message, code}] (the API's error shape).
+    """
+
+    code = "invalid_batch"
+
+    def __init__(self, errors: dict[str, list[dict[str, str]]], refused: int, total: int):
+        super().__init__(f"{refused} of {total} job(s) refused; nothing was written")
+        self.errors = errors
+        self.refused = refused
+
+
+class BatchIdempotencyConflict(SubmissionError):
+    """Jobs of a batch reuse an idempotency key with a different request; nothing written."""
+
+    code = "idempotency_conflict"
+
+    def __init__(self, conflicts: dict[int, int]) -> None:
+        super().__init__(
+            f"{len(conflicts)} idempotency key(s) already used with a different request; "
+            "nothing was written"
+        )
+        self.conflicts = conflicts  # item index -> the job that holds the key
+        self.errors = {
+            f"jobs.{n}.idempotency_key": [
+                {
+                    "message": f"idempotency key already used for job {job_id} "
+                    "with a different request",
+                    "code": self.code,
+                }
+            ]
+            for n, job_id in conflicts.items()
+        }
+
+
+def _parse_run_at(value: Any) -> datetime | None:
+    """ISO 8601 text (no offset means UTC, as for the single endpoint) or a datetime."""
+    if value is None or isinstance(value, datetime):
+        return value
+    parsed = parse_datetime(value) if isinstance(value, str) else None
+    if parsed is None:
+        raise InvalidSubmission(
+            "run_at must be an ISO 8601 date-time", field="run_at", code="invalid_run_at"
+        )
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+
+
+def _batch_item(raw: Any) -> tuple[dict[str, Any], list[SubmissionError]]:
+    """One job of a batch as submit's arguments, or the reasons it is refused."""
+    if not isinstance(raw, dict):
+        return {}, [InvalidSubmission("each job must be a JSON object", code="invalid")]
+    errors: list[SubmissionError] = [
+        InvalidSubmission(
+            f"Unknown field {name!r}; allowed: {', '.join(BATCH_FIELDS)}.",
+            field=str(name),
+            code="unknown_field",
+        )
+        for name in sorted(set(raw) - set(BATCH_FIELDS), key=str)
+    ]
+    for name in ("task", "payload"):
+        if name not in raw:
+            errors.append(InvalidSubmission("This field is required.", field=name, code="required"))
+    if errors:
+        return {}, errors
+    try:
+        item = {
+            "task": raw["task"],
+            "payload": raw["payload"],
+            "queue": raw.get("queue", "default"),
+            "priority": raw.get("priority", 0),
+            "run_at": _parse_run_at(raw.get("run_at")),
+            "max_retries": raw.get("max_retries"),
+            "idempotency_key": raw.get("idempotency_key"),
+        }
+        item["max_retries"], item["request_hash"] = _validate(**item)
+    except SubmissionError as exc:
+        return {}, [exc]
+    return item, []
+
+
+def submit_many(raw_items: Sequence[Any], *, client: Client | None = None) -> list[Submitted]:
+    """Validate and enqueue up to MAX_BATCH jobs in one INSERT, all or nothing.
+
+    Every job is held to the rules of `submit`; if any is refused, BatchInvalid
+    reports each refused job and nothing is written. Backpressure counts the whole
+    batch (QueueFull when a queue would pass JOBS_MAX_QUEUE_DEPTH). Idempotency keys
+    are per job: a replay returns the existing job (created=False); a key reused
+    with a different request raises BatchIdempotencyConflict and writes nothing.
+    One Redis push signals all due jobs when the caller's transaction commits.
+    """
+    total = len(raw_items)
+    if not 1 <= total <= MAX_BATCH:
+        raise InvalidSubmission(
+            f"a batch holds 1 to {MAX_BATCH} jobs; got {total}", field="jobs", code="invalid_batch"
+        )
+    items: list[dict[str, Any]] = []
+    errors: dict[str, list[dict[str, str]]] = {}
+    refused = 0
+    for n, raw in enumerate(raw_items):
+        item, problems = _batch_item(raw)
+        if problems:
+            refused += 1
+            queue = raw.get("queue") if isinstance(raw, dict) else None
+            metric_queue = queue if isinstance(queue, str) and QUEUE_NAME_RE.match(queue) else "-"
+            for exc in problems:
+                key = f"jobs.{n}.{exc.field}" if exc.field else f"jobs.{n}"
+                errors.setdefault(key, []).append({"message": exc.message, "code": exc.code})
+                metrics.SUBMISSIONS_REJECTED.labels(metric_queue, exc.code).inc()
+        items.append(item)
+    if refused:
+        raise BatchInvalid(errors, refused, total)
+
+    limit = settings.JOBS_MAX_QUEUE_DEPTH
+    per_queue: dict[str, int] = {}
+    for item in items:
+        per_queue[item["queue"]] = per_queue.get(item["queue"], 0) + 1
+    for queue, n in per_queue.items():
+        depth = queue_depth(queue, limit)
+        if depth + n > limit:
+            metrics.SUBMISSIONS_REJECTED.labels(queue, QueueFull.code).inc(total)
+            raise QueueFull(queue, depth, limit)
+
+    new_jobs = [
+        services.NewJob(
+            i["task"],
+            i["payload"],
+            i["queue"],
+            i["priority"],
+            i["run_at"],
+            i["max_retries"],
+            i["idempotency_key"],
+            i["request_hash"],
+        )
+        for i in items
+    ]
+    try:
+        out = services.submit_many(
+            new_jobs,
+            client_id=client.pk if client is not None else None,
+            actor=f"client:{client.name}" if client is not None else "app",
+        )
+    except services.IdempotencyConflicts as exc:
+        for n in exc.conflicts:
+            metrics.SUBMISSIONS_REJECTED.labels(items[n]["queue"], "idempotency_conflict").inc()
+        raise BatchIdempotencyConflict(exc.conflicts) from exc
+    created = [o for o in out if o.created]
+    for queue in per_queue:
+        _count_accepted(queue, sum(1 for o in created if o.queue == queue))
+    if created:
+        log.info(
+            "%d job(s) submitted in one batch (ids %d..%d)",
+            len(created),
+            created[0].job_id,
+            created[-1].job_id,
+            extra={"client": client.name if client is not None else None},
+        )
+    return out

@@ -23,6 +23,8 @@ _STATUS_FOR = {
     submission.PayloadTooLarge: status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
     submission.QueueFull: status.HTTP_429_TOO_MANY_REQUESTS,
     submission.IdempotencyConflict: status.HTTP_409_CONFLICT,
+    submission.BatchInvalid: status.HTTP_400_BAD_REQUEST,
+    submission.BatchIdempotencyConflict: status.HTTP_409_CONFLICT,
 }
 # DRF's own default codes renamed where the rule has a clearer name.
 _RENAMED = {"parse_error": "malformed_json"}
@@ -79,10 +81,14 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if isinstance(exc, submission.SubmissionError):
         code = exc.code
         errors = {exc.field: [{"message": exc.message, "code": code}]} if exc.field else None
+        if isinstance(exc, submission.BatchInvalid | submission.BatchIdempotencyConflict):
+            errors = exc.errors
         more: dict[str, Any] = {}
         headers: dict[str, str] = {}
         if isinstance(exc, submission.IdempotencyConflict):
             more["job_id"] = exc.job.pk
+        if isinstance(exc, submission.BatchIdempotencyConflict):
+            more["job_ids"] = {str(n): job_id for n, job_id in exc.conflicts.items()}
         if isinstance(exc, submission.QueueFull):
             headers["Retry-After"] = str(exc.retry_after)
         return Response(

@@ -93,6 +93,39 @@ def _recode(detail: Any) -> dict[str, Any]:
     return out
 
 
+class BatchItemSerializer(JobSubmitSerializer):
+    """One job of a batch: the single body, with its own idempotency key."""
+
+    idempotency_key = serializers.CharField(
+        required=False,
+        allow_null=True,
+        default=None,
+        max_length=200,
+        help_text="Per client, like the Idempotency-Key header of a single submission.",
+    )
+
+
+class BatchSubmitSerializer(serializers.Serializer):
+    """The body of `POST /api/v1/jobs/batch/` (documentation; validated by jobs.submission)."""
+
+    jobs = BatchItemSerializer(many=True, help_text="1 to 1000 jobs.")
+
+
+class BatchJobSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    created = serializers.BooleanField(help_text="False: an idempotent replay of an earlier job.")
+    status = serializers.ChoiceField(choices=STATUSES)
+    task = serializers.CharField()
+    queue = serializers.CharField()
+    idempotency_key = serializers.CharField(allow_null=True)
+    run_at = serializers.DateTimeField()
+    created_at = serializers.DateTimeField()
+
+
+class BatchResultSerializer(serializers.Serializer):
+    jobs = BatchJobSerializer(many=True, help_text="In the order submitted.")
+
+
 class JobSerializer(serializers.ModelSerializer):
     """A job as its client sees it (the worker's identity is internal)."""
 

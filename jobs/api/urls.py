@@ -14,6 +14,7 @@ _public = {"authentication_classes": [], "permission_classes": [AllowAny], "thro
 
 urlpatterns = [
     path("jobs/", JobViewSet.as_view({"get": "list", "post": "create"}), name="job-list"),
+    path("jobs/batch/", JobViewSet.as_view({"post": "create_batch"}), name="job-batch"),
     path("jobs/<int:pk>/", JobViewSet.as_view({"get": "retrieve"}), name="job-detail"),
     path("jobs/<int:pk>/cancel/", JobViewSet.as_view({"post": "cancel"}), name="job-cancel"),
     path("jobs/<int:pk>/history/", JobViewSet.as_view({"get": "history"}), name="job-history"),

@@ -9,7 +9,7 @@ from django.db import transaction
 from django.urls import reverse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema
-from rest_framework import status, viewsets
+from rest_framework import exceptions, status, viewsets
 from rest_framework.pagination import CursorPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -17,8 +17,10 @@ from rest_framework.response import Response
 from jobs import services, submission
 from jobs.api.errors import Conflict, exception_handler
 from jobs.api.filters import JobFilter
-from jobs.api.parsers import BoundedJSONParser
+from jobs.api.parsers import BatchJSONParser, BoundedJSONParser
 from jobs.api.serializers import (
+    BatchResultSerializer,
+    BatchSubmitSerializer,
     ErrorSerializer,
     JobEventSerializer,
     JobSerializer,
@@ -111,6 +113,80 @@ class JobViewSet(viewsets.GenericViewSet):
             status=status.HTTP_201_CREATED,
             headers={"Location": reverse("job-detail", args=[job.pk])},
         )
+
+    def get_parsers(self) -> list[Any]:
+        if getattr(self, "action", None) == "create_batch":
+            return [BatchJSONParser()]
+        return super().get_parsers()
+
+    @extend_schema(
+        summary="Submit up to 1000 jobs at once",
+        description="All or nothing: if any job is refused, the answer is 400 with an error "
+        "per refused job (`jobs.<index>.<field>`) and nothing is written. Each job may carry "
+        "its own `idempotency_key`: a replay returns the existing job with `created: false`; "
+        "a key reused with a different request is a 409 for the whole batch. Backpressure "
+        "counts the whole batch. One Redis push signals every due job after the commit.",
+        request=BatchSubmitSerializer,
+        responses={
+            201: OpenApiResponse(BatchResultSerializer, description="At least one job created."),
+            200: OpenApiResponse(
+                BatchResultSerializer, description="Every job was an idempotent replay."
+            ),
+            **_errors(400, 401, 409, 413, 415, 429),
+        },
+        examples=[
+            OpenApiExample(
+                "two echoes",
+                value={
+                    "jobs": [
+                        {"task": "echo", "payload": {"n": 1}, "idempotency_key": "order-1"},
+                        {"task": "echo", "payload": {"n": 2}, "priority": 5},
+                    ]
+                },
+                request_only=True,
+            ),
+        ],
+    )
+    def create_batch(self, request: Request) -> Response:
+        data = request.data
+        if not isinstance(data, dict) or not isinstance(data.get("jobs"), list):
+            raise exceptions.ValidationError(
+                {"jobs": [exceptions.ErrorDetail("A list of jobs is required.", code="required")]}
+            )
+        unknown = sorted(set(data) - {"jobs"})
+        if unknown:
+            raise exceptions.ValidationError(
+                {
+                    name: [exceptions.ErrorDetail("Unknown field; allowed: jobs.", "unknown_field")]
+                    for name in unknown
+                }
+            )
+        with transaction.atomic(durable=True):
+            out = submission.submit_many(data["jobs"], client=request.user)
+        # As for a single job: a failed push after commit has parked rows by now.
+        current = dict(
+            Job.objects.filter(pk__in=[o.job_id for o in out if o.created]).values_list(
+                "pk", "status"
+            )
+        )
+        keys = [j.get("idempotency_key") for j in data["jobs"]]
+        body = {
+            "jobs": [
+                {
+                    "id": o.job_id,
+                    "created": o.created,
+                    "status": current.get(o.job_id, o.status),
+                    "task": o.task,
+                    "queue": o.queue,
+                    "idempotency_key": key,
+                    "run_at": o.run_at,
+                    "created_at": o.created_at,
+                }
+                for o, key in zip(out, keys, strict=True)
+            ]
+        }
+        created = any(o.created for o in out)
+        return Response(body, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
     @extend_schema(
         summary="A job",

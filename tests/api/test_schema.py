@@ -41,10 +41,13 @@ def test_schema_describes_the_api(anon):
     assert operations(schema) == {
         ("GET", "/api/v1/jobs/"),
         ("POST", "/api/v1/jobs/"),
+        ("POST", "/api/v1/jobs/batch/"),
         ("GET", "/api/v1/jobs/{id}/"),
         ("POST", "/api/v1/jobs/{id}/cancel/"),
         ("GET", "/api/v1/jobs/{id}/history/"),
     }
+    batch = schema["paths"]["/api/v1/jobs/batch/"]["post"]
+    assert {"200", "201", "400", "401", "409", "413", "429"} <= set(batch["responses"])
     post = schema["paths"]["/api/v1/jobs/"]["post"]
     assert {p["name"] for p in post["parameters"]} == {"Idempotency-Key"}
     assert {"200", "201", "400", "401", "409", "413", "429"} <= set(post["responses"])
