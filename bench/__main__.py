@@ -44,6 +44,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         metavar="REF",
         help="Also run the worker scenarios with the workers of git REF, side by side.",
     )
+    p.add_argument(
+        "--variant",
+        action="append",
+        choices=list(scenarios.VARIANTS),
+        help="Database variants to measure side by side in drain/latency (repeatable).",
+    )
     p.add_argument("--repeat", type=int, default=1, help="Run each measurement this many times.")
     p.add_argument("--jobs", type=int, help="Jobs per drain run (default 20000; quick 300).")
     p.add_argument(
@@ -150,6 +156,8 @@ def command_for(name: str, args: argparse.Namespace, record: dict) -> str:
         parts += ["--finished-rows", str(args.finished_rows)]
     if args.baseline:
         parts += ["--baseline", args.baseline]
+    for v in args.variant or []:
+        parts += ["--variant", v]
     return shlex.join(parts)
 
 

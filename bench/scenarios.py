@@ -40,6 +40,56 @@ class Context:
         """Baseline first, then the current tree: a side-by-side pair on the same run."""
         return [self.baseline, self.code] if self.baseline else [self.code]
 
+    def setups(self) -> list[tuple[Code, str]]:
+        """Every (code, database variant) pair to measure, side by side in this run."""
+        variants = self.args.variant or ["default"]
+        return [(code, v) for v in variants for code in self.codes()]
+
+
+# Database variants for side-by-side runs on the scratch database (--variant).
+VARIANTS: dict[str, str] = {
+    "default": "",
+    # The history trigger as it was before 0005: one trigger call per changed row.
+    "row-history": """
+        DROP TRIGGER IF EXISTS jobs_job_history_insert ON jobs_job;
+        DROP TRIGGER IF EXISTS jobs_job_history_update ON jobs_job;
+        CREATE OR REPLACE FUNCTION jobs_job_history() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+          IF TG_OP = 'INSERT' OR NEW.status <> OLD.status THEN
+            INSERT INTO jobs_jobevent
+              (job_id, at, from_status, to_status, actor, lease_version, retry_count, error)
+            VALUES (NEW.id, now(), CASE WHEN TG_OP = 'INSERT' THEN NULL ELSE OLD.status END,
+                    NEW.status, COALESCE(NEW.updated_by, ''), NEW.lease_version,
+                    NEW.retry_count, CASE WHEN NEW.status = 'done' THEN NULL ELSE NEW.error END);
+          END IF;
+          RETURN NULL;
+        END $$;
+        DROP TRIGGER IF EXISTS jobs_job_history ON jobs_job;
+        CREATE TRIGGER jobs_job_history AFTER INSERT OR UPDATE ON jobs_job
+          FOR EACH ROW EXECUTE FUNCTION jobs_job_history();
+    """,
+    # The storage settings of migration 0004 (branch deploy), for a before/after.
+    "table-storage": """
+        ALTER TABLE jobs_job SET (fillfactor = 70, autovacuum_vacuum_scale_factor = 0.02,
+            autovacuum_analyze_scale_factor = 0.01, autovacuum_vacuum_cost_limit = 2000);
+        VACUUM FULL jobs_job;
+    """,
+}
+
+
+def apply_variant(name: str) -> None:
+    """Reinstall the migrated schema's triggers and storage, then apply the variant."""
+    from jobs.lifecycle import guard_trigger_sql
+
+    sql(guard_trigger_sql("jobs_job", "jobs_jobevent"))
+    sql("DROP TRIGGER IF EXISTS jobs_job_history ON jobs_job")
+    sql(
+        "ALTER TABLE jobs_job RESET (fillfactor, autovacuum_vacuum_scale_factor, "
+        "autovacuum_analyze_scale_factor, autovacuum_vacuum_cost_limit)"
+    )
+    if VARIANTS[name]:
+        sql(VARIANTS[name])
+
 
 ALL: dict[str, Callable[[Context], Iterator[dict]]] = {}
 
@@ -264,8 +314,9 @@ def submit_many(ctx: Context) -> Iterator[dict]:
 def drain(ctx: Context, workers: int) -> Iterator[dict]:
     n = ctx.args.jobs or (300 if ctx.quick else 20000)
     concurrency = ctx.args.concurrency or 64
-    for code in ctx.codes():
+    for code, variant in ctx.setups():
         reset(ctx)
+        apply_variant(variant)
         procs = [ctx.procs.worker(code, *worker_args(ctx, concurrency)) for _ in range(workers)]
         profiler = Profiler(ctx, procs, f"drain-{workers}-{code.label}")
         # Workers are up and idle; the jobs arrive in one commit and one push, so the
@@ -291,7 +342,7 @@ def drain(ctx: Context, workers: int) -> Iterator[dict]:
         status = counts_by_status()
         yield {
             "scenario": f"drain-{workers}",
-            "code": code.label,
+            "code": code.label + ("" if variant == "default" else f" +{variant}"),
             "figure": f"drain {n} no-op jobs with {workers} runworker process(es)",
             "value": n / seconds,
             "unit": "jobs/s",
@@ -345,8 +396,9 @@ def latency(ctx: Context) -> Iterator[dict]:
 
     n, gap = (30, 0.01) if ctx.quick else (1000, 0.01)
     concurrency = ctx.args.concurrency or 64
-    for code in ctx.codes():
+    for code, variant in ctx.setups():
         reset(ctx)
+        apply_variant(variant)
         procs = [ctx.procs.worker(code, *worker_args(ctx, concurrency)) for _ in range(2)]
         time.sleep(0.5)
         for _ in range(n):
@@ -366,7 +418,7 @@ def latency(ctx: Context) -> Iterator[dict]:
         to_claim = percentiles([float(r[1]) for r in rows])
         to_finish = percentiles([float(r[2]) for r in rows])
         yield {
-            "code": code.label,
+            "code": code.label + ("" if variant == "default" else f" +{variant}"),
             "figure": "submission -> done of a no-op job on idle workers (p99)",
             "value": pct["p99"],
             "unit": "ms",

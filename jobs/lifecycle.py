@@ -70,8 +70,9 @@ def guard_trigger_sql(table: str, history_table: str) -> str:
     - a processing row keeps its owner unless the lease grows;
     - only terminal rows may be deleted (retention);
     - updated_at is stamped with the database clock.
-    AFTER INSERT/UPDATE: one history row per status change, with the actor
-    recorded in the row's updated_by column by whoever made the change.
+    AFTER INSERT/UPDATE, once per statement (transition tables): one history row
+    per status change, with the actor recorded in the row's updated_by column by
+    whoever made the change.
     """
     return f"""
 CREATE OR REPLACE FUNCTION {table}_guard() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -117,15 +118,27 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION {table}_history() RETURNS trigger LANGUAGE plpgsql AS $$
+-- History, one statement per write: the rows a statement changed are read from its
+-- transition tables, so a batch of N transitions costs one INSERT, not N trigger calls.
+CREATE OR REPLACE FUNCTION {table}_history_insert() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-  IF TG_OP = 'INSERT' OR NEW.status <> OLD.status THEN
-    INSERT INTO {history_table}
-      (job_id, at, from_status, to_status, actor, lease_version, retry_count, error)
-    VALUES (NEW.id, now(), CASE WHEN TG_OP = 'INSERT' THEN NULL ELSE OLD.status END,
-            NEW.status, COALESCE(NEW.updated_by, ''), NEW.lease_version, NEW.retry_count,
-            CASE WHEN NEW.status = '{Status.DONE}' THEN NULL ELSE NEW.error END);
-  END IF;
+  INSERT INTO {history_table}
+    (job_id, at, from_status, to_status, actor, lease_version, retry_count, error)
+  SELECT n.id, now(), NULL, n.status, COALESCE(n.updated_by, ''), n.lease_version,
+         n.retry_count, CASE WHEN n.status = '{Status.DONE}' THEN NULL ELSE n.error END
+  FROM {table}_new n;
+  RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION {table}_history_update() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO {history_table}
+    (job_id, at, from_status, to_status, actor, lease_version, retry_count, error)
+  SELECT n.id, now(), o.status, n.status, COALESCE(n.updated_by, ''), n.lease_version,
+         n.retry_count, CASE WHEN n.status = '{Status.DONE}' THEN NULL ELSE n.error END
+  FROM {table}_new n JOIN {table}_old o ON o.id = n.id
+  WHERE n.status <> o.status;
   RETURN NULL;
 END
 $$;
@@ -134,15 +147,26 @@ DROP TRIGGER IF EXISTS {table}_guard ON {table};
 CREATE TRIGGER {table}_guard BEFORE INSERT OR UPDATE OR DELETE ON {table}
   FOR EACH ROW EXECUTE FUNCTION {table}_guard();
 DROP TRIGGER IF EXISTS {table}_history ON {table};
-CREATE TRIGGER {table}_history AFTER INSERT OR UPDATE ON {table}
-  FOR EACH ROW EXECUTE FUNCTION {table}_history();
+DROP FUNCTION IF EXISTS {table}_history();
+DROP TRIGGER IF EXISTS {table}_history_insert ON {table};
+CREATE TRIGGER {table}_history_insert AFTER INSERT ON {table}
+  REFERENCING NEW TABLE AS {table}_new
+  FOR EACH STATEMENT EXECUTE FUNCTION {table}_history_insert();
+DROP TRIGGER IF EXISTS {table}_history_update ON {table};
+CREATE TRIGGER {table}_history_update AFTER UPDATE ON {table}
+  REFERENCING OLD TABLE AS {table}_old NEW TABLE AS {table}_new
+  FOR EACH STATEMENT EXECUTE FUNCTION {table}_history_update();
 """
 
 
 def drop_trigger_sql(table: str) -> str:
     return f"""
 DROP TRIGGER IF EXISTS {table}_history ON {table};
+DROP TRIGGER IF EXISTS {table}_history_insert ON {table};
+DROP TRIGGER IF EXISTS {table}_history_update ON {table};
 DROP TRIGGER IF EXISTS {table}_guard ON {table};
 DROP FUNCTION IF EXISTS {table}_history();
+DROP FUNCTION IF EXISTS {table}_history_insert();
+DROP FUNCTION IF EXISTS {table}_history_update();
 DROP FUNCTION IF EXISTS {table}_guard();
 """
