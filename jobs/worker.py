@@ -72,6 +72,10 @@ class InFlight:
     finishing: bool = False  # its outcome is queued for write-back: heartbeats ignore it
 
 
+def _key(lease: Lease) -> tuple[int, int]:
+    return (lease.job_id, lease.lease_version)
+
+
 class _FenceRejected(Exception):
     """Raised inside a transactional completion to roll back a stale worker's effects."""
 
@@ -111,7 +115,11 @@ class Worker:
 
         self.stopping = threading.Event()  # no more claims
         self.halt = threading.Event()  # background threads end
-        self._inflight: dict[int, InFlight] = {}
+        # Claimed and not yet written back, by (job id, lease_version): the same job may be
+        # claimed again by this worker (after a revoke or reap) while the stale attempt's
+        # result still waits for write-back; the two must never be confused.
+        self._inflight: dict[tuple[int, int], InFlight] = {}
+        self._running = 0  # of those, the ones whose handler has not returned yet
         self._lock = threading.Lock()
         self._slot_free = threading.Event()
         self._ready: queue_mod.SimpleQueue[tuple[Lease, JobContext] | None] = (
@@ -119,7 +127,7 @@ class Worker:
         )
         self._outcomes: queue_mod.SimpleQueue[Outcome] = queue_mod.SimpleQueue()
         self._debug = log.isEnabledFor(logging.DEBUG)
-        self._released: set[int] = set()
+        self._released: set[tuple[int, int]] = set()
         self.claimed = 0
         self.finished = 0
         self._stop_requests = 0
@@ -180,7 +188,7 @@ class Worker:
                     checked = now
                 if self.max_jobs is not None and self.claimed >= self.max_jobs:
                     break
-                free = self.concurrency - self.inflight
+                free = self._free_slots()
                 if self.max_jobs is not None:
                     free = min(free, self.max_jobs - self.claimed)
                 if free <= 0:
@@ -270,7 +278,8 @@ class Worker:
             started.append((lease, ctx))
         with self._lock:
             for lease, ctx in started:
-                self._inflight[lease.job_id] = InFlight(lease, ctx)
+                self._inflight[_key(lease)] = InFlight(lease, ctx)
+            self._running += len(started)
         self.claimed += len(leases)
         put = self._ready.put
         for item in started:
@@ -325,7 +334,7 @@ class Worker:
         try:
             with transaction.atomic(durable=True):
                 result = spec.fn(lease.payload, ctx)
-                self._mark_finishing(lease.job_id)
+                self._mark_finishing(lease)
                 if lease.job_id not in services.complete([(lease, result)]):
                     raise _FenceRejected
         except _FenceRejected:
@@ -336,24 +345,38 @@ class Worker:
         self.finished += 1
         return Outcome(lease, "settled")
 
-    def _mark_finishing(self, job_id: int) -> None:
+    def _mark_finishing(self, lease: Lease) -> None:
         with self._lock:
-            item = self._inflight.get(job_id)
-            if item is not None:
+            item = self._inflight.get(_key(lease))
+            if item is not None and not item.finishing:
                 item.finishing = True
+                self._running -= 1
 
     def _settle(self, outcome: Outcome) -> None:
         if outcome.kind == "settled":
-            self._forget([outcome.lease.job_id])
+            self._forget([outcome.lease])
         else:
-            self._mark_finishing(outcome.lease.job_id)
+            self._mark_finishing(outcome.lease)
             self._outcomes.put(outcome)
+            # A handler thread is free again: the next claim overlaps this write-back.
+            self._slot_free.set()
 
-    def _forget(self, job_ids: list[int]) -> None:
+    def _forget(self, leases: list[Lease]) -> None:
         with self._lock:
-            for job_id in job_ids:
-                self._inflight.pop(job_id, None)
+            for lease in leases:
+                item = self._inflight.pop(_key(lease), None)
+                if item is not None and not item.finishing:
+                    self._running -= 1
         self._slot_free.set()
+
+    def _free_slots(self) -> int:
+        """Handler threads free to start a job, while at most `concurrency` more results
+        wait for write-back (so claims overlap the flusher without holding unbounded leases)."""
+        with self._lock:
+            return min(
+                self.concurrency - self._running,
+                2 * self.concurrency - len(self._inflight),
+            )
 
     # --- write-back in batches ----------------------------------------------------------
 
@@ -382,9 +405,22 @@ class Worker:
         connection.close()
 
     def _write_back(self, batch: list[Outcome]) -> None:
+        """Write a batch so that no statement holds two attempts of one job (results are
+        matched to leases by job id; a job re-claimed by this worker while its stale
+        attempt's result waited is written in a second round)."""
+        while batch:
+            seen: set[int] = set()
+            now, later = [], []
+            for o in batch:
+                (later if o.lease.job_id in seen else now).append(o)
+                seen.add(o.lease.job_id)
+            self._write_back_unique(now)
+            batch = later
+
+    def _write_back_unique(self, batch: list[Outcome]) -> None:
         """One statement per kind for the whole batch; retried until Postgres answers."""
         with self._lock:
-            batch = [o for o in batch if o.lease.job_id not in self._released]
+            batch = [o for o in batch if _key(o.lease) not in self._released]
         done = [(o.lease, o.result) for o in batch if o.kind == "done"]
         failed = [(o.lease, o.error, o.permanent) for o in batch if o.kind == "fail"]
         released = [o.lease for o in batch if o.kind == "release"]
@@ -422,7 +458,7 @@ class Worker:
         for o in batch:
             if o.kind == "release" and o.lease.job_id in ok_rel:
                 log.info("released on shutdown", extra=o.lease.log_fields())
-        self._forget([o.lease.job_id for o in batch])
+        self._forget([o.lease for o in batch])
 
     # --- heartbeats ------------------------------------------------------------------------
 
@@ -461,7 +497,7 @@ class Worker:
             leftover = [i for i in self._inflight.values() if not i.finishing]
             for item in leftover:
                 item.ctx.stop.set()
-                self._released.add(item.lease.job_id)
+                self._released.add(_key(item.lease))
         if leftover:
             try:
                 ok = services.release([i.lease for i in leftover])
@@ -476,7 +512,7 @@ class Worker:
                     exc,
                     extra={"worker_id": self.worker_id},
                 )
-            self._forget([i.lease.job_id for i in leftover])
+            self._forget([i.lease for i in leftover])
         # Outcomes already queued are written by the flusher before it exits.
         wait_until = time.monotonic() + 10
         while not self._outcomes.empty() and time.monotonic() < wait_until:

@@ -38,10 +38,37 @@ def test_flusher_batch_with_one_revoked_job_lands_the_others_and_rejects_only_it
     assert "held lease 1, row is at lease" in rejected.error
     again = Job.objects.get(pk=victim)
     assert (again.status, again.lease_version) == ("done", 3)
-    assert JobEvent.objects.filter(job_id=victim, to_status="processing").count() == 2
+    claims = JobEvent.objects.filter(job_id=victim, kind="transition", to_status="processing")
+    assert claims.count() == 2
     assert (
         not JobEvent.objects.filter(job_id__in=ids, kind="fence_rejected")
         .exclude(job_id=victim)
         .exists()
     )
     assert "fence rejected stale complete" in w.output()
+
+
+@pytest.mark.django_db
+def test_two_attempts_of_one_job_in_one_write_back_are_told_apart():
+    """A job revoked and re-claimed by the same worker while its stale result still
+    waited: both results reach the flusher together; only the current lease lands."""
+    from jobs.tasks import JobContext
+    from jobs.worker import InFlight, Outcome, Worker
+
+    w = Worker(concurrency=2, worker_id="w-same")
+    job, _ = services.submit("echo", {})
+    stale = services.claim(w.worker_id, job.pk)
+    services.revoke([job.pk], actor="staff:test")
+    current = services.claim(w.worker_id, job.pk)
+    assert (stale.lease_version, current.lease_version) == (1, 3)
+    for lease in (stale, current):
+        ctx = JobContext(lease.job_id, lease.lease_version, 1, w.worker_id, "default", "echo")
+        w._inflight[(lease.job_id, lease.lease_version)] = InFlight(lease, ctx, finishing=True)
+    w._write_back(
+        [Outcome(stale, "done", result={"from": "stale"}), Outcome(current, "done", result=2)]
+    )
+    row = Job.objects.get(pk=job.pk)
+    assert (row.status, row.lease_version, row.result) == ("done", 3, 2)
+    rejected = JobEvent.objects.get(job_id=job.pk, kind="fence_rejected")
+    assert rejected.lease_version == 1
+    assert w._inflight == {}
