@@ -313,7 +313,7 @@ def submit_many(ctx: Context) -> Iterator[dict]:
 
 def drain(ctx: Context, workers: int) -> Iterator[dict]:
     n = ctx.args.jobs or (300 if ctx.quick else 20000)
-    concurrency = ctx.args.concurrency or 64
+    concurrency = ctx.args.concurrency or 128
     for code, variant in ctx.setups():
         reset(ctx)
         apply_variant(variant)
