@@ -380,7 +380,7 @@ _CLAIM_SET = f"""
 UPDATE {T} j SET status = '{PROCESSING}', lease_version = j.lease_version + 1,
        owned_by = %(worker)s, claimed_at = now(), heartbeat_at = now(),
        updated_by = %(actor)s
-FROM c WHERE j.id = c.id
+WHERE j.id = ANY(ARRAY(SELECT id FROM c))
 RETURNING j.id, j.lease_version, j.task, j.payload, j.queue, j.retry_count,
           j.max_retries, j.created_at
 """
@@ -463,6 +463,8 @@ def claim(worker_id: str, job_id: int) -> Lease | None:
 
 # --- fenced writes by the lease holder --------------------------------------------
 
+# The authority predicate of SPEC §3, per row of a batch. Statements also say
+# `j.id = ANY(ids)` so the planner reaches the rows through the primary key.
 _FENCE = (
     "j.id = f.id AND j.lease_version = f.lv AND j.owned_by = f.owner AND j.status = 'processing'"
 )
@@ -478,9 +480,14 @@ def _fence_arrays(leases: Sequence[Lease]) -> tuple[list[int], list[int], list[s
 
 _HEARTBEAT_SQL = f"""
 UPDATE {T} j SET heartbeat_at = now()
-FROM unnest(%s::bigint[], %s::bigint[], %s::text[]) AS f(id, lv, owner)
-WHERE {_FENCE} RETURNING j.id, j.queue
+FROM unnest(%(ids)s::bigint[], %(lvs)s::bigint[], %(owners)s::text[]) AS f(id, lv, owner)
+WHERE j.id = ANY(%(ids)s::bigint[]) AND {_FENCE} RETURNING j.id, j.queue
 """
+
+
+def _fence_params(leases: Sequence[Lease]) -> dict[str, list]:
+    ids, lvs, owners = _fence_arrays(leases)
+    return {"ids": ids, "lvs": lvs, "owners": owners}
 
 
 def heartbeat(leases: Sequence[Lease]) -> set[int]:
@@ -491,7 +498,7 @@ def heartbeat(leases: Sequence[Lease]) -> set[int]:
     """
     if not leases:
         return set()
-    rows = _hot_rows(_HEARTBEAT_SQL, _fence_arrays(leases))
+    rows = _hot_rows(_HEARTBEAT_SQL, _fence_params(leases))
     per_queue: dict[str, int] = defaultdict(int)
     for _, queue in rows:
         per_queue[queue] += 1
@@ -513,8 +520,9 @@ def _finished(rows: list[tuple]) -> dict[int, Finished]:
 _COMPLETE_SQL = f"""
 UPDATE {T} j SET status = '{DONE}', result = f.result::jsonb, error = NULL,
        {_UNOWN}, finished_at = now(), updated_by = 'worker:' || f.owner
-FROM unnest(%s::bigint[], %s::bigint[], %s::text[], %s::text[]) AS f(id, lv, owner, result)
-WHERE {_FENCE} RETURNING {_FINISH_RETURNING}
+FROM unnest(%(ids)s::bigint[], %(lvs)s::bigint[], %(owners)s::text[], %(results)s::text[])
+     AS f(id, lv, owner, result)
+WHERE j.id = ANY(%(ids)s::bigint[]) AND {_FENCE} RETURNING {_FINISH_RETURNING}
 """
 
 
@@ -529,7 +537,9 @@ def complete(items: Sequence[tuple[Lease, Any]]) -> dict[int, Finished]:
     ids, lvs, owners = _fence_arrays([lease for lease, _ in items])
     dumps = json.dumps
     results = [None if r is None else dumps(r) for _, r in items]
-    rows = _hot_rows(_COMPLETE_SQL, [ids, lvs, owners, results])
+    rows = _hot_rows(
+        _COMPLETE_SQL, {"ids": ids, "lvs": lvs, "owners": owners, "results": results}
+    )
     return _finished(rows)
 
 
@@ -552,7 +562,8 @@ UPDATE {T} j SET
 FROM unnest(%(ids)s::bigint[], %(lvs)s::bigint[], %(owners)s::text[],
             %(errors)s::text[], %(permanent)s::boolean[])
      AS f(id, lv, owner, error, permanent)
-WHERE {_FENCE} RETURNING {_FINISH_RETURNING}, j.run_at <= now()
+WHERE j.id = ANY(%(ids)s::bigint[]) AND {_FENCE}
+RETURNING {_FINISH_RETURNING}, j.run_at <= now()
 """
 
 
@@ -592,9 +603,9 @@ def fail(items: Sequence[tuple[Lease, str, bool]]) -> dict[int, Finished]:
 
 _RELEASE_SQL = f"""
 UPDATE {T} j SET status = '{QUEUED}', lease_version = j.lease_version + 1,
-       run_at = now(), error = %s::text, {_UNOWN}, updated_by = 'worker:' || f.owner
-FROM unnest(%s::bigint[], %s::bigint[], %s::text[]) AS f(id, lv, owner)
-WHERE {_FENCE} RETURNING j.id, j.queue
+       run_at = now(), error = %(reason)s::text, {_UNOWN}, updated_by = 'worker:' || f.owner
+FROM unnest(%(ids)s::bigint[], %(lvs)s::bigint[], %(owners)s::text[]) AS f(id, lv, owner)
+WHERE j.id = ANY(%(ids)s::bigint[]) AND {_FENCE} RETURNING j.id, j.queue
 """
 
 
@@ -605,7 +616,7 @@ def release(leases: Sequence[Lease], reason: str = "released by worker shutdown"
     """
     if not leases:
         return set()
-    rows = _hot_rows(_RELEASE_SQL, [reason, *_fence_arrays(leases)])
+    rows = _hot_rows(_RELEASE_SQL, {"reason": reason, **_fence_params(leases)})
     signal_after_commit(rows, park_on_failure=False)
     return {r[0] for r in rows}
 
