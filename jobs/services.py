@@ -112,7 +112,7 @@ def _hot_rows(sql: str, params: Sequence[Any] | dict[str, Any]) -> list[tuple]:
     connection.ensure_connection()
     with connection.wrap_database_errors:
         with psycopg.Cursor(connection.connection) as cur:
-            cur.execute(sql, params, prepare=True)
+            cur.execute(sql, params, prepare=True, binary=True)
             return cur.fetchall() if cur.description else []
 
 
@@ -248,6 +248,7 @@ class NewJob:
     max_retries: int | None = None
     idempotency_key: str | None = None
     request_hash: str | None = None
+    payload_json: str | None = None  # the payload already serialised (saves a second dumps)
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,7 +312,12 @@ def submit_many(
     default_retries = settings.JOBS_MAX_RETRIES
     params = {
         "tasks": [i.task for i in items],
-        "payloads": [json.dumps(i.payload if i.payload is not None else {}) for i in items],
+        "payloads": [
+            i.payload_json
+            if i.payload_json is not None
+            else json.dumps(i.payload if i.payload is not None else {})
+            for i in items
+        ],
         "queues": [i.queue for i in items],
         "priorities": [i.priority for i in items],
         "run_ats": [i.run_at for i in items],

@@ -279,7 +279,7 @@ def _submit(
     idempotency_key: str | None,
     client: Client | None,
 ) -> tuple[Job, bool]:
-    max_retries, digest = _validate(
+    max_retries, digest, _ = _validate(
         task, payload, queue, priority, run_at, max_retries, idempotency_key
     )
 
@@ -332,8 +332,9 @@ def _validate(
     run_at: Any,
     max_retries: Any,
     idempotency_key: Any,
-) -> tuple[int, str | None]:
-    """Every rule one submission must pass; returns (max_retries, request hash or None).
+) -> tuple[int, str | None, str]:
+    """Every rule one submission must pass; returns (max_retries, request hash or None,
+    the payload as compact JSON).
 
     Raises a SubmissionError naming the field. Shared by submit and submit_many,
     so a job in a batch is held to exactly the rules of a single one.
@@ -364,7 +365,7 @@ def _validate(
             field="idempotency_key",
             code="invalid_idempotency_key",
         )
-    serialise_payload(payload)
+    payload_json = serialise_payload(payload).decode("utf-8")
     try:
         tasks.validate_payload(task, payload)
     except tasks.InvalidPayload as exc:
@@ -373,7 +374,7 @@ def _validate(
     digest = None
     if idempotency_key is not None:
         digest = request_hash(task, payload, queue, priority, run_at, max_retries)
-    return max_retries, digest
+    return max_retries, digest, payload_json
 
 def _existing(client: Client | None, idempotency_key: str | None) -> Job | None:
     if idempotency_key is None:
@@ -465,7 +466,7 @@ def _batch_item(raw: Any) -> tuple[dict[str, Any], list[SubmissionError]]:
             "max_retries": raw.get("max_retries"),
             "idempotency_key": raw.get("idempotency_key"),
         }
-        item["max_retries"], item["request_hash"] = _validate(**item)
+        item["max_retries"], item["request_hash"], item["payload_json"] = _validate(**item)
     except SubmissionError as exc:
         return {}, [exc]
     return item, []
@@ -523,6 +524,7 @@ def submit_many(raw_items: Sequence[Any], *, client: Client | None = None) -> li
             i["max_retries"],
             i["idempotency_key"],
             i["request_hash"],
+            i["payload_json"],
         )
         for i in items
     ]
