@@ -33,6 +33,11 @@ test: install browser
 	$(PY) manage.py makemigrations --check --dry-run --settings=jobservice.test_settings
 	$(VENV)/bin/pytest
 
+## bench: throughput and latency figures against real processes on a scratch database
+## (BENCH_ARGS="--scenario drain-2 --baseline main" for a side-by-side run; --quick to smoke-test).
+bench: install
+	$(PY) -m bench $(BENCH_ARGS)
+
 lint: install
 	$(VENV)/bin/ruff check .
 

@@ -389,6 +389,19 @@ def drain_4(ctx: Context) -> Iterator[dict]:
 # --- end-to-end latency --------------------------------------------------------------------------
 
 
+def commit_floor(n: int) -> dict[str, float]:
+    """Client-side time of a one-row INSERT that commits (WAL flush): the floor under
+    each of the two commits between submission and claim."""
+    sql("CREATE TABLE IF NOT EXISTS bench_commit_probe (id bigserial PRIMARY KEY, at timestamptz)")
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        sql("INSERT INTO bench_commit_probe (at) VALUES (now())")
+        times.append((time.perf_counter() - t0) * 1000)
+        time.sleep(0.002)
+    return percentiles(times)
+
+
 @scenario("latency")
 def latency(ctx: Context) -> Iterator[dict]:
     """Jobs submitted one at a time to idle workers: created_at -> finished_at."""
@@ -401,6 +414,7 @@ def latency(ctx: Context) -> Iterator[dict]:
         apply_variant(variant)
         procs = [ctx.procs.worker(code, *worker_args(ctx, concurrency)) for _ in range(2)]
         time.sleep(0.5)
+        floor = commit_floor(50 if ctx.quick else 300)
         for _ in range(n):
             services.submit("echo", {})
             time.sleep(gap)
@@ -426,11 +440,13 @@ def latency(ctx: Context) -> Iterator[dict]:
             "summary": fmt_pcts(pct)
             + f"; one job every {gap * 1000:.0f} ms, 2 workers, --concurrency {concurrency}"
             + f"\n    created -> claimed: {fmt_pcts(to_claim)}"
-            + f"\n    claimed -> finished: {fmt_pcts(to_finish)}",
+            + f"\n    claimed -> finished: {fmt_pcts(to_finish)}"
+            + f"\n    floor, one-row INSERT + commit on this server: {fmt_pcts(floor)}",
             "details": {
                 "percentiles_ms": pct,
                 "created_to_claimed_ms": to_claim,
                 "claimed_to_finished_ms": to_finish,
+                "commit_floor_ms": floor,
                 "jobs": n,
                 "gap_s": gap,
                 "workers": 2,

@@ -35,6 +35,9 @@ class InvalidPayload(PermanentError):
     """The payload does not fit the task; raised by validators, rejected by the API."""
 
 
+_stop_lock = threading.Lock()
+
+
 @dataclass
 class JobContext:
     """What a handler knows about the attempt it runs.
@@ -49,8 +52,20 @@ class JobContext:
     worker_id: str
     queue: str
     task: str
-    stop: threading.Event = field(default_factory=threading.Event)
     lost_authority: bool = False
+    _stop: threading.Event | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def stop(self) -> threading.Event:
+        # Created on first use: most handlers never look at it, and an Event per job
+        # was a fifth of a busy worker's CPU.
+        event = self._stop
+        if event is None:
+            with _stop_lock:
+                if self._stop is None:
+                    self._stop = threading.Event()
+                event = self._stop
+        return event
 
     def sleep(self, seconds: float) -> bool:
         """Sleep cooperatively; returns False when told to stop early."""
