@@ -47,7 +47,7 @@ class Context:
 
 
 # Database variants for side-by-side runs on the scratch database (--variant).
-VARIANTS: dict[str, str] = {
+VARIANTS: dict[str, str | tuple[str, ...]] = {
     "default": "",
     # The history trigger as it was before 0005: one trigger call per changed row.
     "row-history": """
@@ -69,11 +69,11 @@ VARIANTS: dict[str, str] = {
           FOR EACH ROW EXECUTE FUNCTION jobs_job_history();
     """,
     # The storage settings of migration 0004 (branch deploy), for a before/after.
-    "table-storage": """
-        ALTER TABLE jobs_job SET (fillfactor = 70, autovacuum_vacuum_scale_factor = 0.02,
-            autovacuum_analyze_scale_factor = 0.01, autovacuum_vacuum_cost_limit = 2000);
-        VACUUM FULL jobs_job;
-    """,
+    "table-storage": (
+        "ALTER TABLE jobs_job SET (fillfactor = 70, autovacuum_vacuum_scale_factor = 0.02, "
+        "autovacuum_analyze_scale_factor = 0.01, autovacuum_vacuum_cost_limit = 2000)",
+        "VACUUM FULL jobs_job",
+    ),
 }
 
 
@@ -87,8 +87,10 @@ def apply_variant(name: str) -> None:
         "ALTER TABLE jobs_job RESET (fillfactor, autovacuum_vacuum_scale_factor, "
         "autovacuum_analyze_scale_factor, autovacuum_vacuum_cost_limit)"
     )
-    if VARIANTS[name]:
-        sql(VARIANTS[name])
+    statements = VARIANTS[name]
+    for statement in (statements,) if isinstance(statements, str) else statements:
+        if statement:
+            sql(statement)
 
 
 ALL: dict[str, Callable[[Context], Iterator[dict]]] = {}
