@@ -32,3 +32,13 @@ def test_non_blocking_pop_prefers_earlier_queues(transport):
     transport.push({"b": [7], "a": [5, 6]})
     assert transport.pop(["a", "b"], 0, 10) == ("a", [5, 6])
     assert transport.pop(["a", "b"], 0, 10) == ("b", [7])
+
+
+def test_cached_metric_children_are_the_labelled_children():
+    from jobs import metrics
+
+    child = metrics.child(metrics.CLAIMED, "cache-test")
+    assert child is metrics.child(metrics.CLAIMED, "cache-test")
+    before = metrics.CLAIMED.labels("cache-test")._value.get()
+    child.inc(2)
+    assert metrics.CLAIMED.labels("cache-test")._value.get() == before + 2

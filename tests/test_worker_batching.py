@@ -72,3 +72,34 @@ def test_two_attempts_of_one_job_in_one_write_back_are_told_apart():
     rejected = JobEvent.objects.get(job_id=job.pk, kind="fence_rejected")
     assert rejected.lease_version == 1
     assert w._inflight == {}
+
+
+def test_flush_interval_out_of_range_is_refused(stack):
+    w = stack.worker("--flush-interval", "-1")
+    assert w.wait(20) != 0
+    assert "--flush-interval must be between 0 and 5 seconds" in w.output()
+
+
+@pytest.mark.django_db
+def test_a_worker_holds_at_most_twice_its_concurrency_in_leases():
+    """Finished results awaiting write-back free their handler thread but still count,
+    so claims overlap the flusher without holding leases without bound."""
+    from jobs.tasks import JobContext
+    from jobs.worker import InFlight, Worker
+
+    w = Worker(concurrency=3, worker_id="w-slots")
+    assert w._free_slots() == 3
+    leases = [services.claim(w.worker_id, services.submit("echo", {})[0].pk) for _ in range(5)]
+    for n, lease in enumerate(leases):
+        ctx = JobContext(lease.job_id, lease.lease_version, 1, w.worker_id, "default", "echo")
+        w._inflight[(lease.job_id, lease.lease_version)] = InFlight(lease, ctx)
+        w._running += 1
+        if n < 3:
+            w._mark_finishing(lease)
+    # Two running, three awaiting write-back: one thread is free, one lease short of 2 x 3.
+    assert (w._running, len(w._inflight)) == (2, 5)
+    assert w._free_slots() == 1
+    w._forget(leases[:3])
+    assert w._free_slots() == 1  # two still running out of three threads
+    w._forget(leases[3:])
+    assert (w._running, w._free_slots()) == (0, 3)
