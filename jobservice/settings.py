@@ -103,6 +103,11 @@ else:
     DATABASES = {"default": database_settings(BASE_DIR)}
 DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("DB_CONN_MAX_AGE", default=60))
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+# Behind PgBouncer in transaction mode, named (server-side) cursors cannot span
+# transactions; set this to 1 there. Prepared statements are already off (Django's default).
+DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = env.bool(
+    "DB_DISABLE_SERVER_SIDE_CURSORS", default=False
+)
 DATABASES["default"].setdefault("TEST", {})
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
