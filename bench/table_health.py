@@ -117,7 +117,8 @@ def bulk_load(db_url: str, db_name: str, rows: int) -> float:
                         INSERT INTO jobs_job (id, task, payload, queue, priority, status, result,
                             error, run_at, max_retries, retry_count, lease_version, created_at,
                             updated_at, finished_at, updated_by)
-                        SELECT %(base)s + g, 'echo', jsonb_build_object('n', g), 'default', 0,
+                        SELECT %(base)s::bigint + g, 'echo', jsonb_build_object('n', g),
+                               'default', 0,
                                CASE WHEN g %% 10 = 0 THEN 'failed' ELSE 'done' END,
                                CASE WHEN g %% 10 = 0 THEN NULL ELSE jsonb_build_object('n', g) END,
                                CASE WHEN g %% 10 = 0 THEN 'bench: permanent error' END,
@@ -141,7 +142,7 @@ def bulk_load(db_url: str, db_name: str, rows: int) -> float:
                             (interval '1 second', 'queued', 'processing', 'worker:bench', 1),
                             (interval '2 seconds', 'processing', 'final', 'worker:bench', 1)
                         ) AS e(dt, f, t, actor, lv)
-                        WHERE j.id BETWEEN %(base)s + %(lo)s AND %(base)s + %(hi)s
+                        WHERE j.id BETWEEN %(base)s::bigint + %(lo)s AND %(base)s::bigint + %(hi)s
                         """,
                         {"lo": lo, "hi": hi, "base": base},
                     )
