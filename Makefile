@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-12)
 
-.PHONY: run test lint install migrate browser chaos chaos-long bench clean
+.PHONY: run test lint install migrate browser chaos chaos-long bench table-health clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -32,6 +32,12 @@ test: install browser
 	$(VENV)/bin/ruff check .
 	$(PY) manage.py makemigrations --check --dry-run --settings=jobservice.test_settings
 	$(VENV)/bin/pytest
+
+## table-health: claim latency and table size with N finished jobs, before and after
+## prunejobs, in a scratch database of its own (not part of `make test`; N=1000000 takes minutes).
+N ?= 1000000
+table-health: install
+	$(PY) bench/table_health.py --rows $(N)
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -22,9 +22,9 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from jobs import metrics
-from jobs.lifecycle import Status
+from jobs.lifecycle import TERMINAL, Status
 from jobs.logging import job_log_fields
-from jobs.models import Job
+from jobs.models import Job, JobEvent
 from jobs.transport import TransportError, get_transport
 
 log = logging.getLogger(__name__)
@@ -611,3 +611,37 @@ def cancel(job_ids: Sequence[int], actor: str, client_id: int | None = None) -> 
         {"actor": actor, "ids": list(job_ids), "client": client_id},
     )
     return list(_finished(rows))
+
+
+# --- retention --------------------------------------------------------------------
+
+TERMINAL_STATUSES: frozenset[str] = frozenset(s.value for s in TERMINAL)
+_H = JobEvent._meta.db_table
+
+
+def prune_finished(older_than_seconds: float, statuses: Sequence[str], batch: int) -> int:
+    """Delete one batch of terminal jobs finished more than `older_than_seconds` ago
+    (database clock), with their history; returns how many jobs went.
+
+    One short statement: rows another transaction holds are skipped (SKIP LOCKED),
+    so workers, the reaper and a concurrent prune never wait on it. Only terminal
+    statuses are accepted, and the table's trigger refuses to delete any other row.
+    """
+    bad = sorted(set(statuses) - TERMINAL_STATUSES)
+    if bad or not statuses:
+        raise ValueError(f"only terminal jobs can be pruned, not {', '.join(bad) or 'nothing'}")
+    if older_than_seconds <= 0 or batch <= 0:
+        raise ValueError("older_than_seconds and batch must be positive")
+    rows = _rows(
+        f"""WITH victims AS (
+              SELECT id FROM {T}
+              WHERE status = ANY(%(statuses)s)
+                AND finished_at < now() - %(age)s * interval '1 second'
+              LIMIT %(batch)s
+              FOR UPDATE SKIP LOCKED),
+            ev AS (DELETE FROM {_H} WHERE job_id IN (SELECT id FROM victims)),
+            gone AS (DELETE FROM {T} WHERE id IN (SELECT id FROM victims) RETURNING 1)
+            SELECT count(*) FROM gone""",
+        {"statuses": sorted(set(statuses)), "age": older_than_seconds, "batch": batch},
+    )
+    return rows[0][0]
