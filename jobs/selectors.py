@@ -1,7 +1,7 @@
 """Reads: cheap, index-served queries for the reaper, the SLO report and dashboards.
 
 Every aggregate here is bounded by an index, never by the table: live states
-are counted through their partial indexes (job_claim_idx, job_processing_idx,
+are counted through their partial indexes (job_claim_idx, job_processing_id_idx,
 job_enqueue_failed_idx), finished jobs through job_finished_idx over a time
 window, and the table size comes from the planner's estimate. All times come
 from the database clock. `tests/test_admin_dashboard.py` checks each plan.
