@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-12)
 
-.PHONY: run test lint install migrate chaos chaos-long bench clean
+.PHONY: run test lint install tools migrate chaos chaos-long bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -16,6 +16,18 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+## tools: system tools the tests call. promtool (Debian package prometheus) checks the alert rules.
+tools:
+	@command -v promtool >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing promtool (Debian package prometheus)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	      apt-get install -y -qq --no-install-recommends prometheus >/dev/null \
+	      || echo "could not install promtool: the promtool checks will be skipped"; \
+	  else \
+	    echo "promtool missing (apt-get install prometheus): the promtool checks will be skipped"; \
+	  fi; }
+
 migrate: install
 	$(PY) manage.py migrate --noinput
 
@@ -24,7 +36,7 @@ run: install
 	$(PY) manage.py runstack
 
 ## test: the whole suite against the real PostgreSQL and Redis on 127.0.0.1.
-test: install
+test: install tools
 	$(VENV)/bin/ruff check .
 	$(PY) manage.py makemigrations --check --dry-run --settings=jobservice.test_settings
 	$(VENV)/bin/pytest
