@@ -143,6 +143,7 @@ def signal_after_commit(pairs: Iterable[tuple[int, str]], *, park_on_failure: bo
                     "redis re-signal failed for %d job(s); polling will find them: %s",
                     len(ids),
                     exc,
+                    extra={"job_ids": ids[:20]},
                 )
 
     transaction.on_commit(push)

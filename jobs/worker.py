@@ -370,6 +370,10 @@ class Worker:
                         "giving up write-back of %d outcome(s) at exit; the reaper "
                         "will recover their jobs",
                         len(batch),
+                        extra={
+                            "worker_id": self.worker_id,
+                            "job_ids": [o.lease.job_id for o in batch][:20],
+                        },
                     )
                     return
                 backoff = min(backoff * 2, DB_BACKOFF_MAX)

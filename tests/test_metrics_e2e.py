@@ -268,7 +268,9 @@ def test_reaper_counts_the_expired_lease_and_the_stale_worker_its_fence_rejectio
     wait_until(lambda: job_row(job.pk)["status"] == "processing", 15, message="claimed")
     stale_owner = job_row(job.pk)["owned_by"]
     stale.signal(signal.SIGSTOP)
-    reaper = stack.reaper("--interval", "0.2", "--lease", "1",
+    # A 3 s lease for the reaper: the stopped worker's expires, while the fresh worker's
+    # heartbeats (every 1/3 s) keep a wide margin even on a loaded machine.
+    reaper = stack.reaper("--interval", "0.2", "--lease", "3",
                           "--metrics-port", str(ports["reaper"]), LOG_FORMAT="json")
     wait_until(lambda: job_row(job.pk)["lease_version"] == 2, 15, message="lease reaped")
     fresh = stack.worker("--concurrency", "1", "--metrics-port", str(ports["fresh"]),
@@ -315,6 +317,7 @@ def test_reaper_counts_the_expired_lease_and_the_stale_worker_its_fence_rejectio
     # The reaper's line names the lease it took away and the worker that held it.
     (expired,) = [d for d in json_lines(reaper.output()) if d.get("job_id") == job.pk]
     assert expired["level"] == "warning" and expired["msg"].startswith("lease expired")
+    assert "3.0s" in expired["msg"]
     assert (expired["lease_version"], expired["new_lease_version"]) == (1, 2)
     assert (expired["worker_id"], expired["queue"], expired["task"]) == (
         stale_owner, "default", "demo.record")
