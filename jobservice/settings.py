@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 
@@ -136,6 +137,8 @@ JOBS_RETRY_BACKOFF_MAX = env.float("JOBS_RETRY_BACKOFF_MAX", default=60.0)
 # A due queued job untouched this long is assumed to have lost its signal.
 JOBS_LOST_SIGNAL_SECONDS = env.float("JOBS_LOST_SIGNAL_SECONDS", default=10.0)
 JOBS_SLO_SECONDS = env.float("JOBS_SLO_SECONDS", default=25.0)
+# How long the reaper's jobs_depth / jobs_oldest_age_seconds reading is reused across scrapes.
+JOBS_METRICS_CACHE_SECONDS = env.float("JOBS_METRICS_CACHE_SECONDS", default=5.0)
 JOBS_TASK_MODULES = env.list("JOBS_TASK_MODULES", default=[])
 
 # --- API ------------------------------------------------------------------------
@@ -181,9 +184,16 @@ LOGGING = {
     },
 }
 
+if LOG_FORMAT == "json":
+    # Python warnings (a library's UserWarning) go out as JSON log lines too, through
+    # the py.warnings logger and the root handler, instead of raw text on stderr.
+    logging.captureWarnings(True)
+
 if PRODUCTION:
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
     SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=True)
+    # Prometheus and the orchestrator's probes speak plain HTTP to the container.
+    SECURE_REDIRECT_EXEMPT = [r"^metrics$", r"^healthz$", r"^readyz$"]
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True
     SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=31_536_000)
