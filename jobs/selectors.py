@@ -406,7 +406,7 @@ def depth_by_state() -> list[tuple[str, str, int, float]]:
     """
     return [
         (status, queue, count, max(0.0, float(age or 0.0)))
-        for status, queue, count, age in _rows(
+        for status, queue, count, age in _fetch(
             f"""SELECT status, queue, count(*),
                        extract(epoch FROM now() - min(CASE status
                          WHEN 'queued' THEN CASE WHEN run_at <= now()
