@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-12)
 
-.PHONY: run test lint install migrate browser chaos chaos-long bench clean
+.PHONY: run test lint install tools migrate browser chaos chaos-long bench table-health clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -15,6 +15,18 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
+
+## tools: system tools the tests call. promtool (Debian package prometheus) checks the alert rules.
+tools:
+	@command -v promtool >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing promtool (Debian package prometheus)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	      apt-get install -y -qq --no-install-recommends prometheus >/dev/null \
+	      || echo "could not install promtool: the promtool checks will be skipped"; \
+	  else \
+	    echo "promtool missing (apt-get install prometheus): the promtool checks will be skipped"; \
+	  fi; }
 
 migrate: install
 	$(PY) manage.py migrate --noinput
@@ -28,7 +40,7 @@ browser:
 	@test -x /usr/bin/chromium || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium; }
 
 ## test: the whole suite against the real PostgreSQL and Redis on 127.0.0.1.
-test: install browser
+test: install browser tools
 	$(VENV)/bin/ruff check .
 	$(PY) manage.py makemigrations --check --dry-run --settings=jobservice.test_settings
 	$(VENV)/bin/pytest
@@ -37,6 +49,12 @@ test: install browser
 ## (BENCH_ARGS="--scenario drain-2 --baseline main" for a side-by-side run; --quick to smoke-test).
 bench: install
 	$(PY) -m bench $(BENCH_ARGS)
+
+## table-health: claim latency and table size with N finished jobs, before and after
+## prunejobs, in a scratch database of its own (not part of `make test`; N=1000000 takes minutes).
+N ?= 1000000
+table-health: install
+	$(PY) bench/table_health.py --rows $(N)
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -49,7 +49,7 @@ class Context:
 # Database variants for side-by-side runs on the scratch database (--variant).
 VARIANTS: dict[str, str | tuple[str, ...]] = {
     "default": "",
-    # The history trigger as it was before 0005: one trigger call per changed row.
+    # The history trigger as it was before 0006: one trigger call per changed row.
     "row-history": """
         DROP TRIGGER IF EXISTS jobs_job_history_insert ON jobs_job;
         DROP TRIGGER IF EXISTS jobs_job_history_update ON jobs_job;
@@ -68,25 +68,25 @@ VARIANTS: dict[str, str | tuple[str, ...]] = {
         CREATE TRIGGER jobs_job_history AFTER INSERT OR UPDATE ON jobs_job
           FOR EACH ROW EXECUTE FUNCTION jobs_job_history();
     """,
-    # The storage settings of migration 0004 (branch deploy), for a before/after.
-    "table-storage": (
-        "ALTER TABLE jobs_job SET (fillfactor = 70, autovacuum_vacuum_scale_factor = 0.02, "
-        "autovacuum_analyze_scale_factor = 0.01, autovacuum_vacuum_cost_limit = 2000)",
+    # Without the storage settings of migration 0004 (fillfactor, autovacuum), for a
+    # before/after of that migration.
+    "no-table-storage": (
+        "ALTER TABLE jobs_job RESET (fillfactor, autovacuum_vacuum_scale_factor, "
+        "autovacuum_analyze_scale_factor, autovacuum_vacuum_cost_limit)",
         "VACUUM FULL jobs_job",
     ),
 }
 
 
 def apply_variant(name: str) -> None:
-    """Reinstall the migrated schema's triggers and storage, then apply the variant."""
+    """Put back the migrated schema's history triggers and storage, then apply the variant."""
+    import importlib
+
     from jobs.lifecycle import guard_trigger_sql
 
     sql(guard_trigger_sql("jobs_job", "jobs_jobevent"))
     sql("DROP TRIGGER IF EXISTS jobs_job_history ON jobs_job")
-    sql(
-        "ALTER TABLE jobs_job RESET (fillfactor, autovacuum_vacuum_scale_factor, "
-        "autovacuum_analyze_scale_factor, autovacuum_vacuum_cost_limit)"
-    )
+    sql(importlib.import_module("jobs.migrations.0004_jobs_table_storage").FORWARD)
     statements = VARIANTS[name]
     for statement in (statements,) if isinstance(statements, str) else statements:
         if statement:

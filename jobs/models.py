@@ -134,10 +134,12 @@ class Job(models.Model):
                 fields=["queue", "-priority", "run_at", "id"],
                 condition=Q(status=Status.QUEUED),
             ),
-            # The reaper's expired-lease sweep.
+            # The reaper's expired-lease sweep reads every processing row (a few per
+            # worker slot). Keyed on id, not heartbeat_at, so that a heartbeat changes
+            # no indexed column and is a HOT update (see decision D17).
             models.Index(
-                name="job_processing_idx",
-                fields=["heartbeat_at"],
+                name="job_processing_id_idx",
+                fields=["id"],
                 condition=Q(status=Status.PROCESSING),
             ),
             models.Index(

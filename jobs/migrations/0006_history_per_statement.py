@@ -32,8 +32,7 @@ CREATE TRIGGER jobs_job_history AFTER INSERT OR UPDATE ON jobs_job
 
 
 class Migration(migrations.Migration):
-    # 0004 (table storage) is added on another branch; the chain is fixed on merge.
-    dependencies = [("jobs", "0003_job_staff_permissions")]
+    dependencies = [("jobs", "0005_processing_index_on_id")]
 
     operations = [
         migrations.RunSQL(
