@@ -80,7 +80,7 @@ def exported() -> dict[str, set[str]]:
         if name.endswith("_bucket"):
             labels.add("le")
         names[name] = labels
-    worker = SimpleNamespace(inflight=0, concurrency=1)
+    worker = SimpleNamespace(inflight=0, running=0, concurrency=1)
     reaper = SimpleNamespace(last_sweep_at=0.0, interval=5.0)
     for collector in (WorkerCollector(worker), ReaperCollector(reaper)):
         for family in collector.collect():
