@@ -9,6 +9,11 @@ SLO_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 15, 20, 25, 30, 45, 60, 
 DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 
 SUBMITTED = Counter("jobs_submitted_total", "Jobs accepted", ["queue", "task"])
+SUBMISSIONS_REJECTED = Counter(
+    "jobs_submissions_rejected_total",
+    "Submissions refused before anything was written, by error code (queue_full = backpressure)",
+    ["queue", "code"],
+)
 CLAIMED = Counter("jobs_claimed_total", "Jobs claimed by a worker", ["queue"])
 FINISHED = Counter(
     "jobs_finished_total", "Jobs that reached a terminal state", ["queue", "task", "outcome"]

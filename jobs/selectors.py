@@ -23,12 +23,12 @@ def db_now():
 
 
 def came_due(since, until, limit: int) -> list[tuple[int, str]]:
-    """Queued jobs whose run_at passed in (since, until] after being scheduled or
-    backed off (run_at later than creation): they had no signal when they became due."""
+    """Queued jobs whose run_at passed in (since, until] and lay in the future when the
+    row was last written (scheduled or backed off): nobody signalled them when due."""
     return _rows(
         f"""SELECT id, queue FROM {T}
             WHERE status = 'queued' AND run_at > %s AND run_at <= %s
-              AND run_at > created_at + interval '10 milliseconds'
+              AND run_at > updated_at
             ORDER BY run_at LIMIT %s""",
         [since, until, limit],
     )

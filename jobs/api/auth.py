@@ -1,0 +1,75 @@
+"""API clients: token authentication, the client-only permission, per-client throttling.
+
+A client sends `Authorization: Token <token>`; only the token's SHA-256 is
+stored, so a database leak does not leak usable tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import exceptions
+from rest_framework.authentication import BaseAuthentication, get_authorization_header
+from rest_framework.permissions import BasePermission
+from rest_framework.request import Request
+from rest_framework.settings import api_settings
+from rest_framework.throttling import SimpleRateThrottle
+
+from jobs.models import Client
+
+KEYWORD = "Token"
+
+
+class ClientTokenAuthentication(BaseAuthentication):
+    """`Authorization: Token <token>` → the active Client whose token hash matches."""
+
+    def authenticate(self, request: Request) -> tuple[Client, str] | None:
+        parts = get_authorization_header(request).split()
+        if not parts or parts[0].lower() != KEYWORD.lower().encode():
+            return None  # no credentials: IsClient answers 401
+        if len(parts) != 2:
+            raise exceptions.AuthenticationFailed(
+                "Invalid Authorization header: expected 'Token <token>'."
+            )
+        try:
+            token = parts[1].decode("ascii")
+        except UnicodeDecodeError as exc:
+            raise exceptions.AuthenticationFailed("Invalid token.") from exc
+        client = Client.objects.filter(token_hash=Client.hash_token(token)).first()
+        if client is None:
+            raise exceptions.AuthenticationFailed("Invalid token.")
+        if not client.is_active:
+            raise exceptions.AuthenticationFailed("Client is inactive.")
+        return client, token
+
+    def authenticate_header(self, request: Request) -> str:
+        # Makes DRF answer 401 (with WWW-Authenticate) rather than 403.
+        return KEYWORD
+
+
+class IsClient(BasePermission):
+    """Only an authenticated, active API client may call the API."""
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        user = request.user
+        return isinstance(user, Client) and user.is_active
+
+
+class ClientRateThrottle(SimpleRateThrottle):
+    """Requests per client (rate from JOBS_API_THROTTLE, scope "client").
+
+    Counts live in Django's cache: per process with the default local-memory
+    cache, shared when CACHES names a shared backend.
+    """
+
+    scope = "client"
+
+    def get_rate(self) -> str | None:
+        # Read at call time (DRF reads it at import), so settings overrides apply.
+        return api_settings.DEFAULT_THROTTLE_RATES.get(self.scope)
+
+    def get_cache_key(self, request: Request, view: Any) -> str | None:
+        user = request.user
+        if not isinstance(user, Client):
+            return None  # public endpoints (schema, docs) are not throttled per client
+        return self.cache_format % {"scope": self.scope, "ident": user.pk}

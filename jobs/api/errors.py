@@ -1,0 +1,118 @@
+"""One error shape for every API failure, with a stable machine-readable code.
+
+    {"detail": "human message", "code": "stable_code",
+     "errors": {"field": [{"message": "...", "code": "..."}]}}   # only for field errors
+
+`detail` is DRF's key; `code` never changes for a given rule, so clients
+branch on it rather than on the message.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+from jobs import submission
+
+_STATUS_FOR = {
+    submission.UnknownTask: status.HTTP_400_BAD_REQUEST,
+    submission.InvalidSubmission: status.HTTP_400_BAD_REQUEST,
+    submission.PayloadTooLarge: status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
+    submission.QueueFull: status.HTTP_429_TOO_MANY_REQUESTS,
+    submission.IdempotencyConflict: status.HTTP_409_CONFLICT,
+}
+# DRF's own default codes renamed where the rule has a clearer name.
+_RENAMED = {"parse_error": "malformed_json"}
+
+
+class RequestTooLarge(exceptions.APIException):
+    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+    default_detail = "Request body too large."
+    default_code = "request_too_large"
+
+
+class Conflict(exceptions.APIException):
+    """409; `extra` is merged into the error body (e.g. the job's current status)."""
+
+    status_code = status.HTTP_409_CONFLICT
+    default_detail = "Conflict."
+    default_code = "conflict"
+
+    def __init__(
+        self, detail: str | None = None, code: str | None = None, extra: dict | None = None
+    ) -> None:
+        super().__init__(detail, code)
+        self.extra = extra or {}
+
+
+def _field_errors(detail: Any) -> dict[str, list[dict[str, str]]]:
+    """DRF's nested ValidationError detail → {field: [{message, code}]}."""
+    if isinstance(detail, list):
+        detail = {"non_field_errors": detail}
+    out: dict[str, list[dict[str, str]]] = {}
+    for field, errs in detail.items():
+        if isinstance(errs, dict):  # nested serializer: flatten as field.sub
+            for sub, items in _field_errors(errs).items():
+                out[f"{field}.{sub}"] = items
+            continue
+        if not isinstance(errs, list):
+            errs = [errs]
+        out[field] = [{"message": str(e), "code": getattr(e, "code", "invalid")} for e in errs]
+    return out
+
+
+def error_body(
+    detail: str, code: str, errors: dict[str, list[dict[str, str]]] | None = None, **more: Any
+) -> dict[str, Any]:
+    body: dict[str, Any] = {"detail": detail, "code": code}
+    if errors:
+        body["errors"] = errors
+    body.update(more)
+    return body
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    """DRF exception handler producing the shape above (set per view in jobs.api.views)."""
+    if isinstance(exc, submission.SubmissionError):
+        code = exc.code
+        errors = {exc.field: [{"message": exc.message, "code": code}]} if exc.field else None
+        more: dict[str, Any] = {}
+        headers: dict[str, str] = {}
+        if isinstance(exc, submission.IdempotencyConflict):
+            more["job_id"] = exc.job.pk
+        if isinstance(exc, submission.QueueFull):
+            headers["Retry-After"] = str(exc.retry_after)
+        return Response(
+            error_body(exc.message, code, errors, **more),
+            status=_STATUS_FOR.get(type(exc), status.HTTP_400_BAD_REQUEST),
+            headers=headers,
+        )
+
+    response = drf_exception_handler(exc, context)
+    if response is None:
+        return None  # unexpected: let Django answer 500
+    if isinstance(exc, exceptions.ValidationError):
+        errors = _field_errors(exc.detail)
+        codes = {e["code"] for items in errors.values() for e in items}
+        # One rule broken → its code at the top; several → the generic "invalid".
+        code = codes.pop() if len(codes) == 1 else "invalid"
+        response.data = error_body("Invalid request.", code, errors)
+        return response
+    if isinstance(exc, exceptions.APIException):
+        detail = exc.detail
+        code = getattr(detail, "code", None) or exc.default_code
+        code = _RENAMED.get(code, code)
+        message = str(detail) if not isinstance(detail, list | dict) else str(exc.default_detail)
+        more = {}
+        if isinstance(exc, exceptions.Throttled) and exc.wait is not None:
+            more["retry_after"] = int(exc.wait) + 1
+        more.update(getattr(exc, "extra", {}))
+        response.data = error_body(message, code, **more)
+    elif response.status_code == status.HTTP_404_NOT_FOUND:
+        response.data = error_body("Not found.", "not_found")
+    elif response.status_code == status.HTTP_403_FORBIDDEN:
+        response.data = error_body("Permission denied.", "permission_denied")
+    return response

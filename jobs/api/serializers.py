@@ -1,0 +1,162 @@
+"""Request and response shapes of the API (SPEC §9)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from jobs import submission
+from jobs.lifecycle import STATUSES
+from jobs.models import PRIORITY_MAX, PRIORITY_MIN, Job, JobEvent
+
+# Field errors get one stable code per field, whatever DRF check caught them.
+_FIELD_CODES = {
+    "queue": "invalid_queue",
+    "priority": "invalid_priority",
+    "run_at": "invalid_run_at",
+    "max_retries": "invalid_max_retries",
+    "task": "invalid_task",
+    "payload": "invalid_payload",
+}
+_KEEP_CODES = {"required", "null", "unknown_field"}
+
+
+class JobSubmitSerializer(serializers.Serializer):
+    """The body of `POST /api/v1/jobs/`. Unknown fields are refused."""
+
+    task = serializers.CharField(max_length=200, help_text="A registered task name.")
+    payload = serializers.JSONField(
+        help_text="Any JSON value except null; at most JOBS_MAX_PAYLOAD_BYTES "
+        "(default 65536) bytes once serialised compactly."
+    )
+    queue = serializers.RegexField(
+        submission.QUEUE_NAME_RE.pattern, required=False, default="default", max_length=100
+    )
+    priority = serializers.IntegerField(
+        required=False,
+        default=0,
+        min_value=PRIORITY_MIN,
+        max_value=PRIORITY_MAX,
+        help_text="Higher runs first.",
+    )
+    run_at = serializers.DateTimeField(
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="ISO 8601; not before this time. Without an offset it is UTC.",
+    )
+    max_retries = serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        default=None,
+        min_value=0,
+        max_value=submission.MAX_RETRIES_LIMIT,
+        help_text="Retries after the first attempt; default JOBS_MAX_RETRIES (3).",
+    )
+
+    def to_internal_value(self, data: Any) -> dict[str, Any]:
+        errors: dict[str, list[serializers.ErrorDetail]] = {}
+        if isinstance(data, dict):
+            for name in sorted(set(data) - set(self.fields)):
+                errors[name] = [
+                    serializers.ErrorDetail(
+                        f"Unknown field {name!r}; allowed: {', '.join(self.fields)}.",
+                        code="unknown_field",
+                    )
+                ]
+        try:
+            value = super().to_internal_value(data)
+        except serializers.ValidationError as exc:
+            errors = {**_recode(exc.detail), **errors}
+            raise serializers.ValidationError(errors) from exc
+        if errors:
+            raise serializers.ValidationError(errors)
+        return value
+
+
+def _recode(detail: Any) -> dict[str, Any]:
+    if not isinstance(detail, dict):
+        return {"non_field_errors": detail}
+    out = {}
+    for field, errs in detail.items():
+        code = _FIELD_CODES.get(field)
+        if code is None or not isinstance(errs, list):
+            out[field] = errs
+            continue
+        out[field] = [
+            e
+            if getattr(e, "code", None) in _KEEP_CODES
+            else serializers.ErrorDetail(str(e), code=code)
+            for e in errs
+        ]
+    return out
+
+
+class JobSerializer(serializers.ModelSerializer):
+    """A job as its client sees it (the worker's identity is internal)."""
+
+    class Meta:
+        model = Job
+        fields = [
+            "id",
+            "task",
+            "queue",
+            "priority",
+            "status",
+            "payload",
+            "result",
+            "error",
+            "retry_count",
+            "max_retries",
+            "lease_version",
+            "idempotency_key",
+            "run_at",
+            "created_at",
+            "updated_at",
+            "finished_at",
+        ]
+        read_only_fields = fields
+
+
+class JobEventSerializer(serializers.ModelSerializer):
+    """One entry of a job's history: a transition, or a stale write the fence refused."""
+
+    class Meta:
+        model = JobEvent
+        fields = [
+            "id",
+            "kind",
+            "at",
+            "actor",
+            "from_status",
+            "to_status",
+            "lease_version",
+            "retry_count",
+            "error",
+        ]
+        read_only_fields = fields
+
+
+class ErrorItemSerializer(serializers.Serializer):
+    message = serializers.CharField()
+    code = serializers.CharField()
+
+
+class ErrorSerializer(serializers.Serializer):
+    """The shape of every error response (see jobs.api.errors)."""
+
+    detail = serializers.CharField()
+    code = serializers.CharField(help_text="Stable, machine-readable.")
+    errors = serializers.DictField(
+        child=ErrorItemSerializer(many=True),
+        required=False,
+        help_text="Per-field errors, for invalid requests.",
+    )
+    job_id = serializers.IntegerField(
+        required=False, help_text="The job an idempotency key already belongs to (409)."
+    )
+    status = serializers.ChoiceField(
+        choices=STATUSES, required=False, help_text="The job's current status (cancel, 409)."
+    )
+    retry_after = serializers.IntegerField(required=False, help_text="Seconds (429).")

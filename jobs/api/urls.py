@@ -1,0 +1,24 @@
+"""Routes under /api/v1/. The schema and its docs page are public: they describe
+the API, and every job endpoint still needs a client token."""
+
+from __future__ import annotations
+
+from django.urls import path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from rest_framework.permissions import AllowAny
+
+from jobs.api import schema  # noqa: F401  (registers the token scheme with drf-spectacular)
+from jobs.api.views import JobViewSet
+
+_public = {"authentication_classes": [], "permission_classes": [AllowAny], "throttle_classes": []}
+
+urlpatterns = [
+    path("jobs/", JobViewSet.as_view({"get": "list", "post": "create"}), name="job-list"),
+    path("jobs/<int:pk>/", JobViewSet.as_view({"get": "retrieve"}), name="job-detail"),
+    path("jobs/<int:pk>/cancel/", JobViewSet.as_view({"post": "cancel"}), name="job-cancel"),
+    path("jobs/<int:pk>/history/", JobViewSet.as_view({"get": "history"}), name="job-history"),
+    path("schema/", SpectacularAPIView.as_view(**_public), name="api-schema"),
+    path(
+        "docs/", SpectacularSwaggerView.as_view(url_name="api-schema", **_public), name="api-docs"
+    ),
+]

@@ -1,0 +1,159 @@
+"""The job API (SPEC §8, §9): submit, read, list, cancel, history — each client
+sees and touches only its own jobs; another client's job is a 404, never a 403."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+from django.urls import reverse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import status, viewsets
+from rest_framework.pagination import CursorPagination
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from jobs import services, submission
+from jobs.api.errors import Conflict, exception_handler
+from jobs.api.filters import JobFilter
+from jobs.api.parsers import BoundedJSONParser
+from jobs.api.serializers import (
+    ErrorSerializer,
+    JobEventSerializer,
+    JobSerializer,
+    JobSubmitSerializer,
+)
+from jobs.models import Job, JobEvent
+
+
+class JobCursorPagination(CursorPagination):
+    """Newest first. Cursor pages stay stable while new jobs arrive."""
+
+    ordering = ("-created_at", "-id")
+    page_size = 50
+    page_size_query_param = "page_size"
+    max_page_size = 500
+
+
+def _errors(*codes: int) -> dict[int, OpenApiResponse]:
+    described = {
+        400: "Invalid request (see `code` and `errors`).",
+        401: "Missing, invalid or inactive token.",
+        404: "No such job for this client.",
+        409: "Conflict (see `code`).",
+        413: "Payload or request body too large.",
+        415: "Content-Type is not application/json.",
+        429: "Throttled, or the queue is full (backpressure); see Retry-After.",
+    }
+    return {c: OpenApiResponse(ErrorSerializer, description=described[c]) for c in codes}
+
+
+IDEMPOTENCY_KEY = OpenApiParameter(
+    "Idempotency-Key",
+    OpenApiTypes.STR,
+    OpenApiParameter.HEADER,
+    required=False,
+    description="Per client. The same key with the same body returns the existing job "
+    "(200); with another body, 409. 1-200 printable ASCII characters, no spaces.",
+)
+
+
+class JobViewSet(viewsets.GenericViewSet):
+    serializer_class = JobSerializer
+    parser_classes = [BoundedJSONParser]
+    filterset_class = JobFilter
+    pagination_class = JobCursorPagination
+
+    def get_exception_handler(self) -> Any:
+        return exception_handler
+
+    def get_queryset(self) -> Any:
+        if getattr(self, "swagger_fake_view", False):  # schema generation
+            return Job.objects.none()
+        return Job.objects.filter(client=self.request.user)
+
+    def _actor(self) -> str:
+        return f"client:{self.request.user.name}"
+
+    @extend_schema(
+        summary="Submit a job",
+        request=JobSubmitSerializer,
+        parameters=[IDEMPOTENCY_KEY],
+        responses={
+            201: OpenApiResponse(JobSerializer, description="Created."),
+            200: OpenApiResponse(
+                JobSerializer, description="Idempotent replay: the job this key created."
+            ),
+            **_errors(400, 401, 409, 413, 415, 429),
+        },
+        examples=[
+            OpenApiExample(
+                "echo", value={"task": "echo", "payload": {"hello": "world"}}, request_only=True
+            ),
+        ],
+    )
+    def create(self, request: Request) -> Response:
+        body = JobSubmitSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        key = request.headers.get("Idempotency-Key")
+        # The durable block is the real commit: the Redis push (on_commit) runs
+        # when it closes, and a failed push has parked the row by the time we reread it.
+        with transaction.atomic(durable=True):
+            job, created = submission.submit(
+                **body.validated_data, idempotency_key=key, client=request.user
+            )
+        if not created:
+            return Response(JobSerializer(job).data, status=status.HTTP_200_OK)
+        job = Job.objects.get(pk=job.pk)
+        return Response(
+            JobSerializer(job).data,
+            status=status.HTTP_201_CREATED,
+            headers={"Location": reverse("job-detail", args=[job.pk])},
+        )
+
+    @extend_schema(
+        summary="A job",
+        responses={200: JobSerializer, **_errors(401, 404)},
+    )
+    def retrieve(self, request: Request, pk: int) -> Response:
+        return Response(JobSerializer(self.get_object()).data)
+
+    @extend_schema(
+        summary="The client's jobs, newest first",
+        responses={200: JobSerializer(many=True), **_errors(400, 401)},
+    )
+    def list(self, request: Request) -> Response:
+        qs = self.filter_queryset(self.get_queryset())
+        page = self.paginate_queryset(qs)
+        return self.get_paginated_response(JobSerializer(page, many=True).data)
+
+    @extend_schema(
+        summary="Cancel a job that has not started",
+        description="queued or enqueue_failed → failed with error `cancelled`. "
+        "Any other status → 409 with the current `status`.",
+        request=None,
+        responses={200: JobSerializer, **_errors(401, 404, 409)},
+    )
+    def cancel(self, request: Request, pk: int) -> Response:
+        job = self.get_object()
+        cancelled = services.cancel([job.pk], actor=self._actor(), client_id=request.user.pk)
+        job = self.get_object()
+        if job.pk in cancelled:
+            return Response(JobSerializer(job).data)
+        raise Conflict(
+            f"job {job.pk} is {job.status}; only a job that has not started can be cancelled",
+            code="not_cancellable",
+            extra={"status": job.status},
+        )
+
+    @extend_schema(
+        summary="A job's history",
+        description="Every status change (who, when, which lease, retry count, error) "
+        "and every stale write the fence refused, oldest first.",
+        responses={200: JobEventSerializer(many=True), **_errors(401, 404)},
+    )
+    def history(self, request: Request, pk: int) -> Response:
+        job = self.get_object()
+        events = JobEvent.objects.filter(job_id=job.pk).order_by("id")
+        return Response(JobEventSerializer(events, many=True).data)

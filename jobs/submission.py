@@ -1,0 +1,362 @@
+"""Submitting jobs from Django code: validation, backpressure, transactional enqueue.
+
+    from jobs.submission import submit
+
+    with transaction.atomic():
+        order.save()
+        job, created = submit("send-receipt", {"order": order.pk})
+
+The job row is written in the caller's transaction and the Redis push runs when
+that transaction commits (SPEC §1): the job exists exactly when the caller's
+change does. The REST API calls the same function, so both paths enforce the
+same rules and raise the same exceptions (all subclasses of SubmissionError).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import threading
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from django.conf import settings
+from django.db import connection
+
+from jobs import metrics, services, tasks
+from jobs.lifecycle import Status
+from jobs.logging import job_log_fields
+from jobs.models import PRIORITY_MAX, PRIORITY_MIN, Client, Job
+
+log = logging.getLogger(__name__)
+
+MAX_RETRIES_LIMIT = 100
+MAX_PAYLOAD_DEPTH = 100
+QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}$")
+IDEMPOTENCY_KEY_RE = re.compile(r"^[\x21-\x7e]{1,200}$")  # printable ASCII, no spaces
+# How long a queue-depth reading is trusted, and what 429 tells clients to wait.
+DEPTH_CACHE_SECONDS = 1.0
+RETRY_AFTER_SECONDS = 5
+
+
+class SubmissionError(Exception):
+    """A submission that was refused; nothing was written.
+
+    `code` is stable and machine-readable; `field` names the offending input
+    (None when the request as a whole is refused).
+    """
+
+    code = "invalid"
+
+    def __init__(self, message: str, *, field: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.field = field
+        if code is not None:
+            self.code = code
+
+
+class UnknownTask(SubmissionError):
+    code = "unknown_task"
+
+
+class InvalidSubmission(SubmissionError):
+    """A field is out of range or of the wrong type, or the task's validator refused it."""
+
+
+class PayloadTooLarge(SubmissionError):
+    code = "payload_too_large"
+
+
+class QueueFull(SubmissionError):
+    """Backpressure (SPEC §8): the target queue is past JOBS_MAX_QUEUE_DEPTH."""
+
+    code = "queue_full"
+
+    def __init__(self, queue: str, depth: int, limit: int) -> None:
+        super().__init__(
+            f"queue {queue!r} holds more than {limit} queued jobs; retry later",
+            field="queue",
+        )
+        self.queue = queue
+        self.depth = depth
+        self.limit = limit
+        self.retry_after = RETRY_AFTER_SECONDS
+
+
+class IdempotencyConflict(SubmissionError):
+    """The idempotency key was used before with a different request."""
+
+    code = "idempotency_conflict"
+
+    def __init__(self, job: Job) -> None:
+        super().__init__(
+            f"idempotency key already used for job {job.pk} with a different request",
+            field="idempotency_key",
+        )
+        self.job = job
+
+
+# --- validation -------------------------------------------------------------------
+
+
+def _check_int(name: str, value: Any, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidSubmission(f"{name} must be an integer", field=name, code="invalid_" + name)
+    if not lo <= value <= hi:
+        raise InvalidSubmission(
+            f"{name} must be between {lo} and {hi}", field=name, code="invalid_" + name
+        )
+    return value
+
+
+def _check_payload_shape(payload: Any) -> None:
+    """Reject what PostgreSQL's jsonb cannot store (NUL characters) and absurd nesting,
+    so that a bad payload is a 400 and never a database error."""
+    stack: list[tuple[Any, int]] = [(payload, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_PAYLOAD_DEPTH:
+            raise InvalidSubmission(
+                f"payload is nested deeper than {MAX_PAYLOAD_DEPTH} levels",
+                field="payload",
+                code="invalid_payload",
+            )
+        if isinstance(value, str):
+            if "\x00" in value:
+                raise InvalidSubmission(
+                    "payload strings may not contain NUL (\\u0000) characters",
+                    field="payload",
+                    code="invalid_payload",
+                )
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                if isinstance(k, str) and "\x00" in k:
+                    raise InvalidSubmission(
+                        "payload keys may not contain NUL (\\u0000) characters",
+                        field="payload",
+                        code="invalid_payload",
+                    )
+                stack.append((v, depth + 1))
+        elif isinstance(value, list | tuple):
+            stack.extend((v, depth + 1) for v in value)
+
+
+def serialise_payload(payload: Any) -> bytes:
+    """The payload as compact UTF-8 JSON: what JOBS_MAX_PAYLOAD_BYTES measures."""
+    if payload is None:
+        raise InvalidSubmission("payload may not be null", field="payload", code="invalid_payload")
+    _check_payload_shape(payload)
+    try:
+        text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidSubmission(
+            f"payload is not JSON-serialisable: {exc}", field="payload", code="invalid_payload"
+        ) from exc
+    data = text.encode("utf-8")
+    limit = settings.JOBS_MAX_PAYLOAD_BYTES
+    if len(data) > limit:
+        raise PayloadTooLarge(
+            f"payload is {len(data)} bytes as JSON; the limit is {limit}", field="payload"
+        )
+    return data
+
+
+def request_hash(
+    task: str, payload: Any, queue: str, priority: int, run_at: datetime | None, max_retries: int
+) -> str:
+    """SHA-256 of the normalised request, canonical JSON: what an idempotent replay must match."""
+    doc = {
+        "task": task,
+        "payload": payload,
+        "queue": queue,
+        "priority": priority,
+        "run_at": run_at.astimezone(UTC).isoformat() if run_at is not None else None,
+        "max_retries": max_retries,
+    }
+    canonical = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+# --- backpressure -----------------------------------------------------------------
+
+_depth_lock = threading.Lock()
+_depth_cache: dict[str, tuple[int, float]] = {}
+_DEPTH_SQL = (
+    f"SELECT count(*) FROM (SELECT 1 FROM {Job._meta.db_table} "
+    f"WHERE status = '{Status.QUEUED}' AND queue = %s LIMIT %s) AS bounded"
+)
+
+
+def queue_depth(queue: str, limit: int) -> int:
+    """Queued jobs in `queue`, counted up to `limit` + 1 and cached ~1 s per process.
+
+    The bounded count walks at most limit + 1 entries of the partial index
+    job_claim_idx, so the check stays cheap however deep the queue grows.
+    """
+    now = time.monotonic()
+    with _depth_lock:
+        cached = _depth_cache.get(queue)
+        if cached is not None and cached[1] > now:
+            return cached[0]
+    with connection.cursor() as cur:
+        cur.execute(_DEPTH_SQL, [queue, limit + 1])
+        depth = cur.fetchone()[0]
+    with _depth_lock:
+        _depth_cache[queue] = (depth, now + DEPTH_CACHE_SECONDS)
+    return depth
+
+
+def _count_accepted(queue: str) -> None:
+    """Keep this process's cached reading current between refreshes."""
+    with _depth_lock:
+        cached = _depth_cache.get(queue)
+        if cached is not None:
+            _depth_cache[queue] = (cached[0] + 1, cached[1])
+
+
+def clear_depth_cache() -> None:
+    with _depth_lock:
+        _depth_cache.clear()
+
+
+# --- the entry point --------------------------------------------------------------
+
+
+def submit(
+    task: str,
+    payload: Any,
+    *,
+    queue: str = "default",
+    priority: int = 0,
+    run_at: datetime | None = None,
+    max_retries: int | None = None,
+    idempotency_key: str | None = None,
+    client: Client | None = None,
+) -> tuple[Job, bool]:
+    """Validate and enqueue a job inside the caller's transaction.
+
+    Returns (job, created). With `idempotency_key`, a repeat of the same request
+    (same client) returns the existing job with created=False; a different
+    request under the same key raises IdempotencyConflict. Raises UnknownTask,
+    InvalidSubmission, PayloadTooLarge or QueueFull and writes nothing when the
+    submission is refused. The Redis push runs when the caller's transaction
+    commits; if it fails the job is parked as enqueue_failed (the reaper
+    repairs it), never lost.
+    """
+    metric_queue = queue if isinstance(queue, str) and QUEUE_NAME_RE.match(queue) else "-"
+    try:
+        job, created = _submit(
+            task,
+            payload,
+            queue=queue,
+            priority=priority,
+            run_at=run_at,
+            max_retries=max_retries,
+            idempotency_key=idempotency_key,
+            client=client,
+        )
+    except SubmissionError as exc:
+        metrics.SUBMISSIONS_REJECTED.labels(metric_queue, exc.code).inc()
+        raise
+    return job, created
+
+
+def _submit(
+    task: str,
+    payload: Any,
+    *,
+    queue: str,
+    priority: int,
+    run_at: datetime | None,
+    max_retries: int | None,
+    idempotency_key: str | None,
+    client: Client | None,
+) -> tuple[Job, bool]:
+    if not isinstance(task, str) or tasks.get(task) is None:
+        raise UnknownTask(f"unknown task {task!r}; known: {', '.join(tasks.names())}", field="task")
+    if not isinstance(queue, str) or not QUEUE_NAME_RE.match(queue):
+        raise InvalidSubmission(
+            "queue must be 1-100 characters of letters, digits, '_', '.', ':' or '-'",
+            field="queue",
+            code="invalid_queue",
+        )
+    priority = _check_int("priority", priority, PRIORITY_MIN, PRIORITY_MAX)
+    if max_retries is None:
+        max_retries = settings.JOBS_MAX_RETRIES
+    max_retries = _check_int("max_retries", max_retries, 0, MAX_RETRIES_LIMIT)
+    if run_at is not None and (
+        not isinstance(run_at, datetime) or run_at.tzinfo is None or run_at.utcoffset() is None
+    ):
+        raise InvalidSubmission(
+            "run_at must be a timezone-aware datetime", field="run_at", code="invalid_run_at"
+        )
+    if idempotency_key is not None and (
+        not isinstance(idempotency_key, str) or not IDEMPOTENCY_KEY_RE.match(idempotency_key)
+    ):
+        raise InvalidSubmission(
+            "idempotency key must be 1-200 printable ASCII characters without spaces",
+            field="idempotency_key",
+            code="invalid_idempotency_key",
+        )
+    serialise_payload(payload)
+    try:
+        tasks.validate_payload(task, payload)
+    except tasks.InvalidPayload as exc:
+        raise InvalidSubmission(str(exc), field="payload", code="invalid_payload") from exc
+
+    digest = None
+    if idempotency_key is not None:
+        digest = request_hash(task, payload, queue, priority, run_at, max_retries)
+
+    limit = settings.JOBS_MAX_QUEUE_DEPTH
+    depth = queue_depth(queue, limit)
+    if depth > limit:
+        # A replay of a request that was already accepted is answered, not refused.
+        existing = _existing(client, idempotency_key)
+        if existing is None:
+            raise QueueFull(queue, depth, limit)
+        if existing.request_hash != digest:
+            raise IdempotencyConflict(existing)
+        return existing, False
+
+    try:
+        job, created = services.submit(
+            task,
+            payload,
+            queue=queue,
+            priority=priority,
+            run_at=run_at,
+            max_retries=max_retries,
+            client_id=client.pk if client is not None else None,
+            idempotency_key=idempotency_key,
+            request_hash=digest,
+            actor=f"client:{client.name}" if client is not None else "app",
+        )
+    except services.IdempotencyConflict as exc:
+        raise IdempotencyConflict(exc.job) from exc
+    if created:
+        _count_accepted(queue)
+        log.info(
+            "job submitted",
+            extra=job_log_fields(
+                job.pk,
+                job.lease_version,
+                None,
+                queue,
+                task,
+                client=client.name if client is not None else None,
+            ),
+        )
+    return job, created
+
+
+def _existing(client: Client | None, idempotency_key: str | None) -> Job | None:
+    if idempotency_key is None:
+        return None
+    return Job.objects.filter(
+        client_id=client.pk if client is not None else None, idempotency_key=idempotency_key
+    ).first()
