@@ -1,4 +1,4 @@
-"""`python -m chaos --profile short|long [--seed N] [--duration S] [--rate R] [--keep]`.
+"""`python -m chaos --profile short|long|slo [--seed N] [--duration S] [--rate R] [--keep]`.
 
 Exit status: 0 when every invariant held, 1 on any violation, 2 when the
 harness itself could not run.

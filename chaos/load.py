@@ -48,6 +48,7 @@ def make_request(kind: str, seq: int, rng: random.Random, profile: Profile, tag:
     """The body for one workload kind (see profiles.DEFAULT_MIX)."""
     key = f"chaos-{tag}-{seq}"
     slow = profile.lease + rng.uniform(*profile.slow_extra)
+    brief = round(rng.uniform(0.1, 0.5), 2)
 
     def ahead(lo: float, hi: float) -> str:
         return (datetime.now(UTC) + timedelta(seconds=rng.uniform(lo, hi))).isoformat()
@@ -55,6 +56,7 @@ def make_request(kind: str, seq: int, rng: random.Random, profile: Profile, tag:
     bodies: dict[str, dict[str, Any]] = {
         "echo": {"task": "echo", "payload": {"n": seq}},
         "record": {"task": "demo.record", "payload": {}},
+        "record_brief": {"task": "demo.record", "payload": {"seconds": brief}},
         "record_slow": {"task": "demo.record", "payload": {"seconds": round(slow, 2)}},
         "sleep_slow": {"task": "sleep", "payload": {"seconds": round(slow, 2)}},
         "flaky": {"task": "demo.flaky", "payload": {"p": 0.4}},
@@ -142,6 +144,7 @@ class LoadGenerator:
         self._threads: list[threading.Thread] = []
         self.started_at = 0.0
         self.sent = 0
+        self.handled = 0  # requests whose submission ended (accepted, refused or given up)
         kinds = [n for _, n in profile.mix]
         self._kinds, self._weights = kinds, [w for w, _ in profile.mix]
 
@@ -160,8 +163,15 @@ class LoadGenerator:
     def finished_pacing(self) -> bool:
         return not self._threads[0].is_alive()
 
+    def all_sent(self) -> bool:
+        """With max_jobs: every paced request has been answered (or given up on)."""
+        with self._lock:
+            return self.finished_pacing() and self.handled >= self.sent
+
     def stop(self, timeout: float = 45.0) -> None:
         """Stop pacing; let requests in flight finish (they retry for up to 30 s)."""
+        if self._stop.is_set():
+            return
         self._stop.set()
         self._threads[0].join(timeout)
         while True:  # drop what was paced but not sent
@@ -172,7 +182,10 @@ class LoadGenerator:
             if item is not None:
                 self.stats["not_sent"] += 1
         for _ in self._threads[1:]:
-            self._queue.put(None)
+            try:
+                self._queue.put(None, timeout=1)
+            except queue.Full:
+                break
         deadline = time.monotonic() + timeout
         for t in self._threads[1:]:
             t.join(max(0.1, deadline - time.monotonic()))
@@ -211,7 +224,11 @@ class LoadGenerator:
                 req = self._queue.get()
                 if req is None:
                     return
-                self._submit(client, req)
+                try:
+                    self._submit(client, req)
+                finally:
+                    with self._lock:
+                        self.handled += 1
         finally:
             client.close()
 

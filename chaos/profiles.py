@@ -20,7 +20,8 @@ FAULT_KINDS: tuple[str, ...] = (
 # (weight, name): the workload mix. Names are resolved by chaos.load.make_request.
 DEFAULT_MIX: tuple[tuple[float, str], ...] = (
     (38, "echo"),
-    (20, "record"),  # demo.record: one effect row in the fenced completion
+    (16, "record"),  # demo.record: one effect row in the fenced completion
+    (4, "record_brief"),  # demo.record working 0.1-0.5 s: in flight when a worker dies
     (2, "record_slow"),  # demo.record working past the lease (heartbeats keep it)
     (1, "sleep_slow"),  # built-in sleep past the lease
     (15, "flaky"),  # demo.flaky: retryable failures, sometimes the budget runs out
@@ -106,3 +107,22 @@ PROFILES: dict[str, Profile] = {
         enforce_slo=True,
     ),
 }
+
+# The end-to-end SLO run (tests/test_e2e_slo.py): 2,000 jobs at the SPEC timings while
+# a worker is killed every few seconds; nothing else goes wrong.
+PROFILES["slo"] = PROFILES["short"].with_(
+    name="slo",
+    lease=15,
+    reaper_interval=5,
+    lost_signal=10,
+    backoff_base=1,
+    rate=45,
+    max_jobs=2000,
+    duration=2000 / 45 + 1,
+    workers=3,
+    concurrency=5,
+    fault_kinds=("worker_kill",),
+    fault_every=3.0,
+    mix=((60, "echo"), (25, "record"), (15, "record_brief")),
+    drain_timeout=60,
+)

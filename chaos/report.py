@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -105,6 +106,14 @@ def _counts(c: Counter[str]) -> str:
     return ", ".join(f"{k} {v}" for k, v in sorted(c.items())) or "none"
 
 
+def _wrapped(label: str, text: str) -> list[str]:
+    """`label` then text wrapped to 100 columns, continuation lines indented."""
+    return textwrap.wrap(
+        text, width=100, initial_indent=f"{label:<10}", subsequent_indent=" " * 10,
+        break_on_hyphens=False,
+    )  # fmt: skip
+
+
 def _s(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}s"
 
@@ -122,12 +131,12 @@ def render(r: RunResult) -> str:
         f"{r.drain_seconds:.1f}s{'' if r.drained else ' - DID NOT DRAIN'})",
         f"jobs:     {r.accepted} accepted ({_counts(r.sources)}), {r.rows} rows in the database; "
         f"{r.submitted} submissions paced at {r.submitted / max(r.load_seconds, 1):.1f}/s",
-        f"client:   {_counts(r.client)}",
-        f"faults:   {sum(r.injected.values())} injected: {_counts(r.injected)}",
     ]
+    lines += _wrapped("client:", _counts(r.client))
+    lines += _wrapped("faults:", f"{sum(r.injected.values())} injected: {_counts(r.injected)}")
     if r.fault_notes:
-        lines.append(f"          {_counts(r.fault_notes)}")
-    lines.append("history:  " + _counts(r.observed))
+        lines += _wrapped("", _counts(r.fault_notes))
+    lines += _wrapped("history:", _counts(r.observed))
     if r.latency is not None:
         lat = r.latency
         share = lat.share_within_slo

@@ -74,7 +74,12 @@ def run(
         t0 = time.monotonic()
         every = max(10.0, profile.duration / 10)
         next_progress = t0 + every
-        while time.monotonic() - t0 < profile.duration:
+        while time.monotonic() - t0 < profile.duration or (
+            # A fixed number of jobs: keep going (faults over) until all were submitted.
+            profile.max_jobs is not None
+            and not load.all_sent()
+            and time.monotonic() - t0 < 2 * profile.duration + 60
+        ):
             time.sleep(0.5)
             stack.watch()
             if time.monotonic() >= next_progress:
