@@ -33,6 +33,7 @@ EFFECT_TASK = "demo.record"
 PERMANENT_ERRORS: dict[str, str] = {
     "unknown task": "the task is not registered",
     "invalid payload": "the task's validator refused the payload",
+    "invalid result": "the handler returned a result jsonb cannot store",
     "PermanentError": "the handler raised PermanentError",
     "cancelled": "cancelled before it started",
 }
