@@ -384,18 +384,24 @@ class Worker:
         connection.close()
 
     def _write_back(self, batch: list[Outcome]) -> None:
-        """One statement per kind for the whole batch; retried until Postgres answers."""
+        """One statement per kind for the whole batch; each retried until Postgres answers."""
         with self._lock:
             batch = [o for o in batch if o.lease.job_id not in self._released]
         done = [(o.lease, o.result) for o in batch if o.kind == "done"]
         failed = [(o.lease, o.error, o.permanent) for o in batch if o.kind == "fail"]
         released = [o.lease for o in batch if o.kind == "release"]
         backoff = 0.1
+        # Each statement commits on its own: a retry runs only those that did not land,
+        # or it would find its own writes and record them as stale ones turned away.
+        ok_done = ok_fail = ok_rel = None
         while True:
             try:
-                ok_done = services.complete(done)
-                ok_fail = services.fail(failed)
-                ok_rel = services.release(released)
+                if ok_done is None:
+                    ok_done = services.complete(done)
+                if ok_fail is None:
+                    ok_fail = services.fail(failed)
+                if ok_rel is None:
+                    ok_rel = services.release(released)
                 break
             except (DatabaseError, InterfaceError) as exc:
                 metrics.DB_ERRORS.labels(op="write_back").inc()
