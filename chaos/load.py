@@ -49,6 +49,7 @@ def make_request(kind: str, seq: int, rng: random.Random, profile: Profile, tag:
     key = f"chaos-{tag}-{seq}"
     slow = profile.lease + rng.uniform(*profile.slow_extra)
     brief = round(rng.uniform(0.1, 0.5), 2)
+    bad = rng.choice(["set", "nan", "nul"])
 
     def ahead(lo: float, hi: float) -> str:
         return (datetime.now(UTC) + timedelta(seconds=rng.uniform(lo, hi))).isoformat()
@@ -63,6 +64,7 @@ def make_request(kind: str, seq: int, rng: random.Random, profile: Profile, tag:
         "flaky_low_budget": {"task": "demo.flaky", "payload": {"p": 0.5}, "max_retries": 1},
         "permanent": {"task": "demo.permanent", "payload": {}},
         "fail": {"task": "fail", "payload": {"message": "chaos"}, "max_retries": 1},
+        "bad_result": {"task": "chaos.bad_result", "payload": {"kind": bad}},
         "scheduled": {"task": "echo", "payload": {"n": seq}, "run_at": ahead(1, 4)},
         "cancelled": {"task": "echo", "payload": {"n": seq}, "run_at": ahead(3, 6)},
         "idempotent_replay": {"task": "echo", "payload": {"n": seq}},

@@ -38,14 +38,14 @@ def observed(conn: Any) -> Counter[str]:
         )
         row = cur.fetchone()
     names = [
-        "stale writes fenced off (fence_rejected)",
-        "expired leases requeued by the reaper",
-        "expired leases failed by the reaper (budget spent)",
-        "submissions parked as enqueue_failed",
-        "enqueue_failed repaired",
-        "retries after a failed attempt",
-        "released by a stopping worker",
-        "over-budget rows failed by the reaper",
+        "fence_rejected",  # stale writes turned away by the fence
+        "lease_expired_requeued",  # reaper: processing → queued
+        "lease_expired_failed",  # reaper: processing → failed, budget spent
+        "parked_enqueue_failed",  # API: push failed after commit
+        "repaired",  # reaper: enqueue_failed → queued
+        "retried",  # worker: failed attempt, budget left
+        "released",  # worker: graceful stop
+        "over_budget_failed",  # reaper: queued/enqueue_failed → failed
         "claims",
     ]
     return Counter(dict(zip(names, (int(x) for x in row), strict=True)))
@@ -102,8 +102,9 @@ def replay_command(r: RunResult) -> str:
     )
 
 
-def _counts(c: Counter[str]) -> str:
-    return ", ".join(f"{k} {v}" for k, v in sorted(c.items())) or "none"
+def _counts(c: Counter[str], ordered: bool = False) -> str:
+    items = c.items() if ordered else sorted(c.items())
+    return ", ".join(f"{k} {v}" for k, v in items) or "none"
 
 
 def _wrapped(label: str, text: str) -> list[str]:
@@ -136,13 +137,14 @@ def render(r: RunResult) -> str:
     lines += _wrapped("faults:", f"{sum(r.injected.values())} injected: {_counts(r.injected)}")
     if r.fault_notes:
         lines += _wrapped("", _counts(r.fault_notes))
-    lines += _wrapped("history:", _counts(r.observed))
+    lines += _wrapped("history:", _counts(r.observed, ordered=True))
     if r.latency is not None:
         lat = r.latency
         share = lat.share_within_slo
-        lines.append(
-            f"outcome:  done {lat.done}, failed {lat.failed} ({_counts(r.failures)}); "
-            f"success rate {lat.done / max(lat.terminal, 1):.1%}"
+        lines += _wrapped(
+            "outcome:",
+            f"done {lat.done}, failed {lat.failed} ({_counts(r.failures)}); "
+            f"success rate {lat.done / max(lat.terminal, 1):.1%}",
         )
         lines.append(
             f"latency:  submission -> terminal p50 {_s(lat.p50)}, p95 {_s(lat.p95)}, "

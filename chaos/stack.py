@@ -62,7 +62,7 @@ class Stack:
             "DATABASE_URL": self.db.url(f"chaos-{app}"),
             "REDIS_URL": self.redis.url,
             "JOBS_REDIS_PREFIX": PREFIX,
-            "JOBS_TASK_MODULES": "demo.tasks",
+            "JOBS_TASK_MODULES": "demo.tasks,chaos.tasks",
             "JOBS_LEASE_SECONDS": str(p.lease),
             "JOBS_REAPER_INTERVAL": str(p.reaper_interval),
             "JOBS_LOST_SIGNAL_SECONDS": str(p.lost_signal),
