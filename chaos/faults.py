@@ -64,68 +64,78 @@ def plan(seed: int, profile: Profile) -> list[Fault]:
     the load stops, so the drain starts from a healed system.
     """
     rng = random.Random(seed)
-    kinds = [k for k in profile.fault_kinds]
+    kinds = list(profile.fault_kinds)
     if not kinds:
         return []
     workers = [f"worker-{i + 1}" for i in range(profile.workers)]
     reapers = [f"reaper-{i + 1}" for i in range(profile.reapers)]
     n = max(len(kinds), round(profile.duration / profile.fault_every))
-    order = rng.sample(kinds, len(kinds))
-    order += rng.choices(kinds, [WEIGHTS.get(k, 1) for k in kinds], k=n - len(kinds))
+    extra = rng.choices(kinds, [WEIGHTS.get(k, 1) for k in kinds], k=n - len(kinds))
     start, end = 2.0, profile.duration - 1.0
-    times = sorted(rng.uniform(start, end) for _ in order)
-    rng.shuffle(order)  # the first of each kind may land anywhere
+    lease = profile.lease
     busy: dict[str, list[tuple[float, float]]] = {}
 
     def free(resource: str, a: float, b: float) -> bool:
         return all(b <= s or a >= e for s, e in busy.get(resource, []))
 
-    def workers_busy(a: float, b: float) -> int:
-        return sum(not free(w, a, b) for w in workers)
+    def params(kind: str) -> tuple[float, float]:
+        """(value, span): the fault's pause/duration/count, and how long it holds its target."""
+        if kind in ("worker_kill", "reaper_kill"):
+            value = round(rng.uniform(0.5, 3.0), 2)
+            return value, value + 2.0  # the restarted process needs a moment to start
+        if kind == "worker_stop":
+            value = round(lease * rng.uniform(1.3, 2.5), 2)
+            return value, value + 1.0
+        if kind == "redis_restart":
+            value = round(rng.uniform(max(2.0, lease * 0.7), max(6.0, lease * 1.3)), 2)
+            return value, value + 1.0
+        if kind == "duplicate_push":
+            return rng.randint(20, 200), 0.5
+        if kind == "orphan_submit":
+            return rng.randint(3, 15), 5.0
+        return 0, 3.0 if kind == "api_kill" else 0.5
 
-    lease = profile.lease
+    def candidates(kind: str, a: float, b: float) -> list[str]:
+        if kind in ("worker_kill", "worker_stop"):
+            if sum(not free(w, a, b) for w in workers) >= len(workers) - 1:
+                return []  # one worker always keeps running
+            return [w for w in workers if free(w, a, b)]
+        if kind == "reaper_kill":
+            return [r for r in reapers if free(r, a, b)]
+        if kind == "pg_terminate":
+            pool = [*workers, *workers, *reapers, "api"]  # workers twice as likely
+            return [x for x in pool if free(x, a, b)]
+        resource = {
+            "redis_restart": "redis",
+            "redis_flushall": "redis",
+            "duplicate_push": "redis",
+            "api_kill": "api",
+            "orphan_submit": "orphan",
+        }[kind]
+        return [resource] if free(resource, a, b) else []
+
     out: list[Fault] = []
-    for at, kind in zip(times, order, strict=True):
-        for shift in range(12):
-            t = at + shift
-            if kind in ("worker_kill", "reaper_kill"):
-                value = round(rng.uniform(0.5, 3.0), 2)
-                span = value + 2.0  # the restarted process needs a moment to start
-            elif kind == "worker_stop":
-                value = round(lease * rng.uniform(1.3, 2.5), 2)
-                span = value + 1.0
-            elif kind == "redis_restart":
-                value = round(rng.uniform(max(2.0, lease * 0.7), max(6.0, lease * 1.3)), 2)
-                span = value + 1.0
-            elif kind == "duplicate_push":
-                value, span = rng.randint(20, 200), 0.5
-            elif kind == "orphan_submit":
-                value, span = rng.randint(3, 15), 5.0
-            else:
-                value, span = 0, 3.0 if kind == "api_kill" else 0.5
+
+    def place(kind: str, times: list[float]) -> None:
+        value, span = params(kind)
+        for t in times:
             if t + span > end:
-                break
-            if kind in ("worker_kill", "worker_stop"):
-                candidates = [w for w in workers if free(w, t, t + span)]
-                if workers_busy(t, t + span) >= len(workers) - 1:
-                    candidates = []
-            elif kind == "reaper_kill":
-                candidates = [r for r in reapers if free(r, t, t + span)]
-            elif kind == "pg_terminate":
-                pool = [*workers, *workers, *reapers, "api"]  # workers twice as likely
-                candidates = [x for x in pool if free(x, t, t + span)]
-            elif kind in ("redis_restart", "redis_flushall", "duplicate_push"):
-                candidates = ["redis"] if free("redis", t, t + span) else []
-            elif kind == "api_kill":
-                candidates = ["api"] if free("api", t, t + span) else []
-            else:
-                candidates = ["orphan"] if free("orphan", t, t + span) else []
-            if candidates:
-                target = rng.choice(candidates)
+                continue
+            found = candidates(kind, t, t + span)
+            if found:
+                target = rng.choice(found)
                 busy.setdefault(target, []).append((t, t + span))
                 shown = None if target in ("redis", "orphan") else target
                 out.append(Fault(round(t, 2), kind, shown, value))
-                break
+                return
+
+    # One of each kind first, anywhere there is room; then the rest, each at a random
+    # time or (if its target is taken) up to 12 s later.
+    for kind in rng.sample(kinds, len(kinds)):
+        place(kind, [rng.uniform(start, end) for _ in range(50)])
+    for kind in extra:
+        at = rng.uniform(start, end)
+        place(kind, [at + shift for shift in range(12)])
     return sorted(out, key=lambda f: f.at)
 
 
@@ -228,7 +238,7 @@ class Injector(threading.Thread):
             st.redis.flushall()
             return "redis FLUSHALL"
         if kind == "duplicate_push":
-            ids = list(self.load.accepted)
+            ids = self.load.accepted_ids()
             sample = self.rng.sample(ids, min(len(ids), int(f.value)))
             st.redis.rpush(st.queue_key("default"), sample)
             self.notes["duplicate ids pushed"] += len(sample)

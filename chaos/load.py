@@ -192,6 +192,10 @@ class LoadGenerator:
         for t in self._threads[1:]:
             t.join(max(0.1, deadline - time.monotonic()))
 
+    def accepted_ids(self) -> list[int]:
+        with self._lock:
+            return list(self.accepted)
+
     def record(self, job_id: int, kind: str, source: str) -> None:
         with self._lock:
             self.accepted.setdefault(job_id, Accepted(job_id, kind, source))
