@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-12)
 
-.PHONY: run test lint install migrate chaos chaos-long bench clean
+.PHONY: run test lint install tools migrate browser chaos chaos-long bench table-health clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -16,6 +16,18 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+## tools: system tools the tests call. promtool (Debian package prometheus) checks the alert rules.
+tools:
+	@command -v promtool >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing promtool (Debian package prometheus)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	      apt-get install -y -qq --no-install-recommends prometheus >/dev/null \
+	      || echo "could not install promtool: the promtool checks will be skipped"; \
+	  else \
+	    echo "promtool missing (apt-get install prometheus): the promtool checks will be skipped"; \
+	  fi; }
+
 migrate: install
 	$(PY) manage.py migrate --noinput
 
@@ -23,11 +35,21 @@ migrate: install
 run: install
 	$(PY) manage.py runstack
 
+## browser: Debian's chromium for the admin's browser tests (Playwright drives /usr/bin/chromium).
+browser:
+	@test -x /usr/bin/chromium || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium; }
+
 ## test: the whole suite against the real PostgreSQL and Redis on 127.0.0.1.
-test: install
+test: install browser tools
 	$(VENV)/bin/ruff check .
 	$(PY) manage.py makemigrations --check --dry-run --settings=jobservice.test_settings
 	$(VENV)/bin/pytest
+
+## table-health: claim latency and table size with N finished jobs, before and after
+## prunejobs, in a scratch database of its own (not part of `make test`; N=1000000 takes minutes).
+N ?= 1000000
+table-health: install
+	$(PY) bench/table_health.py --rows $(N)
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -15,6 +15,6 @@ BAD_RESULTS = {
 
 @task("chaos.bad_result")
 def bad_result(payload: Any, ctx: JobContext) -> Any:
-    """Return a result PostgreSQL cannot store: the job must fail, not the worker (D12)."""
+    """Return a result PostgreSQL cannot store: the job must fail, not the worker (D20)."""
     kind = payload.get("kind") if isinstance(payload, dict) else None
     return BAD_RESULTS.get(kind, BAD_RESULTS["set"])()

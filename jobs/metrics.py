@@ -1,11 +1,28 @@
 """Prometheus metrics (SPEC §7). Labels are queue, task, outcome and small
-enums only — never job ids, so cardinality stays bounded."""
+enums only — never job ids, so cardinality stays bounded.
+
+Counters and histograms live here and are counted where the event happens,
+once per event, in whichever process made it happen (API, worker, reaper,
+staff action). Gauges do not: they belong to one kind of process and are
+computed at scrape time by the collectors in `jobs.collectors`, registered by
+that process only (depth by the reaper, slots by each worker). The API runs
+these objects under gunicorn's multiprocess mode, so a Gauge added here would
+need a `multiprocess_mode` (see gunicorn.conf.py).
+"""
 
 from __future__ import annotations
 
+from django.conf import settings
 from prometheus_client import Counter, Histogram
 
-SLO_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 15, 20, 25, 30, 45, 60, 120, 300, 600)
+# Fine around the 25 s SLO so that histogram_quantile and the le="25" bucket are exact
+# there; a configured JOBS_SLO_SECONDS gets a bucket of its own.
+SLO_BUCKETS = tuple(
+    sorted(
+        {0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 15, 20, 22.5, 25, 27.5, 30, 45, 60, 120, 300}
+        | {600, float(getattr(settings, "JOBS_SLO_SECONDS", 25.0))}
+    )
+)
 DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 
 SUBMITTED = Counter("jobs_submitted_total", "Jobs accepted", ["queue", "task"])
@@ -61,6 +78,11 @@ REDIS_ERRORS = Counter("jobs_redis_errors_total", "Redis commands that failed", 
 HEARTBEATS = Counter("jobs_heartbeats_total", "Leases extended by a heartbeat", ["queue"])
 DB_ERRORS = Counter(
     "jobs_db_errors_total", "Database operations that failed and were retried", ["op"]
+)
+STAFF_ACTIONS = Counter(
+    "jobs_staff_actions_total",
+    "Jobs changed by a staff action (retry, repair, revoke, cancel)",
+    ["action"],
 )
 
 

@@ -81,6 +81,13 @@ class Job(models.Model):
 
     class Meta:
         db_table = "jobs_job"
+        # Staff actions in the admin, each granted on its own (see jobs/admin.py).
+        permissions = [
+            ("retry_job", "Can retry failed jobs (resets the retry budget)"),
+            ("repair_job", "Can repair enqueue_failed jobs"),
+            ("revoke_job", "Can revoke the lease of processing jobs"),
+            ("cancel_job", "Can cancel jobs that have not started"),
+        ]
         constraints = [
             models.CheckConstraint(name="job_status_valid", condition=Q(status__in=STATUSES)),
             models.CheckConstraint(
@@ -127,10 +134,12 @@ class Job(models.Model):
                 fields=["queue", "-priority", "run_at", "id"],
                 condition=Q(status=Status.QUEUED),
             ),
-            # The reaper's expired-lease sweep.
+            # The reaper's expired-lease sweep reads every processing row (a few per
+            # worker slot). Keyed on id, not heartbeat_at, so that a heartbeat changes
+            # no indexed column and is a HOT update (see decision D17).
             models.Index(
-                name="job_processing_idx",
-                fields=["heartbeat_at"],
+                name="job_processing_id_idx",
+                fields=["id"],
                 condition=Q(status=Status.PROCESSING),
             ),
             models.Index(

@@ -64,6 +64,7 @@ class Reaper:
         self.stop = threading.Event()
         self._last_due_check = None
         self._stop_requests = 0
+        self.last_sweep_at = 0.0  # unix time the last sweep finished (a gauge)
 
     def request_stop(self) -> None:
         """First request: finish the current sweep and exit. Second: exit now."""
@@ -125,6 +126,7 @@ class Reaper:
         report.seconds = time.monotonic() - started
         metrics.REAPER_SWEEPS.inc()
         metrics.REAPER_SWEEP_DURATION.observe(report.seconds)
+        self.last_sweep_at = time.time()
         return report
 
     def _push(self, pairs: list[tuple[int, str]], report: SweepReport) -> bool:

@@ -16,15 +16,16 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
 
 from jobs import metrics
-from jobs.lifecycle import Status
+from jobs.lifecycle import TERMINAL, Status
 from jobs.logging import job_log_fields
-from jobs.models import Job
+from jobs.models import Job, JobEvent
 from jobs.transport import TransportError, get_transport
 
 log = logging.getLogger(__name__)
@@ -99,6 +100,12 @@ def _rows(sql: str, params: Sequence[Any] | dict[str, Any]) -> list[tuple]:
         return cur.fetchall() if cur.description else []
 
 
+def _count_on_commit(counter: Any, amount: int) -> None:
+    """Count facts once they are committed (at once in autocommit)."""
+    if amount:
+        transaction.on_commit(partial(counter.inc, amount))
+
+
 def _group_by_queue(pairs: Iterable[tuple[int, str]]) -> dict[str, list[int]]:
     out: dict[str, list[int]] = defaultdict(list)
     for job_id, queue in pairs:
@@ -136,6 +143,7 @@ def signal_after_commit(pairs: Iterable[tuple[int, str]], *, park_on_failure: bo
                     "redis re-signal failed for %d job(s); polling will find them: %s",
                     len(ids),
                     exc,
+                    extra={"job_ids": ids[:20]},
                 )
 
     transaction.on_commit(push)
@@ -213,7 +221,8 @@ def submit(
     row = rows[0]
     job = _job_from_row(row)
     due = row[-1]
-    metrics.SUBMITTED.labels(queue, task).inc()
+    # Counted when the caller's transaction commits: a rolled-back job never existed.
+    transaction.on_commit(metrics.SUBMITTED.labels(queue, task).inc)
     if due:
         signal_after_commit([(job.pk, queue)], park_on_failure=True)
     return job, True
@@ -355,7 +364,18 @@ def _finished(rows: list[tuple]) -> dict[int, Finished]:
         f = Finished(r[0], r[1], r[2], r[3], r[4], r[5], float(r[6]) if r[6] is not None else None)
         out[f.job_id] = f
         if f.status in (DONE, FAILED):
-            metrics.observe_terminal(f.queue, f.task, f.status, f.time_to_terminal, f.retry_count)
+            # Immediate in autocommit; inside a transaction (a transactional handler),
+            # only once the terminal state has committed.
+            transaction.on_commit(
+                partial(
+                    metrics.observe_terminal,
+                    f.queue,
+                    f.task,
+                    f.status,
+                    f.time_to_terminal,
+                    f.retry_count,
+                )
+            )
     return out
 
 
@@ -498,7 +518,7 @@ def reap_expired(lease_seconds: float, limit: int = 500) -> dict[int, Finished]:
     retry = "j.retry_count + 1 <= j.max_retries"
     rows = _rows(
         f"""WITH c AS (
-              SELECT id FROM {T}
+              SELECT id, owned_by FROM {T}
               WHERE status = '{PROCESSING}'
                 AND heartbeat_at < now() - %(lease)s * interval '1 second'
               ORDER BY heartbeat_at LIMIT %(limit)s
@@ -512,16 +532,27 @@ def reap_expired(lease_seconds: float, limit: int = 500) -> dict[int, Finished]:
                    finished_at = CASE WHEN {retry} THEN NULL ELSE now() END,
                    {_UNOWN}, updated_by = 'reaper'
             FROM c WHERE j.id = c.id
-            RETURNING {_FINISH_RETURNING}""",
+            RETURNING {_FINISH_RETURNING}, c.owned_by""",
         {"lease": lease_seconds, "limit": limit},
     )
-    finished = _finished(rows)
+    finished = _finished([r[:-1] for r in rows])
+    owners = {r[0]: r[-1] for r in rows}
     for f in finished.values():
         metrics.LEASE_EXPIRED.labels(f.queue).inc()
-        log.info(
-            "lease expired; job %s",
+        # The lost lease's identity: the worker that held it and the version it held.
+        log.warning(
+            "lease expired: no heartbeat for over %ss; job %s",
+            lease_seconds,
             f.status,
-            extra=job_log_fields(f.job_id, f.lease_version, None, f.queue, f.task),
+            extra=job_log_fields(
+                f.job_id,
+                f.lease_version - 1,
+                owners.get(f.job_id),
+                f.queue,
+                f.task,
+                new_lease_version=f.lease_version,
+                retry_count=f.retry_count,
+            ),
         )
     signal_after_commit(
         [(f.job_id, f.queue) for f in finished.values() if f.status == QUEUED],
@@ -574,12 +605,15 @@ def staff_retry(job_ids: Sequence[int], actor: str) -> list[int]:
             WHERE id = ANY(%s) AND status = '{FAILED}' RETURNING id, queue""",
         [actor, list(job_ids)],
     )
+    _count_on_commit(metrics.STAFF_ACTIONS.labels("retry"), len(rows))
     signal_after_commit(rows, park_on_failure=False)
     return [r[0] for r in rows]
 
 
 def staff_repair(job_ids: Sequence[int], actor: str) -> list[int]:
-    return repair_enqueue_failed(limit=len(job_ids) or 1, job_ids=job_ids, actor=actor)
+    repaired = repair_enqueue_failed(limit=len(job_ids) or 1, job_ids=job_ids, actor=actor)
+    _count_on_commit(metrics.STAFF_ACTIONS.labels("repair"), len(repaired))
+    return repaired
 
 
 def revoke(job_ids: Sequence[int], actor: str) -> list[int]:
@@ -592,6 +626,7 @@ def revoke(job_ids: Sequence[int], actor: str) -> list[int]:
             WHERE id = ANY(%s) AND status = '{PROCESSING}' RETURNING id, queue""",
         [actor, actor, list(job_ids)],
     )
+    _count_on_commit(metrics.STAFF_ACTIONS.labels("revoke"), len(rows))
     signal_after_commit(rows, park_on_failure=False)
     return [r[0] for r in rows]
 
@@ -610,4 +645,40 @@ def cancel(job_ids: Sequence[int], actor: str, client_id: int | None = None) -> 
             RETURNING {_FINISH_RETURNING}""",
         {"actor": actor, "ids": list(job_ids), "client": client_id},
     )
+    if actor.startswith("staff:"):
+        _count_on_commit(metrics.STAFF_ACTIONS.labels("cancel"), len(rows))
     return list(_finished(rows))
+
+
+# --- retention --------------------------------------------------------------------
+
+TERMINAL_STATUSES: frozenset[str] = frozenset(s.value for s in TERMINAL)
+_H = JobEvent._meta.db_table
+
+
+def prune_finished(older_than_seconds: float, statuses: Sequence[str], batch: int) -> int:
+    """Delete one batch of terminal jobs finished more than `older_than_seconds` ago
+    (database clock), with their history; returns how many jobs went.
+
+    One short statement: rows another transaction holds are skipped (SKIP LOCKED),
+    so workers, the reaper and a concurrent prune never wait on it. Only terminal
+    statuses are accepted, and the table's trigger refuses to delete any other row.
+    """
+    bad = sorted(set(statuses) - TERMINAL_STATUSES)
+    if bad or not statuses:
+        raise ValueError(f"only terminal jobs can be pruned, not {', '.join(bad) or 'nothing'}")
+    if older_than_seconds <= 0 or batch <= 0:
+        raise ValueError("older_than_seconds and batch must be positive")
+    rows = _rows(
+        f"""WITH victims AS (
+              SELECT id FROM {T}
+              WHERE status = ANY(%(statuses)s)
+                AND finished_at < now() - %(age)s * interval '1 second'
+              LIMIT %(batch)s
+              FOR UPDATE SKIP LOCKED),
+            ev AS (DELETE FROM {_H} WHERE job_id IN (SELECT id FROM victims)),
+            gone AS (DELETE FROM {T} WHERE id IN (SELECT id FROM victims) RETURNING 1)
+            SELECT count(*) FROM gone""",
+        {"statuses": sorted(set(statuses)), "age": older_than_seconds, "batch": batch},
+    )
+    return rows[0][0]

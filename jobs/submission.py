@@ -340,7 +340,7 @@ def _submit(
         raise IdempotencyConflict(exc.job) from exc
     if created:
         _count_accepted(queue)
-        log.info(
+        log.debug(  # per job on the hot path: quiet unless LOG_LEVEL=DEBUG
             "job submitted",
             extra=job_log_fields(
                 job.pk,

@@ -417,6 +417,10 @@ class Worker:
                         "giving up write-back of %d outcome(s) at exit; the reaper "
                         "will recover their jobs",
                         len(batch),
+                        extra={
+                            "worker_id": self.worker_id,
+                            "job_ids": [o.lease.job_id for o in batch][:20],
+                        },
                     )
                     return
                 backoff = min(backoff * 2, DB_BACKOFF_MAX)
@@ -437,7 +441,12 @@ class Worker:
     def _heartbeat_loop(self) -> None:
         while not self.halt.wait(self.heartbeat_interval):
             with self._lock:
-                held = [i for i in self._inflight.values() if not i.finishing]
+                # A lease already lost is not offered again: one rejection per lost lease.
+                held = [
+                    i
+                    for i in self._inflight.values()
+                    if not i.finishing and not i.ctx.lost_authority
+                ]
             if not held:
                 continue
             try:
@@ -451,6 +460,9 @@ class Worker:
                 if item.lease.job_id not in ok and not item.finishing:
                     item.ctx.lost_authority = True
                     item.ctx.stop.set()
+                    metrics.FENCE_REJECTIONS.labels(
+                        item.lease.queue, item.lease.task, "heartbeat"
+                    ).inc()
                     log.warning(
                         "lost authority over job (fenced off by a newer lease)",
                         extra=item.lease.log_fields(),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 
@@ -21,6 +22,33 @@ if PRODUCTION:
 
 SECRET_KEY = env.str("SECRET_KEY", default="dev-insecure-" + "x" * 50)
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]"])
+# Origins (scheme://host) allowed to POST forms, e.g. the admin behind a TLS proxy.
+CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
+
+# Keys a deployment must never run with: the development default, Django's
+# generated placeholder, and anything short or repetitive (Django's own bar).
+_WEAK_KEY_PREFIXES = ("dev-insecure-", "django-insecure-")
+_WEAK_KEYS = {"changeme", "change-me", "secret", "secret-key", "please-change-me"}
+
+
+def weak_secret_key_reason(key: str) -> str | None:
+    """Why `key` is unfit for production, or None when it is acceptable."""
+    if key.lower() in _WEAK_KEYS or key.lower().startswith(_WEAK_KEY_PREFIXES):
+        return "it is a default or placeholder value"
+    if len(key) < 50:
+        return f"it has {len(key)} characters (at least 50 needed)"
+    if len(set(key)) < 5:
+        return "it has fewer than 5 distinct characters"
+    return None
+
+
+if PRODUCTION:
+    _weak = weak_secret_key_reason(SECRET_KEY)
+    if _weak:
+        raise SystemExit(
+            f"jobservice: SECRET_KEY is too weak for production: {_weak}. Generate one with "
+            "python -c 'import secrets; print(secrets.token_urlsafe(64))'"
+        )
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -78,6 +106,11 @@ else:
     DATABASES = {"default": database_settings(BASE_DIR)}
 DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("DB_CONN_MAX_AGE", default=60))
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+# Behind PgBouncer in transaction mode, named (server-side) cursors cannot span
+# transactions; set this to 1 there. Prepared statements are already off (Django's default).
+DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = env.bool(
+    "DB_DISABLE_SERVER_SIDE_CURSORS", default=False
+)
 DATABASES["default"].setdefault("TEST", {})
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -88,7 +121,7 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATIC_ROOT = BASE_DIR / "staticfiles"
+STATIC_ROOT = Path(env.str("STATIC_ROOT", default=str(BASE_DIR / "staticfiles")))
 
 # --- the job system (SPEC §9) -------------------------------------------------
 REDIS_URL = env.str("REDIS_URL", default="")
@@ -104,6 +137,8 @@ JOBS_RETRY_BACKOFF_MAX = env.float("JOBS_RETRY_BACKOFF_MAX", default=60.0)
 # A due queued job untouched this long is assumed to have lost its signal.
 JOBS_LOST_SIGNAL_SECONDS = env.float("JOBS_LOST_SIGNAL_SECONDS", default=10.0)
 JOBS_SLO_SECONDS = env.float("JOBS_SLO_SECONDS", default=25.0)
+# How long the reaper's jobs_depth / jobs_oldest_age_seconds reading is reused across scrapes.
+JOBS_METRICS_CACHE_SECONDS = env.float("JOBS_METRICS_CACHE_SECONDS", default=5.0)
 JOBS_TASK_MODULES = env.list("JOBS_TASK_MODULES", default=[])
 
 # --- API ------------------------------------------------------------------------
@@ -149,12 +184,32 @@ LOGGING = {
     },
 }
 
+if LOG_FORMAT == "json":
+    # Python warnings (a library's UserWarning) go out as JSON log lines too, through
+    # the py.warnings logger and the root handler, instead of raw text on stderr.
+    logging.captureWarnings(True)
+
 if PRODUCTION:
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
     SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=True)
+    # Prometheus and the orchestrator's probes speak plain HTTP to the container.
+    SECURE_REDIRECT_EXEMPT = [r"^metrics$", r"^healthz$", r"^readyz$"]
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True
     SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=31_536_000)
     SECURE_HSTS_INCLUDE_SUBDOMAINS = True
     SECURE_HSTS_PRELOAD = True
     SECURE_CONTENT_TYPE_NOSNIFF = True
+    # Probes and scrapes come over plain HTTP from inside the deployment (compose
+    # health checks, Prometheus); they must not be redirected to https.
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
+    SESSION_COOKIE_HTTPONLY = True
+    X_FRAME_OPTIONS = "DENY"
+    # Hashed, compressed static files built by `collectstatic` at image build time and
+    # served by whitenoise, so the admin works under gunicorn without a separate web server.
+    STORAGES = {
+        "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+        "staticfiles": {
+            "BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage",
+        },
+    }

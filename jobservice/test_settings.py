@@ -16,3 +16,6 @@ from jobservice.settings import DATABASES  # noqa: E402
 DATABASES["default"]["TEST"] = {"NAME": f"test_jobservice_{_checkout}"}
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 DEBUG = False
+
+# WhiteNoise warns on every request when STATIC_ROOT is missing; tests never collect.
+Path(STATIC_ROOT).mkdir(parents=True, exist_ok=True)  # noqa: F405

@@ -115,3 +115,21 @@ def test_job_scheduled_10s_ahead_starts_on_time_not_before(stack):
     delay = (claimed - row["run_at"]).total_seconds()
     print(f"started {delay:.2f}s after run_at")
     assert 0 <= delay <= 2.0
+
+
+def test_reaper_survives_postgres_and_redis_outages(stack, private_redis):
+    stack.env["REDIS_URL"] = private_redis.url
+    reaper = stack.reaper("--interval", "0.2", "--lease", "1")
+    wait_until(lambda: "reaper started" in reaper.output(), 15, message="reaper up")
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+    private_redis.stop()
+    job, _ = services.submit("echo", {})
+    assert services.claim("w-gone", job.pk) is not None
+    wait_until(lambda: job_row(job.pk)["status"] == "queued", 20, message="reaped after outages")
+    assert reaper.alive()
+    reaper.signal(signal.SIGTERM)
+    assert reaper.wait(15) == 0

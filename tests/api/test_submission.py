@@ -7,10 +7,12 @@ from zoneinfo import ZoneInfo
 
 import pytest
 from django.db import transaction
+from prometheus_client import REGISTRY
 
 from jobs import submission
 from jobs.models import Job
 from jobs.submission import submit
+from jobs.transport import get_transport
 from tests.api.conftest import counts, new_client
 
 
@@ -29,7 +31,14 @@ def test_submit_in_the_callers_transaction(django_capture_on_commit_callbacks):
     )  # fmt: skip
     assert row.run_at == run_at
     assert row.client is None and row.updated_by == "app"
-    assert callbacks == []  # scheduled for later: no push now
+    submitted = REGISTRY.get_sample_value("jobs_submitted_total", {"queue": "mail", "task": "echo"})
+    for callback in callbacks:  # what runs on commit: the count, and no push (D4)
+        callback()
+    t = get_transport()
+    assert t._client.llen(t.key("mail")) == 0  # scheduled for later: no push now
+    assert REGISTRY.get_sample_value(
+        "jobs_submitted_total", {"queue": "mail", "task": "echo"}
+    ) == (submitted or 0) + 1
 
 
 @pytest.mark.django_db

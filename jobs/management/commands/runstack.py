@@ -54,9 +54,17 @@ class Command(BaseCommand):
             ]
         if not settings.REDIS_URL:
             self.stdout.write("REDIS_URL unset: workers claim by polling PostgreSQL")
+        # The API's gunicorn aggregates its workers' metrics through a multiprocess
+        # directory (gunicorn.conf.py); workers and the reaper each serve their own.
+        single = {k: v for k, v in env.items() if k.upper() != "PROMETHEUS_MULTIPROC_DIR"}
         children = {
             # Own sessions: a terminal Ctrl-C reaches only us, and we stop each child once.
-            name: subprocess.Popen(cmd, env=env, cwd=settings.BASE_DIR, start_new_session=True)
+            name: subprocess.Popen(
+                cmd,
+                env=env if name == "api" else single,
+                cwd=settings.BASE_DIR,
+                start_new_session=True,
+            )
             for name, cmd in commands.items()
         }
         self.stdout.write(

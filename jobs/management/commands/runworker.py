@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import signal
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from jobs.collectors import WorkerCollector
 from jobs.worker import Worker
 
 
@@ -68,8 +70,16 @@ class Command(BaseCommand):
             grace=opts["grace"],
             poll_interval=opts["poll_interval"],
         )
+        if opts["metrics_port"]:
+            from prometheus_client import REGISTRY
+
+            REGISTRY.register(WorkerCollector(worker))
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: worker.request_stop())
-        self.stdout.write(f"worker {worker.worker_id} on queues {','.join(worker.queues)}")
+        # With JSON logs, the "worker started/stopped" log lines say this; stdout stays JSON.
+        banners = settings.LOG_FORMAT != "json"
+        if banners:
+            self.stdout.write(f"worker {worker.worker_id} on queues {','.join(worker.queues)}")
         finished = worker.run()
-        self.stdout.write(f"worker {worker.worker_id} stopped after {finished} job(s)")
+        if banners:
+            self.stdout.write(f"worker {worker.worker_id} stopped after {finished} job(s)")

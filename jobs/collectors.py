@@ -1,0 +1,144 @@
+"""Gauges computed at scrape time, each exported by the one process that owns it.
+
+- `DepthCollector`: jobs_depth and jobs_oldest_age_seconds by state and queue,
+  from ONE grouped query cached for a few seconds; registered by the reaper only,
+  so the database answers it once per cache period however many processes and
+  scrapers there are.
+- `WorkerCollector`: jobs_worker_inflight and jobs_worker_slots of one worker.
+- `ReaperCollector`: when the reaper last finished a sweep, and its cadence.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+from django.conf import settings
+from django.db import DatabaseError, InterfaceError, connection
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from jobs import metrics, selectors
+
+if TYPE_CHECKING:
+    from jobs.reaper import Reaper
+    from jobs.worker import Worker
+
+log = logging.getLogger(__name__)
+
+# A queue that emptied keeps reporting zeros this long, so dashboards show 0, not a gap.
+FORGET_QUEUE_AFTER = 3600.0
+
+DEPTH_HELP = "Jobs in a non-terminal state, by queue (queued includes scheduled and backed-off)"
+AGE_HELP = (
+    "Age of the oldest job in the state: queued since due, processing since claimed, "
+    "enqueue_failed since parked"
+)
+
+
+class DepthCollector(Collector):
+    """Depth and oldest age per (state, queue), read with one cached grouped query.
+
+    A failed read is counted in jobs_db_errors_total{op="depth"} and leaves the
+    gauges out of that scrape (a stale depth would lie); the rest of the process's
+    metrics are still served.
+    """
+
+    def __init__(
+        self,
+        cache_seconds: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.cache_seconds = (
+            settings.JOBS_METRICS_CACHE_SECONDS if cache_seconds is None else cache_seconds
+        )
+        self.clock = clock
+        self.reads = 0  # database round trips, for tests and curiosity
+        self._lock = threading.Lock()
+        self._rows: list[tuple[str, str, int, float]] | None = None
+        self._read_at = float("-inf")
+        self._seen: dict[str, float] = {}
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily("jobs_depth", DEPTH_HELP, labels=["state", "queue"])
+        yield GaugeMetricFamily("jobs_oldest_age_seconds", AGE_HELP, labels=["state", "queue"])
+
+    def _read(self) -> list[tuple[str, str, int, float]] | None:
+        with self._lock:
+            now = self.clock()
+            if self._rows is not None and now - self._read_at < self.cache_seconds:
+                return self._rows
+            try:
+                rows = selectors.depth_by_state()
+            except (DatabaseError, InterfaceError) as exc:
+                metrics.DB_ERRORS.labels(op="depth").inc()
+                log.warning("queue depth unavailable, postgres failed: %s", exc)
+                self._rows = None
+                return None
+            finally:
+                # Scrapes run on short-lived server threads: do not leave their
+                # connections behind (a test's own transaction is left alone).
+                if not connection.in_atomic_block:
+                    connection.close()
+            self.reads += 1
+            self._rows, self._read_at = rows, now
+            for _, queue, _, _ in rows:
+                self._seen[queue] = now
+            for queue, seen in list(self._seen.items()):
+                if now - seen > FORGET_QUEUE_AFTER:
+                    del self._seen[queue]
+            return rows
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        rows = self._read()
+        if rows is None:
+            return
+        found = {(state, queue): (count, age) for state, queue, count, age in rows}
+        depth = GaugeMetricFamily("jobs_depth", DEPTH_HELP, labels=["state", "queue"])
+        age = GaugeMetricFamily("jobs_oldest_age_seconds", AGE_HELP, labels=["state", "queue"])
+        for queue in sorted(self._seen):
+            for state in selectors.NON_TERMINAL:
+                count, oldest = found.get((state, queue), (0, 0.0))
+                depth.add_metric([state, queue], count)
+                age.add_metric([state, queue], oldest)
+        yield depth
+        yield age
+
+
+class WorkerCollector(Collector):
+    """One worker's busy and total slots: capacity, and its presence to Prometheus."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily(
+            "jobs_worker_inflight", "Jobs this worker holds right now", value=self.worker.inflight
+        )
+        yield GaugeMetricFamily(
+            "jobs_worker_slots",
+            "Jobs this worker can hold at once (--concurrency)",
+            value=self.worker.concurrency,
+        )
+
+
+class ReaperCollector(Collector):
+    """When the last sweep finished: a reaper that is up but stuck shows here."""
+
+    def __init__(self, reaper: Reaper) -> None:
+        self.reaper = reaper
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily(
+            "jobs_reaper_last_sweep_timestamp_seconds",
+            "Unix time the last sweep finished (0: none yet)",
+            value=self.reaper.last_sweep_at,
+        )
+        yield GaugeMetricFamily(
+            "jobs_reaper_interval_seconds",
+            "Seconds between sweeps",
+            value=self.reaper.interval,
+        )

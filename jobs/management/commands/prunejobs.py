@@ -1,0 +1,146 @@
+"""Retention: delete finished jobs (and their history) older than a cutoff.
+
+Runs in bounded batches, each its own short transaction, so it can run from cron
+beside live workers: locked rows are skipped, never waited for, and no batch
+holds more than `--batch` row locks.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import connection, transaction
+
+from jobs import services
+from jobs.lifecycle import STATUSES
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_DURATION = re.compile(r"^\s*(\d+)\s*([smhdw])\s*$", re.IGNORECASE)
+MAX_BATCH = 100_000
+
+
+def parse_duration(text: str) -> int:
+    """'7d', '12h', '30m', '45s', '2w' → seconds. Anything else is a clear error."""
+    m = _DURATION.match(text or "")
+    if not m:
+        raise CommandError(
+            f"--older-than {text!r} is not a duration: use a whole number and a unit "
+            "s, m, h, d or w (for example 7d, 12h, 30m)"
+        )
+    seconds = int(m.group(1)) * _UNITS[m.group(2).lower()]
+    if seconds <= 0:
+        raise CommandError(f"--older-than {text!r} must be longer than zero")
+    return seconds
+
+
+def parse_statuses(text: str) -> list[str]:
+    """'done,failed' → the statuses, each checked to be terminal."""
+    statuses = [s.strip() for s in (text or "").split(",") if s.strip()]
+    if not statuses:
+        raise CommandError("--status needs at least one status (done, failed)")
+    terminal = sorted(services.TERMINAL_STATUSES)
+    for s in statuses:
+        if s not in STATUSES:
+            raise CommandError(f"--status {s!r} is not a job status; terminal ones: {terminal}")
+        if s not in services.TERMINAL_STATUSES:
+            raise CommandError(
+                f"--status {s!r} is not terminal: only finished jobs ({', '.join(terminal)}) "
+                "can be pruned"
+            )
+    return sorted(set(statuses))
+
+
+class Command(BaseCommand):
+    help = (
+        "Delete terminal jobs finished before now() - OLDER_THAN (database clock), with "
+        "their history, in bounded batches. Queued and running jobs are never touched."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--older-than", required=True, help="Age of finished_at, e.g. 7d, 12h, 30m."
+        )
+        parser.add_argument(
+            "--status", default="done,failed", help="Terminal statuses to prune [done,failed]."
+        )
+        parser.add_argument(
+            "--batch", type=int, default=10_000, help="Jobs deleted per transaction [10000]."
+        )
+        parser.add_argument(
+            "--pause",
+            type=float,
+            default=0.0,
+            help="Seconds to sleep between batches, to spare replicas and autovacuum [0].",
+        )
+        parser.add_argument(
+            "--dry-run", action="store_true", help="Count what would go; delete nothing."
+        )
+
+    def handle(self, *args: Any, **opts: Any) -> None:
+        age = parse_duration(opts["older_than"])
+        statuses = parse_statuses(opts["status"])
+        batch = opts["batch"]
+        if not 1 <= batch <= MAX_BATCH:
+            raise CommandError(f"--batch must be between 1 and {MAX_BATCH}, not {batch}")
+        if opts["pause"] < 0:
+            raise CommandError("--pause must not be negative")
+
+        cutoff = self._scalar("SELECT now() - %s * interval '1 second'", [age])
+        self.stdout.write(
+            f"prunejobs: {', '.join(statuses)} jobs finished before {cutoff.isoformat()} "
+            f"(database clock)"
+        )
+        if opts["dry_run"]:
+            self._dry_run(age, statuses)
+            return
+
+        total = batches = 0
+        started = time.monotonic()
+        while True:
+            with transaction.atomic():
+                n = services.prune_finished(age, statuses, batch)
+            batches += 1
+            total += n
+            self.stdout.write(f"batch {batches}: {n} jobs deleted")
+            # A short batch means nothing unlocked is left; rows skipped because
+            # another transaction held them go in the next run.
+            if n < batch:
+                break
+            if opts["pause"]:
+                time.sleep(opts["pause"])
+        self.stdout.write(
+            self.style.SUCCESS(
+                f"pruned {total} jobs and their history in {batches} batches "
+                f"({time.monotonic() - started:.1f} s)"
+            )
+        )
+
+    def _dry_run(self, age: int, statuses: list[str]) -> None:
+        with connection.cursor() as cur:
+            cur.execute(
+                """SELECT status, count(*) FROM jobs_job
+                   WHERE status = ANY(%s) AND finished_at < now() - %s * interval '1 second'
+                   GROUP BY status ORDER BY status""",
+                [statuses, age],
+            )
+            counts = dict(cur.fetchall())
+            cur.execute(
+                """SELECT count(*) FROM jobs_jobevent e JOIN jobs_job j ON j.id = e.job_id
+                   WHERE j.status = ANY(%s) AND j.finished_at < now() - %s * interval '1 second'""",
+                [statuses, age],
+            )
+            events = cur.fetchone()[0]
+        by_status = ", ".join(f"{s}: {counts.get(s, 0)}" for s in statuses)
+        self.stdout.write(
+            f"dry run: would delete {sum(counts.values())} jobs ({by_status}) "
+            f"and {events} history rows; nothing deleted"
+        )
+
+    @staticmethod
+    def _scalar(sql: str, params: list[Any]) -> Any:
+        with connection.cursor() as cur:
+            cur.execute(sql, params)
+            return cur.fetchone()[0]

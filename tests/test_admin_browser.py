@@ -1,0 +1,147 @@
+"""The admin console in a real browser: Playwright drives Debian's chromium
+(`make browser` installs it) against pytest-django's live server.
+
+Screenshots of the list, the detail page and the dashboard are saved under
+test-artifacts/screenshots/ for a person to look at.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.core.cache import cache
+from django.db import connection, connections
+
+from jobs import services
+from jobs.models import Job, JobEvent
+from tests.factories import JobFactory
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+SCREENSHOTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "screenshots"
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def page(live_server, monkeypatch):
+    """A chromium page logged in as staff member "sam" with every job permission."""
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.fail(
+            f"{CHROMIUM} is missing: the admin browser tests need Debian's chromium. "
+            "Run `make browser` (apt-get install -y chromium) or `make test`, which does it."
+        )
+    # Playwright's sync API runs an event loop in this thread; the ORM calls the test
+    # makes between page steps are still plain synchronous calls.
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    # The live server's request threads share this settings dict: with no persistent
+    # connections, a browser's keep-alive socket cannot leave a session open on the test
+    # database when the suite tears it down.
+    monkeypatch.setitem(connection.settings_dict, "CONN_MAX_AGE", 0)
+    from playwright.sync_api import sync_playwright
+
+    cache.clear()  # the dashboard's few-second cache is per process, shared with the server
+    user = User.objects.create_user("sam", password="sam-password", is_staff=True)
+    user.user_permissions.set(Permission.objects.filter(content_type__app_label="jobs"))
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        context = browser.new_context(viewport={"width": 1600, "height": 900})
+        tab = context.new_page()
+        tab.set_default_timeout(15_000)
+        tab.goto(f"{live_server.url}/admin/login/")
+        tab.fill("#id_username", "sam")
+        tab.fill("#id_password", "sam-password")
+        tab.click("input[type=submit]")
+        tab.wait_for_url(f"{live_server.url}/admin/")
+        tab.base = live_server.url
+        yield tab
+        context.close()
+        browser.close()
+        # ORM calls made while Playwright's loop runs get a connection of their own
+        # context: close it here, in that context, or it outlives the test database.
+        connections.close_all()
+
+
+def test_filter_failed_and_retry_through_the_confirmation_page(page):
+    failed = JobFactory.create(status="failed", task="fail", payload={"message": "boom"})
+    JobFactory.create(status="done")
+    JobFactory.create(status="processing")
+
+    JobFactory.create(status="enqueue_failed", queue="mail")
+    JobFactory.create(queue="mail", priority=5)
+    page.goto(f"{page.base}/admin/jobs/job/")
+    assert page.locator("#result_list tbody tr").count() == 5
+    page.screenshot(path=str(SCREENSHOTS / "admin-job-list.png"), full_page=True)
+    page.click("#changelist-filter a[href*='status__exact=failed']")
+    page.wait_for_url(re.compile(r"status__exact=failed"))
+    rows = page.locator("#result_list tbody tr")
+    assert rows.count() == 1
+    assert "failed" in rows.first.locator(".job-badge").inner_text()
+    page.screenshot(path=str(SCREENSHOTS / "admin-job-list-failed.png"), full_page=True)
+
+    page.check(f"input[name=_selected_action][value='{failed.pk}']")
+    page.select_option("select[name=action]", "retry_jobs")
+    page.click("button[name=index]")
+    assert "will be retried" in page.locator("#content-main").inner_text()
+    assert page.locator("#eligible-count").inner_text() == "1"
+    page.screenshot(path=str(SCREENSHOTS / "admin-retry-confirmation.png"), full_page=True)
+    page.click("#confirm-action")
+
+    assert "1 retried" in page.locator("ul.messagelist").inner_text()
+    assert Job.objects.get(pk=failed.pk).status == "queued"
+    page.goto(f"{page.base}/admin/jobs/job/{failed.pk}/change/")
+    assert page.locator(".field-status_badge .job-badge").inner_text() == "queued"
+    history = page.locator(".inline-group").inner_text()
+    assert "staff:sam" in history and "failed → queued" in history
+    page.screenshot(path=str(SCREENSHOTS / "admin-job-detail.png"), full_page=True)
+
+
+def test_revoke_a_processing_lease_from_the_detail_page(page):
+    job, _ = services.submit("sleep", {"seconds": 60})
+    lease = services.claim("w-browser", job.pk)
+    assert lease.lease_version == 1
+
+    page.goto(f"{page.base}/admin/jobs/job/{job.pk}/change/")
+    assert page.locator(".field-lease_version .readonly").inner_text() == "1"
+    page.click("button.job-action-revoke")
+    assert "fenced off" in page.locator("#content-main").inner_text()
+    page.click("#confirm-action")
+    assert "1 revoked" in page.locator("ul.messagelist").inner_text()
+
+    page.goto(f"{page.base}/admin/jobs/job/{job.pk}/change/")
+    assert page.locator(".field-lease_version .readonly").inner_text() == "2"
+    assert page.locator(".field-status_badge .job-badge").inner_text() == "queued"
+    assert "staff:sam" in page.locator(".inline-group").inner_text()
+    # The worker that held lease 1 is fenced off.
+    assert services.complete([(lease, {"late": True})]) == {}
+    assert JobEvent.objects.filter(job_id=job.pk, actor="staff:sam").count() == 1
+
+
+def test_dashboard_from_the_admin_index(page):
+    for _ in range(3):
+        JobFactory.create(status="done")
+    JobFactory.create(status="failed", queue="mail")
+    JobFactory.create(status="enqueue_failed", queue="mail")
+    JobFactory.create(status="processing")
+    JobFactory.create()
+
+    page.goto(f"{page.base}/admin/")
+    page.click("#job-dashboard-link a")
+    page.wait_for_url(re.compile(r"/admin/jobs/job/dashboard/$"))
+    assert page.locator("#card-enqueue-failed .jd-value").inner_text() == "1"
+    assert page.locator("#card-done .jd-value").inner_text() == "3"
+    assert page.locator("#throughput-chart rect").count() >= 1
+    page.screenshot(path=str(SCREENSHOTS / "admin-dashboard.png"), full_page=True)

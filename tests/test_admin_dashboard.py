@@ -1,0 +1,145 @@
+"""The admin dashboard: its figures, its cache, and that every query it runs is
+answered through an index, never a scan of the jobs table."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.core.cache import cache
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+
+from jobs import selectors, services
+from tests.factories import JobFactory, raw
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def _empty_cache():
+    cache.clear()
+    yield
+    cache.clear()
+
+
+@pytest.fixture
+def staff(client):
+    user = User.objects.create_user("dora", password="pw", is_staff=True)
+    user.user_permissions.set(Permission.objects.filter(codename="view_job"))
+    client.force_login(user)
+    return user
+
+
+def build_mix() -> dict[str, int]:
+    """Two queues, every state, known latencies (times shifted with the database clock)."""
+    ids = {}
+    ids["due"] = JobFactory.create(queue="default").pk
+    ids["scheduled"], _ = services.submit("echo", {}, queue="default", run_at=None)
+    ids["scheduled"] = ids["scheduled"].pk
+    raw("UPDATE jobs_job SET run_at = now() + interval '1 hour' WHERE id = %s", [ids["scheduled"]])
+    raw("UPDATE jobs_job SET run_at = now() - interval '30 seconds' WHERE id = %s", [ids["due"]])
+    ids["running"] = JobFactory.create(status="processing", queue="mail").pk
+    ids["stuck"] = JobFactory.create(status="processing", queue="mail").pk
+    raw(
+        "UPDATE jobs_job SET heartbeat_at = now() - interval '1 minute' WHERE id = %s",
+        [ids["stuck"]],
+    )
+    ids["parked"] = JobFactory.create(status="enqueue_failed", queue="mail").pk
+    ids["fast_done"] = JobFactory.create(status="done", queue="default").pk
+    ids["slow_done"] = JobFactory.create(status="done", queue="mail").pk
+    raw(
+        "UPDATE jobs_job SET created_at = finished_at - interval '40 seconds' WHERE id = %s",
+        [ids["slow_done"]],
+    )
+    ids["failed"] = JobFactory.create(status="failed", queue="default").pk
+    ids["old_done"] = JobFactory.create(status="done").pk
+    raw(
+        "UPDATE jobs_job SET finished_at = now() - interval '2 hours', "
+        "created_at = now() - interval '3 hours' WHERE id = %s",
+        [ids["old_done"]],
+    )
+    return ids
+
+
+def test_dashboard_figures(settings):
+    settings.JOBS_LEASE_SECONDS = 15
+    settings.JOBS_SLO_SECONDS = 25
+    build_mix()
+    board = selectors.dashboard()
+    queues = {q.queue: q for q in board.queues}
+    assert set(queues) == {"default", "mail"}
+    d, m = queues["default"], queues["mail"]
+    assert (d.queued, d.queued_due, d.done, d.failed) == (2, 1, 1, 1)
+    assert 29 <= d.oldest_due_seconds < 60
+    assert (m.processing, m.stuck, m.enqueue_failed, m.done) == (2, 1, 1, 1)
+    t = board.totals
+    assert (t.queued, t.processing, t.stuck, t.enqueue_failed) == (2, 2, 1, 1)
+    # The last hour: 2 done + 1 failed; the job done 2 h ago is outside the window.
+    assert (board.finished, board.done, board.failed) == (3, 2, 1)
+    assert board.within_slo == 2  # the 40 s job missed the 25 s SLO
+    assert board.slo_attainment == pytest.approx(2 / 3)
+    assert board.success_rate == pytest.approx(2 / 3)
+    assert board.latency_p99 == pytest.approx(40, abs=1)
+    assert len(board.minutes) == 60
+    assert sum(b.done for b in board.minutes) == 2
+    assert sum(b.failed for b in board.minutes) == 1
+
+
+def test_dashboard_is_cached_for_a_few_seconds():
+    JobFactory.create()
+    first = selectors.cached_dashboard()
+    JobFactory.create()
+    assert selectors.cached_dashboard().totals.queued == first.totals.queued == 1
+    cache.clear()
+    assert selectors.cached_dashboard().totals.queued == 2
+
+
+def test_dashboard_page_renders_cards_chart_and_queue_table(client, staff):
+    build_mix()
+    response = client.get(reverse("admin:jobs_job_dashboard"))
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert '<svg id="throughput-chart"' in html and "<rect" in html
+    assert html.count("<g><title>") == 60
+    assert 'id="card-stuck"' in html and "?stuck=yes" in html
+    assert html.count("66.6%") == 2  # SLO attainment and success rate, 2 of 3 (truncated)
+    board = response.context["board"]
+    assert board.totals.enqueue_failed == 1
+    assert 'id="queue-table"' in html and "?queue=mail" in html
+    assert "cdn" not in html.lower()  # everything is served by the app itself
+
+
+def test_admin_index_links_to_the_dashboard(client, staff):
+    html = client.get(reverse("admin:index")).content.decode()
+    assert reverse("admin:jobs_job_dashboard") in html
+
+
+def test_dashboard_queries_never_scan_the_jobs_table():
+    """With sequential scans priced out, each query still has an index path: the
+    bench on a million rows (bench/admin_million.py) shows the planner picks it."""
+    build_mix()
+    raw("ANALYZE jobs_job")
+    queries = [
+        *selectors.dashboard_queries(),
+        ("known_queues", selectors.KNOWN_QUEUES_SQL, {"recent": 10_000}),
+    ]
+    for name, sql, params in queries:
+        with transaction.atomic(), connection.cursor() as cur:
+            cur.execute("SET LOCAL enable_seqscan = off")
+            cur.execute("EXPLAIN (COSTS OFF) " + sql, params)
+            plan = "\n".join(r[0] for r in cur.fetchall())
+        assert "Seq Scan on jobs_job" not in plan, (name, plan)
+        if "jobs_job" in sql:
+            assert "Index" in plan, (name, plan)
+        if name in ("finished", "latency"):
+            assert "job_finished_idx" in plan, (name, plan)
+
+
+def test_list_page_counts_at_most_cap_rows(client, staff):
+    """The changelist's only COUNT is the capped one: it stops after cap + 1 rows."""
+    JobFactory.create()
+    with CaptureQueriesContext(connection) as ctx:
+        assert client.get(reverse("admin:jobs_job_changelist")).status_code == 200
+    counts = [q["sql"] for q in ctx.captured_queries if q["sql"].startswith("SELECT COUNT(")]
+    assert counts and all("LIMIT 10001" in c for c in counts), counts
