@@ -80,6 +80,7 @@ def pytest_runtest_makereport(item, call):
     return rep
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
     """The fault suite (marker `chaos`) runs last: it is the slowest and proves the rest."""
     items.sort(key=lambda item: item.get_closest_marker("chaos") is not None)
