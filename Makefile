@@ -59,5 +59,16 @@ table-health: install
 lint: install
 	$(VENV)/bin/ruff check .
 
+## chaos: the fault suite, short profile (lease 3 s, < 3 min); `make test` runs it too.
+## Replay a run with CHAOS_ARGS="--seed N".
+chaos: install
+	$(PY) -m chaos --profile short $(CHAOS_ARGS)
+
+## chaos-long: the long profile with the SPEC timings (lease 15 s, sweep 5 s); the SLO is asserted.
+CHAOS_DURATION ?= 660
+CHAOS_RATE ?= 36
+chaos-long: install
+	$(PY) -m chaos --profile long --duration $(CHAOS_DURATION) --rate $(CHAOS_RATE) $(CHAOS_ARGS)
+
 clean:
 	rm -rf $(VENV) var .pytest_cache .ruff_cache .hypothesis

@@ -17,6 +17,7 @@ per statement, without a fixed wait (`flush_interval` adds one, default 0).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import queue as queue_mod
@@ -50,7 +51,37 @@ def new_worker_id() -> str:
 
 
 def describe(exc: BaseException) -> str:
-    return f"{exc.__class__.__name__}: {exc}"[:MAX_ERROR_CHARS]
+    """The error text stored on the job (PostgreSQL text cannot hold NUL: escape it)."""
+    return f"{exc.__class__.__name__}: {exc}".replace("\x00", "\\x00")[:MAX_ERROR_CHARS]
+
+
+class InvalidResult(PermanentError):
+    """The handler returned something the result column (jsonb) cannot store."""
+
+
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(_has_nul(v) for v in value)
+    return False
+
+
+def check_result(result: Any) -> Any:
+    """Raise InvalidResult unless `result` can be written as jsonb.
+
+    Checked in the handler's thread, so one bad result fails its own job instead
+    of the batched write-back that carries other jobs' results too.
+    """
+    try:
+        json.dumps(result, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidResult(f"not JSON-serializable ({exc})") from exc
+    if _has_nul(result):
+        raise InvalidResult("contains a NUL character, which PostgreSQL cannot store")
+    return result
 
 
 @dataclass
@@ -325,9 +356,11 @@ class Worker:
                 spec.validate(lease.payload)
             if spec.transactional:
                 return self._execute_transactional(spec, lease, ctx)
-            return Outcome(lease, "done", result=spec.fn(lease.payload, ctx))
+            return Outcome(lease, "done", result=check_result(spec.fn(lease.payload, ctx)))
         except InvalidPayload as exc:
             return Outcome(lease, "fail", error=f"invalid payload: {exc}", permanent=True)
+        except InvalidResult as exc:
+            return Outcome(lease, "fail", error=f"invalid result: {exc}", permanent=True)
         except PermanentError as exc:
             return Outcome(lease, "fail", error=describe(exc), permanent=True)
         except Exception as exc:
@@ -340,7 +373,7 @@ class Worker:
         """Handler writes and the fenced completion commit together or not at all."""
         try:
             with transaction.atomic(durable=True):
-                result = spec.fn(lease.payload, ctx)
+                result = check_result(spec.fn(lease.payload, ctx))
                 self._mark_finishing(lease)
                 if lease.job_id not in services.complete([(lease, result)]):
                     raise _FenceRejected
@@ -408,7 +441,15 @@ class Worker:
                         batch.append(outcomes.get(timeout=remaining))
                     except queue_mod.Empty:
                         break
-            self._write_back(batch)
+            try:
+                self._write_back(batch)
+            except Exception:  # never let one batch end write-backs for good
+                log.exception(
+                    "write-back of %d outcome(s) failed; the reaper will recover their jobs",
+                    len(batch),
+                    extra={"worker_id": self.worker_id},
+                )
+                self._forget([o.lease for o in batch])
         connection.close()
 
     def _write_back(self, batch: list[Outcome]) -> None:
@@ -425,18 +466,24 @@ class Worker:
             batch = later
 
     def _write_back_unique(self, batch: list[Outcome]) -> None:
-        """One statement per kind for the whole batch; retried until Postgres answers."""
+        """One statement per kind for the whole batch; each retried until Postgres answers."""
         with self._lock:
             batch = [o for o in batch if _key(o.lease) not in self._released]
         done = [(o.lease, o.result) for o in batch if o.kind == "done"]
         failed = [(o.lease, o.error, o.permanent) for o in batch if o.kind == "fail"]
         released = [o.lease for o in batch if o.kind == "release"]
         backoff = 0.1
+        # Each statement commits on its own: a retry runs only those that did not land,
+        # or it would find its own writes and record them as stale ones turned away.
+        ok_done = ok_fail = ok_rel = None
         while True:
             try:
-                ok_done = services.complete(done)
-                ok_fail = services.fail(failed)
-                ok_rel = services.release(released)
+                if ok_done is None:
+                    ok_done = services.complete(done)
+                if ok_fail is None:
+                    ok_fail = services.fail(failed)
+                if ok_rel is None:
+                    ok_rel = services.release(released)
                 break
             except (DatabaseError, InterfaceError) as exc:
                 metrics.child(metrics.DB_ERRORS, "write_back").inc()

@@ -78,3 +78,9 @@ def pytest_runtest_makereport(item, call):
     rep = yield
     setattr(item, f"rep_{rep.when}", rep)
     return rep
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """The fault suite (marker `chaos`) runs last: it is the slowest and proves the rest."""
+    items.sort(key=lambda item: item.get_closest_marker("chaos") is not None)

@@ -1,0 +1,418 @@
+"""The invariants the fault suite proves, one function each (SPEC §1–§6).
+
+Every check reads the database through `conn` (a psycopg connection or Django's
+`connection`: anything whose `cursor()` runs `%s`-style SQL) and returns the
+violations it found; an empty list means the invariant held. They read only
+committed facts — the jobs table, the transition history (`jobs_jobevent`,
+including `fence_rejected` rows) and the demo app's effect table — never logs,
+so a run can be judged after the fact, and each check can be tested alone on
+rows built to break it (tests/test_chaos_checks.py).
+
+`accepted` is the harness's list of job ids the system acknowledged (a 201/200
+from the API, or a committed direct submission). Checks that are about every
+row in the database ignore it; the others use it to find jobs that vanished.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from jobs.lifecycle import LEASE_BUMPING, TERMINAL, Status, is_legal
+
+TERMINAL_STATES = frozenset(str(s) for s in TERMINAL)
+# Tasks that can never end as done: their handler always fails.
+NEVER_DONE_TASKS = frozenset({"demo.permanent", "fail", "demo.crash", "chaos.bad_result"})
+# The task that writes one demo_effect row inside its fenced completion.
+EFFECT_TASK = "demo.record"
+# Error prefixes of permanent failures (worker and services wording), which end a
+# job without spending its budget (decision D3).
+PERMANENT_ERRORS: dict[str, str] = {
+    "unknown task": "the task is not registered",
+    "invalid payload": "the task's validator refused the payload",
+    "invalid result": "the handler returned a result jsonb cannot store",
+    "PermanentError": "the handler raised PermanentError",
+    "cancelled": "cancelled before it started",
+}
+
+
+@dataclass(frozen=True)
+class Violation:
+    check: str
+    job_id: int | None
+    detail: str
+
+    def __str__(self) -> str:
+        job = f"job {self.job_id}: " if self.job_id is not None else ""
+        return f"[{self.check}] {job}{self.detail}"
+
+
+def _rows(conn: Any, sql: str, params: Iterable[Any] = ()) -> list[tuple]:
+    with conn.cursor() as cur:
+        cur.execute(sql, list(params))
+        return cur.fetchall()
+
+
+def _events(conn: Any) -> dict[int, list[tuple]]:
+    """History per job, in write order: (id, kind, from, to, actor, lease_version)."""
+    out: dict[int, list[tuple]] = defaultdict(list)
+    for row in _rows(
+        conn,
+        """SELECT job_id, id, kind, from_status, to_status, actor, lease_version
+           FROM jobs_jobevent ORDER BY job_id, id""",
+    ):
+        out[row[0]].append(row[1:])
+    return out
+
+
+# --- 1. nothing lost, nothing stuck --------------------------------------------------
+
+
+def lost_or_stuck(conn: Any, accepted: Collection[int]) -> list[Violation]:
+    """Every accepted job exists and is terminal; no row at all is left unfinished."""
+    name = "lost_or_stuck"
+    out: list[Violation] = []
+    rows = dict(_rows(conn, "SELECT id, status FROM jobs_job"))
+    for job_id in sorted(set(accepted)):
+        status = rows.get(job_id)
+        if status is None:
+            out.append(Violation(name, job_id, "accepted but not in the database (lost)"))
+    for job_id, status in sorted(rows.items()):
+        if status not in TERMINAL_STATES:
+            who = "accepted" if job_id in accepted else "unacknowledged"
+            out.append(Violation(name, job_id, f"{who} job left {status} (stuck)"))
+    return out
+
+
+# --- 2. exactly-once effects ------------------------------------------------------------
+
+
+def effects_at_most_once(conn: Any, accepted: Collection[int]) -> list[Violation]:
+    """≤ 1 committed effect per job; exactly 1 per done demo.record job; none for a
+    job that is not done (a failed or stale attempt's effect must roll back)."""
+    name = "effects_at_most_once"
+    out: list[Violation] = []
+    for job_id, n, status, task in _rows(
+        conn,
+        """SELECT e.job_id, count(*), j.status, j.task FROM demo_effect e
+           LEFT JOIN jobs_job j ON j.id = e.job_id GROUP BY e.job_id, j.status, j.task""",
+    ):
+        if n > 1:
+            out.append(Violation(name, job_id, f"{n} committed effects (at most 1 allowed)"))
+        if status is None:
+            out.append(Violation(name, job_id, "effect for a job that does not exist"))
+        elif status != Status.DONE:
+            out.append(Violation(name, job_id, f"effect committed but the job is {status}"))
+        elif task != EFFECT_TASK:
+            out.append(Violation(name, job_id, f"effect written by a {task!r} job"))
+    for (job_id,) in _rows(
+        conn,
+        """SELECT j.id FROM jobs_job j WHERE j.task = %s AND j.status = 'done'
+             AND NOT EXISTS (SELECT 1 FROM demo_effect e WHERE e.job_id = j.id)""",
+        [EFFECT_TASK],
+    ):
+        out.append(Violation(name, job_id, "done demo.record job without its effect"))
+    return out
+
+
+def done_exactly_once(conn: Any, accepted: Collection[int]) -> list[Violation]:
+    """A done job has exactly one processing → done in its history; any other job none."""
+    name = "done_exactly_once"
+    out: list[Violation] = []
+    for job_id, status, n in _rows(
+        conn,
+        """SELECT j.id, j.status, count(e.id) FROM jobs_job j
+           LEFT JOIN jobs_jobevent e ON e.job_id = j.id AND e.kind = 'transition'
+                                     AND e.to_status = 'done'
+           GROUP BY j.id, j.status
+           HAVING count(e.id) <> CASE WHEN j.status = 'done' THEN 1 ELSE 0 END""",
+    ):
+        out.append(Violation(name, job_id, f"{n} transitions to done, job is {status}"))
+    return out
+
+
+# --- 3. the final write was made under the final lease ----------------------------------
+
+
+def results_under_final_lease(conn: Any, accepted: Collection[int]) -> list[Violation]:
+    """Every done job was completed by the holder of its final lease.
+
+    The claim at the final lease_version names the holder; the done transition
+    must be that holder's write. demo.record results and effects carry the lease
+    (and worker) they were written under, which must be the final ones too.
+    """
+    name = "results_under_final_lease"
+    out: list[Violation] = []
+    rows = _rows(
+        conn,
+        """SELECT j.id, j.task, j.lease_version,
+                  (SELECT e.actor FROM jobs_jobevent e WHERE e.job_id = j.id
+                     AND e.kind = 'transition' AND e.to_status = 'processing'
+                     AND e.lease_version = j.lease_version ORDER BY e.id DESC LIMIT 1),
+                  (SELECT e.actor FROM jobs_jobevent e WHERE e.job_id = j.id
+                     AND e.kind = 'transition' AND e.to_status = 'done'
+                   ORDER BY e.id DESC LIMIT 1),
+                  j.result ->> 'lease_version', j.result ->> 'recorded_by',
+                  (SELECT array_agg(f.lease_version ORDER BY f.id) FROM demo_effect f
+                     WHERE f.job_id = j.id),
+                  (SELECT array_agg(f.worker_id ORDER BY f.id) FROM demo_effect f
+                     WHERE f.job_id = j.id)
+           FROM jobs_job j WHERE j.status = 'done'""",
+    )
+    for job_id, task, lease, claimer, finisher, res_lease, res_worker, eff_leases, eff_workers in (
+        rows
+    ):
+        if claimer is None:
+            out.append(Violation(name, job_id, f"done, but nobody claimed lease {lease}"))
+            continue
+        if finisher != claimer:
+            out.append(
+                Violation(
+                    name,
+                    job_id,
+                    f"done written by {finisher!r}, but lease {lease} belongs to {claimer!r}",
+                )
+            )
+        if task != EFFECT_TASK:
+            continue
+        holder = claimer.removeprefix("worker:")
+        if res_lease is None or int(res_lease) != lease:
+            out.append(
+                Violation(name, job_id, f"result written under lease {res_lease}, final is {lease}")
+            )
+        if res_worker is not None and res_worker != holder:
+            out.append(
+                Violation(name, job_id, f"result recorded by {res_worker}, lease held by {holder}")
+            )
+        for eff_lease, eff_worker in zip(eff_leases or [], eff_workers or [], strict=True):
+            if eff_lease != lease or eff_worker != holder:
+                out.append(
+                    Violation(
+                        name,
+                        job_id,
+                        f"effect written under lease {eff_lease} by {eff_worker}; "
+                        f"final lease {lease} held by {holder}",
+                    )
+                )
+    return out
+
+
+# --- 4. the fencing token only grows ------------------------------------------------------
+
+
+def lease_never_decreases(conn: Any, accepted: Collection[int]) -> list[Violation]:
+    """lease_version never decreases along a job's history, the row is at least at
+    the last recorded lease, and the fence turned away only writes whose lease was
+    superseded (or whose job had already left processing under it)."""
+    name = "lease_never_decreases"
+    out: list[Violation] = []
+    final = dict(_rows(conn, "SELECT id, lease_version FROM jobs_job"))
+    for job_id, events in _events(conn).items():
+        highest, state = -1, None
+        for _, kind, _, to_status, actor, lease in events:
+            if kind == "fence_rejected":
+                # Legitimate only if the lease was superseded, or the job had already
+                # left processing under it (a repeated write after its own completion).
+                if lease > highest or (lease == highest and state == Status.PROCESSING):
+                    out.append(
+                        Violation(
+                            name,
+                            job_id,
+                            f"write by {actor} under lease {lease} was rejected while that "
+                            f"lease was current (history at {highest}, {state})",
+                        )
+                    )
+                continue
+            if lease < highest:
+                out.append(
+                    Violation(
+                        name, job_id, f"lease_version went {highest} → {lease} (to {to_status})"
+                    )
+                )
+            highest, state = max(highest, lease), to_status
+        row_lease = final.get(job_id)
+        if row_lease is not None and row_lease < highest:
+            out.append(
+                Violation(name, job_id, f"row at lease {row_lease}, history reached {highest}")
+            )
+    return out
+
+
+# --- 5. every transition is legal and the history is complete ------------------------------
+
+
+def transitions_legal(conn: Any, accepted: Collection[int]) -> list[Violation]:
+    """The history of every job is one unbroken chain of legal transitions.
+
+    It starts with the insert as queued, each step leaves the state the previous
+    one entered, each is allowed by `jobs.lifecycle.is_legal`, hand-overs bump
+    the lease, failed → queued is staff-only, and the chain ends where the row is.
+    """
+    name = "transitions_legal"
+    out: list[Violation] = []
+    status_of = dict(_rows(conn, "SELECT id, status FROM jobs_job"))
+    history = _events(conn)
+    for job_id in sorted(set(status_of) | set(history)):
+        state: str | None = None
+        lease = None
+        for n, (_, kind, frm, to, actor, lv) in enumerate(history.get(job_id, [])):
+            if kind != "transition":
+                continue
+            if n == 0 or state is None:
+                if frm is not None or to != Status.QUEUED:
+                    out.append(Violation(name, job_id, f"history starts with {frm} → {to}"))
+            elif frm != state:
+                out.append(
+                    Violation(name, job_id, f"gap in history: was {state}, next step {frm} → {to}")
+                )
+            if frm is not None:
+                try:
+                    legal = is_legal(frm, to)
+                except ValueError:
+                    legal = False
+                if not legal:
+                    out.append(Violation(name, job_id, f"illegal transition {frm} → {to}"))
+                elif (frm, to) in {(str(a), str(b)) for a, b in LEASE_BUMPING} and (
+                    lease is not None and lv <= lease
+                ):
+                    out.append(
+                        Violation(name, job_id, f"{frm} → {to} without a lease bump ({lv})")
+                    )
+                elif (frm, to) == (Status.FAILED, Status.QUEUED) and not actor.startswith(
+                    "staff:"
+                ):
+                    out.append(Violation(name, job_id, f"failed → queued by {actor!r}"))
+            state, lease = to, lv
+        row_status = status_of.get(job_id)
+        if row_status is None:
+            out.append(Violation(name, job_id, "history for a job that does not exist"))
+        elif state is None:
+            out.append(Violation(name, job_id, f"job is {row_status} with no history"))
+        elif state != row_status:
+            out.append(Violation(name, job_id, f"history ends at {state}, row is {row_status}"))
+    return out
+
+
+# --- 6. failures are justified ---------------------------------------------------------------
+
+
+def permanent_reason(error: str | None) -> str | None:
+    """Which permanent failure an error records, or None for a retryable one."""
+    for prefix in PERMANENT_ERRORS:
+        if (error or "").startswith(prefix):
+            return prefix
+    return None
+
+
+def failures_justified(conn: Any, accepted: Collection[int]) -> list[Violation]:
+    """Failed jobs are exactly those that failed permanently or spent their budget.
+
+    A failed job either has retry_count > max_retries (its budget is spent) or a
+    permanent error; a done job never ran past its budget; a task that always
+    fails is never done.
+    """
+    name = "failures_justified"
+    out: list[Violation] = []
+    for job_id, task, status, error, retries, budget in _rows(
+        conn,
+        """SELECT id, task, status, error, retry_count, max_retries FROM jobs_job
+           WHERE status IN ('done', 'failed')""",
+    ):
+        if status == Status.FAILED:
+            spent = retries > budget
+            reason = permanent_reason(error)
+            if not spent and reason is None:
+                out.append(
+                    Violation(
+                        name,
+                        job_id,
+                        f"failed with budget left ({retries} of {budget} retries) and a "
+                        f"retryable error: {(error or '')[:120]!r}",
+                    )
+                )
+            if reason == "PermanentError" and task not in NEVER_DONE_TASKS:
+                out.append(Violation(name, job_id, f"{task!r} failed with {error[:80]!r}"))
+        else:
+            if retries > budget:
+                out.append(
+                    Violation(name, job_id, f"done after {retries} retries, budget {budget}")
+                )
+            if task in NEVER_DONE_TASKS:
+                out.append(Violation(name, job_id, f"{task!r} can never succeed, but is done"))
+    return out
+
+
+# --- running them -------------------------------------------------------------------------------
+
+Check = Callable[[Any, Collection[int]], list[Violation]]
+CHECKS: dict[str, Check] = {
+    "lost_or_stuck": lost_or_stuck,
+    "effects_at_most_once": effects_at_most_once,
+    "done_exactly_once": done_exactly_once,
+    "results_under_final_lease": results_under_final_lease,
+    "lease_never_decreases": lease_never_decreases,
+    "transitions_legal": transitions_legal,
+    "failures_justified": failures_justified,
+}
+
+
+def run_all(conn: Any, accepted: Collection[int]) -> dict[str, list[Violation]]:
+    accepted = frozenset(accepted)
+    return {name: check(conn, accepted) for name, check in CHECKS.items()}
+
+
+# --- latency (reported; asserted only where the profile says so) -------------------------------
+
+
+@dataclass(frozen=True)
+class Latency:
+    jobs: int
+    terminal: int
+    within_slo: int
+    slo_seconds: float
+    p50: float | None
+    p95: float | None
+    p99: float | None
+    max: float | None
+    done: int
+    failed: int
+
+    @property
+    def share_within_slo(self) -> float | None:
+        """Of all accepted jobs (an unfinished one counts as late)."""
+        return self.within_slo / self.jobs if self.jobs else None
+
+
+def _percentile(sorted_values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile."""
+    if not sorted_values:
+        return None
+    rank = max(1, math.ceil(q * len(sorted_values)))
+    return sorted_values[rank - 1]
+
+
+def latency(conn: Any, accepted: Collection[int], slo_seconds: float = 25.0) -> Latency:
+    """Submission → terminal (database clock: created_at → finished_at) of accepted jobs."""
+    ids = sorted(set(accepted))
+    rows = _rows(
+        conn,
+        """SELECT status, extract(epoch FROM finished_at - created_at)::float8
+           FROM jobs_job WHERE id = ANY(%s)""",
+        [ids],
+    )
+    values = sorted(float(s) for status, s in rows if s is not None)
+    return Latency(
+        jobs=len(ids),
+        terminal=len(values),
+        within_slo=sum(1 for v in values if v <= slo_seconds),
+        slo_seconds=slo_seconds,
+        p50=_percentile(values, 0.50),
+        p95=_percentile(values, 0.95),
+        p99=_percentile(values, 0.99),
+        max=values[-1] if values else None,
+        done=sum(1 for status, _ in rows if status == Status.DONE),
+        failed=sum(1 for status, _ in rows if status == Status.FAILED),
+    )

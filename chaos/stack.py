@@ -1,0 +1,171 @@
+"""The whole service under test, on the harness's own database and Redis."""
+
+from __future__ import annotations
+
+import http.client
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+
+from chaos.procs import ROOT, RedisServer, Service, free_port, gunicorn, manage, wait_for
+from chaos.profiles import Profile
+from chaos.scratch import ScratchDatabase
+
+PREFIX = "chaos:"
+# Variables the harness sets itself; inherited values must not leak into the stack.
+_OWN = ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE", "BIND", "WEB_")
+
+
+class Stack:
+    def __init__(self, profile: Profile, db: ScratchDatabase, logdir: Path) -> None:
+        self.profile = profile
+        self.db = db
+        self.logdir = logdir
+        self.redis = RedisServer(logdir / "redis.log")
+        self.api_port = free_port()
+        self.api = Service("api", gunicorn(), self.env("api"), logdir)
+        self.workers = [
+            Service(
+                f"worker-{i + 1}",
+                manage("runworker", "--concurrency", str(profile.concurrency), "--grace", "2"),
+                self.env(f"worker-{i + 1}"),
+                logdir,
+            )
+            for i in range(profile.workers)
+        ]
+        self.reapers = [
+            Service(f"reaper-{i + 1}", manage("runreaper"), self.env(f"reaper-{i + 1}"), logdir)
+            for i in range(profile.reapers)
+        ]
+        self.unexpected_exits: list[str] = []
+
+    @property
+    def services(self) -> list[Service]:
+        return [self.api, *self.workers, *self.reapers]
+
+    def service(self, name: str) -> Service:
+        for svc in self.services:
+            if svc.name == name:
+                return svc
+        raise KeyError(name)
+
+    def env(self, app: str) -> dict[str, str]:
+        p = self.profile
+        base = {k: v for k, v in os.environ.items() if not k.startswith(("JOBS_", *_OWN))}
+        return {
+            **base,
+            "DJANGO_SETTINGS_MODULE": "jobservice.settings",
+            "DATABASE_URL": self.db.url(f"chaos-{app}"),
+            "REDIS_URL": self.redis.url,
+            "JOBS_REDIS_PREFIX": PREFIX,
+            "JOBS_TASK_MODULES": "demo.tasks,chaos.tasks",
+            "JOBS_LEASE_SECONDS": str(p.lease),
+            "JOBS_REAPER_INTERVAL": str(p.reaper_interval),
+            "JOBS_LOST_SIGNAL_SECONDS": str(p.lost_signal),
+            "JOBS_RETRY_BACKOFF_BASE": str(p.backoff_base),
+            "BIND": f"127.0.0.1:{self.api_port}",
+            "WEB_CONCURRENCY": str(p.api_processes),
+            "WEB_THREADS": str(p.api_threads),
+            "DEBUG": "0",
+            "LOG_LEVEL": "INFO",
+            "PYTHONUNBUFFERED": "1",
+            **p.extra_env,
+        }
+
+    def queue_key(self, queue: str) -> str:
+        return f"{PREFIX}q:{queue}"
+
+    # --- setup ------------------------------------------------------------------------
+
+    def _manage(self, *args: str) -> str:
+        out = subprocess.run(
+            manage(*args), env=self.env("setup"), cwd=ROOT, capture_output=True, text=True,
+            timeout=300,
+        )  # fmt: skip
+        if out.returncode != 0:
+            raise RuntimeError(f"manage.py {' '.join(args)} failed:\n{out.stdout}\n{out.stderr}")
+        return out.stdout
+
+    def migrate(self) -> None:
+        self._manage("migrate", "--noinput", "-v", "0")
+
+    def create_client(self, name: str) -> str:
+        """`manage.py createclient NAME`; its token is the last line printed."""
+        lines = self._manage("createclient", name).strip().splitlines()
+        return lines[-1].strip()
+
+    def start(self) -> None:
+        self.redis.start()
+        for svc in self.services:
+            svc.start()
+        wait_for(self.api_ready, 60, "the API to answer /healthz")
+
+    def api_ready(self) -> bool:
+        conn = http.client.HTTPConnection("127.0.0.1", self.api_port, timeout=2)
+        try:
+            conn.request("GET", "/healthz")
+            return conn.getresponse().status == 200
+        except OSError:
+            return False
+        finally:
+            conn.close()
+
+    # --- during the run ---------------------------------------------------------------------
+
+    def watch(self) -> None:
+        """Restart any service that died without a fault killing it, and note it."""
+        for svc in self.services:
+            if svc.proc is not None and not svc.alive() and not svc.expected_down:
+                code = svc.proc.returncode
+                self.unexpected_exits.append(
+                    f"{svc.name} exited on its own (code {code}); see {svc.log}"
+                )
+                svc.start()
+
+    def heal(self) -> None:
+        """After the faults: Redis up, nothing stopped, every service running."""
+        if not self.redis.running:
+            self.redis.start()
+        self.watch()
+        for svc in self.services:
+            if svc.alive():
+                svc.signal(signal.SIGCONT, group=True)
+            else:
+                svc.start()
+
+    def terminate_backends(self, target: str) -> int:
+        """pg_terminate_backend on every connection of one process slot (by application_name)."""
+        with psycopg.connect(self.db.url("chaos-injector"), autocommit=True) as conn:
+            row = conn.execute(
+                """SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+                   WHERE datname = current_database() AND application_name = %s""",
+                [f"chaos-{target}"],
+            ).fetchone()
+        return int(row[0])
+
+    def kill_pid(self, pid: int) -> None:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def orphan_submit(self, count: int, seed: int) -> list[tuple[int, str]]:
+        out = subprocess.run(
+            [sys.executable, "-m", "chaos.orphan", str(count), str(seed)],
+            env=self.env("orphan"), cwd=ROOT, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        if out.returncode != 0:
+            raise RuntimeError(f"orphan helper failed ({out.returncode}): {out.stderr[-500:]}")
+        rows = [line.split() for line in out.stdout.splitlines() if line.strip()]
+        return [(int(job_id), kind) for job_id, kind in rows]
+
+    # --- teardown ---------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        for svc in self.services:
+            svc.shutdown(grace=5)
+        self.redis.stop()

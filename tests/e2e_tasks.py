@@ -1,0 +1,38 @@
+"""Tasks for end-to-end tests only (JOBS_TASK_MODULES=demo.tasks,tests.e2e_tasks):
+handlers whose results or errors PostgreSQL cannot store as they are."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jobs.tasks import JobContext, task
+
+
+@task("e2e.unserializable")
+def unserializable(payload: Any, ctx: JobContext) -> Any:
+    """Returns a set: not JSON."""
+    return {"ids": {1, 2, 3}}
+
+
+@task("e2e.nan")
+def nan(payload: Any, ctx: JobContext) -> Any:
+    """Returns NaN: Python's json writes it, jsonb refuses it."""
+    return {"ratio": float("nan")}
+
+
+@task("e2e.nul_result")
+def nul_result(payload: Any, ctx: JobContext) -> Any:
+    """Returns a string with a NUL character, which jsonb cannot store."""
+    return {"text": "a\x00b"}
+
+
+@task("e2e.nul_error")
+def nul_error(payload: Any, ctx: JobContext) -> Any:
+    """Raises an error whose message holds a NUL character (text columns refuse it)."""
+    raise ValueError("bad\x00byte")
+
+
+@task("e2e.unserializable_tx", transactional=True)
+def unserializable_tx(payload: Any, ctx: JobContext) -> Any:
+    """Transactional, returns a set: its fenced completion cannot write it."""
+    return {"ids": {1}}

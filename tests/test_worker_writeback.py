@@ -1,0 +1,64 @@
+"""The worker's batched write-back, against a statement that really fails once.
+
+Each statement of a write-back (complete, fail, release) commits on its own. When a
+later one fails (a killed connection, a serialization failure), the retry must not
+run the earlier ones again: they already landed, and re-running them finds the rows
+changed and records the worker's own successful write as a stale one turned away.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from jobs import services
+from jobs.models import JobEvent
+from jobs.worker import Outcome, Worker
+from tests.conftest import job_row
+from tests.factories import JobFactory, raw
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def fail_once():
+    """Make the first UPDATE of one job fail for real, inside PostgreSQL."""
+    raw("CREATE SEQUENCE test_fail_once")
+
+    def arm(job_id: int) -> None:
+        raw(
+            f"""CREATE FUNCTION test_fail_once() RETURNS trigger LANGUAGE plpgsql AS $$
+                BEGIN
+                  IF NEW.id = {int(job_id)} AND nextval('test_fail_once') = 1 THEN
+                    RAISE EXCEPTION 'injected failure' USING ERRCODE = 'serialization_failure';
+                  END IF;
+                  RETURN NEW;
+                END $$;
+                CREATE TRIGGER aaa_test_fail_once BEFORE UPDATE ON jobs_job
+                  FOR EACH ROW EXECUTE FUNCTION test_fail_once();"""
+        )
+
+    yield arm
+    raw("DROP TRIGGER IF EXISTS aaa_test_fail_once ON jobs_job")
+    raw("DROP FUNCTION IF EXISTS test_fail_once()")
+    raw("DROP SEQUENCE IF EXISTS test_fail_once")
+
+
+def test_retry_after_a_failed_statement_does_not_repeat_the_ones_that_landed(fail_once):
+    worker = Worker(worker_id="w-batch")
+    done_job, retry_job = JobFactory.create(), JobFactory.create(task="fail")
+    done_lease = services.claim(worker.worker_id, done_job.pk)
+    retry_lease = services.claim(worker.worker_id, retry_job.pk)
+    fail_once(retry_job.pk)  # complete() lands, then fail() fails once
+
+    worker._write_back(
+        [
+            Outcome(done_lease, "done", result={"ok": True}),
+            Outcome(retry_lease, "fail", error="RetryableError: again"),
+        ]
+    )
+
+    assert job_row(done_job.pk)["status"] == "done"
+    row = job_row(retry_job.pk)
+    assert (row["status"], row["retry_count"], row["lease_version"]) == ("queued", 1, 2)
+    assert list(JobEvent.objects.filter(kind="fence_rejected")) == []
+    assert worker.finished == 1
