@@ -226,12 +226,13 @@ class Worker:
                     checked = now
                 if self.max_jobs is not None and self.claimed >= self.max_jobs:
                     break
+                # Cleared before counting, so a slot freed from here on wakes the wait below.
+                self._slot_free.clear()
                 free = self._free_slots()
                 if self.max_jobs is not None:
                     free = min(free, self.max_jobs - self.claimed)
                 if free <= 0:
                     self._slot_free.wait(0.1)
-                    self._slot_free.clear()
                     continue
                 leases = self._discover(free)
                 if leases is None:
