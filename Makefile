@@ -42,7 +42,7 @@ browser:
 ## test: the whole suite against the real PostgreSQL and Redis on 127.0.0.1.
 test: install browser tools
 	$(VENV)/bin/ruff check .
-	$(PY) manage.py makemigrations --check --dry-run --settings=jobservice.test_settings
+	DATABASE_URL=$${DATABASE_URL:-postgres://root@127.0.0.1:5432/postgres} $(PY) manage.py makemigrations --check --dry-run --settings=jobservice.test_settings
 	$(VENV)/bin/pytest
 
 ## bench: throughput and latency figures against real processes on a scratch database
