@@ -80,6 +80,12 @@ class RedisServer:
         wait_until(self.ping, 10, message=f"redis on {self.port}")
         return self
 
+    def client(self):
+        """A redis-py client for this server (short timeouts: a stopped server errors fast)."""
+        import redis
+
+        return redis.Redis.from_url(self.url, socket_timeout=2, socket_connect_timeout=1)
+
     def ping(self) -> bool:
         try:
             return self.cli("PING") == "PONG"

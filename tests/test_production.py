@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,8 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings
+
+from tests.harness import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 STRONG_KEY = secrets.token_urlsafe(64)
@@ -109,12 +110,6 @@ def test_development_still_starts_with_the_default_key():
     assert r.returncode == 0, r.stderr
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _get(url: str, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
     class NoRedirect(urllib.request.HTTPRedirectHandler):
         def redirect_request(self, *args, **kwargs):
@@ -137,7 +132,7 @@ def test_admin_and_static_files_work_under_gunicorn_in_production(tmp_path, djan
     assert r.returncode == 0, r.stderr
     assert (static / "staticfiles.json").exists()  # the manifest storage's index
 
-    port = _free_port()
+    port = free_port()
     env = production_env(STATIC_ROOT=str(static), WEB_CONCURRENCY="1")
     proc = subprocess.Popen(
         [

@@ -1,23 +1,19 @@
-"""API test fixtures: authenticated clients that record which routes they hit,
-a private redis-server that tests may stop, and a closed port."""
+"""API test fixtures: authenticated clients that record which routes they hit, and a
+closed Redis port. A private redis-server comes from the root conftest (`private_redis`)."""
 
 from __future__ import annotations
 
 import re
-import shutil
-import socket
-import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis
 from django.core.cache import cache
 from rest_framework.test import APIClient
 
 from jobs import submission
 from jobs.models import Client, Job, JobEvent
+from tests.harness import free_port
 
 API_DIR = Path(__file__).parent
 COVERAGE_TEST = "test_every_schema_operation_is_exercised"
@@ -104,71 +100,9 @@ def counts() -> tuple[int, int]:
     return Job.objects.count(), JobEvent.objects.count()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def closed_redis_url() -> str:
     """A Redis URL on a port nobody listens on: connections are refused at once."""
     return f"redis://127.0.0.1:{free_port()}/0"
 
 
-class RedisServer:
-    """A redis-server of our own on a free port, so tests can stop it without
-    touching the shared one."""
-
-    def __init__(self, workdir: Path) -> None:
-        self.port = free_port()
-        self.workdir = workdir
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def client(self) -> redis.Redis:
-        return redis.Redis.from_url(self.url, socket_timeout=2, socket_connect_timeout=1)
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [
-                shutil.which("redis-server") or "redis-server",
-                "--port", str(self.port),
-                "--bind", "127.0.0.1",
-                "--save", "",
-                "--appendonly", "no",
-                "--daemonize", "no",
-                "--dir", str(self.workdir),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                if self.client().ping():
-                    return
-            except redis.RedisError:
-                pass
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"private redis-server on {self.port} did not start")
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=10)
-        self.proc = None
-
-
-@pytest.fixture
-def private_redis(tmp_path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
