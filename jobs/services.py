@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
@@ -130,11 +130,17 @@ def _group_by_queue(pairs: Iterable[tuple[int, str]]) -> dict[str, list[int]]:
     return dict(out)
 
 
-def signal_after_commit(pairs: Iterable[tuple[int, str]], *, park_on_failure: bool) -> None:
+def signal_after_commit(
+    pairs: Iterable[tuple[int, str]],
+    *,
+    park_on_failure: bool,
+    on_parked: Callable[[list[int]], None] | None = None,
+) -> None:
     """Push job ids to Redis once the current transaction commits (SPEC §1).
 
     With `park_on_failure`, a failed push moves the still-queued rows to
-    enqueue_failed in a second short transaction (the API's submission path).
+    enqueue_failed in a second short transaction (the API's submission path),
+    then tells `on_parked` which ids it parked.
     Otherwise (re-signals by workers and the reaper) a failed push is only
     counted: the row stays queued and the lost-signal sweep or polling finds it.
     """
@@ -149,6 +155,8 @@ def signal_after_commit(pairs: Iterable[tuple[int, str]], *, park_on_failure: bo
             ids = [i for ids in ids_by_queue.values() for i in ids]
             if park_on_failure:
                 parked = mark_enqueue_failed(ids, reason=str(exc))
+                if on_parked is not None:
+                    on_parked(parked)
                 log.warning(
                     "redis push failed; %d job(s) parked as enqueue_failed: %s",
                     len(parked),
@@ -241,7 +249,11 @@ def submit(
     # Counted when the caller's transaction commits: a rolled-back job never existed.
     transaction.on_commit(metrics.SUBMITTED.labels(queue, task).inc)
     if due:
-        signal_after_commit([(job.pk, queue)], park_on_failure=True)
+        def parked(ids: list[int]) -> None:
+            if job.pk in ids:  # callers reading the job after commit see the parked state
+                job.status = ENQUEUE_FAILED
+
+        signal_after_commit([(job.pk, queue)], park_on_failure=True, on_parked=parked)
     return job, True
 
 

@@ -26,6 +26,7 @@ from jobs.api.serializers import (
     JobSerializer,
     JobSubmitSerializer,
 )
+from jobs.lifecycle import Status
 from jobs.models import Job, JobEvent
 
 
@@ -100,14 +101,16 @@ class JobViewSet(viewsets.GenericViewSet):
         body.is_valid(raise_exception=True)
         key = request.headers.get("Idempotency-Key")
         # The durable block is the real commit: the Redis push (on_commit) runs
-        # when it closes, and a failed push has parked the row by the time we reread it.
+        # when it closes. A failed push has parked the row by then and marked the
+        # job object; only then is the row read again (for its new updated_at).
         with transaction.atomic(durable=True):
             job, created = submission.submit(
                 **body.validated_data, idempotency_key=key, client=request.user
             )
         if not created:
             return Response(JobSerializer(job).data, status=status.HTTP_200_OK)
-        job = Job.objects.get(pk=job.pk)
+        if job.status != Status.QUEUED:
+            job = Job.objects.get(pk=job.pk)
         return Response(
             JobSerializer(job).data,
             status=status.HTTP_201_CREATED,
