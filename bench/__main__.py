@@ -20,7 +20,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from bench import scenarios
-from bench.env import ROOT, Code, Processes, Redis, ScratchDatabase, setup_django
+from bench.env import Code, processes, scratch_database, setup_django
+from harness import ROOT, RedisServer
 
 RESULTS = ROOT / "bench" / "results"
 
@@ -105,15 +106,15 @@ def main(argv: list[str] | None = None) -> int:
         "cpus": os.cpu_count(),
         "quick": args.quick,
     }
-    db = ScratchDatabase().create()
-    redis = Redis().start()
+    db = scratch_database().create()
+    redis = RedisServer().start()
     logdir = Path(tempfile.mkdtemp(prefix="jobservice-bench-logs-"))
     code = Code()
     baseline = Code(args.baseline) if args.baseline else None
     print(f"bench {run_id}: database {db.name}, redis {redis.url}, logs {logdir}", flush=True)
     try:
-        setup_django(db.url, redis.url)
-        procs = Processes(db.url, redis.url, logdir)
+        setup_django(db.url(), redis.url)
+        procs = processes(db.url(), redis.url, logdir)
         ctx = scenarios.Context(args, db, redis, procs, code, baseline, logdir)
         with open(out, "a") as fh:
             for name in names:

@@ -9,8 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import statistics
 import subprocess
 import sys
 import time
@@ -19,14 +17,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.env import ROOT, Code, Processes, Redis, ScratchDatabase, wait_until
+from bench import http_load
+from bench.env import Code
+from bench.measure import (
+    Profiler,
+    backend_pids,
+    cpu_seconds,
+    fmt_pcts,
+    percentiles,
+    sql,
+)
+from harness import ROOT, Processes, RedisServer, ScratchDatabase, wait_until
 
 
 @dataclass
 class Context:
     args: argparse.Namespace
     db: ScratchDatabase
-    redis: Redis
+    redis: RedisServer
     procs: Processes
     code: Code
     baseline: Code | None
@@ -122,42 +130,11 @@ def run(name: str, ctx: Context) -> Iterator[dict]:
 # --- helpers -------------------------------------------------------------------------------
 
 
-def sql(query: str, params: Any = None) -> list[tuple]:
-    from django.db import connection
-
-    with connection.cursor() as cur:
-        cur.execute(query, params)
-        return cur.fetchall() if cur.description else []
-
-
 def reset(ctx: Context) -> None:
     """Empty the job tables and Redis between measurements (a scratch database)."""
     ctx.procs.stop_all()
     sql("TRUNCATE jobs_job, jobs_jobevent, demo_effect")
-    ctx.redis.flush()
-
-
-def percentiles(values: list[float]) -> dict[str, float]:
-    if not values:
-        return {}
-    s = sorted(values)
-
-    def rank(p: float) -> float:
-        return s[min(len(s) - 1, max(0, int(round(p / 100 * len(s) + 0.5)) - 1))]
-
-    return {
-        "n": len(s),
-        "p50": rank(50),
-        "p90": rank(90),
-        "p95": rank(95),
-        "p99": rank(99),
-        "max": s[-1],
-        "mean": statistics.fmean(s),
-    }
-
-
-def fmt_pcts(p: dict[str, float], unit: str = "ms") -> str:
-    return ", ".join(f"{k} {v:.2f}{unit}" for k, v in p.items() if k != "n") + f" (n={p['n']})"
+    ctx.redis.flushall()
 
 
 def preload(n: int, task: str = "echo", payload: Any = None, chunk: int = 1000) -> float:
@@ -186,79 +163,6 @@ def wait_terminal(n: int, timeout: float) -> None:
         f"{n} jobs terminal",
         interval=0.05,
     )
-
-
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pids: list[int]) -> float:
-    """User+system CPU of these processes (and their threads) so far, from /proc."""
-    total = 0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        total += int(fields[11]) + int(fields[12])
-    return total / _TICK
-
-
-def backend_pids() -> list[int]:
-    """PostgreSQL backends connected to the scratch database (same machine)."""
-    return [
-        r[0]
-        for r in sql(
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-            "AND pid <> pg_backend_pid()"
-        )
-    ]
-
-
-class Profiler:
-    """py-spy attached to worker processes for the length of a measurement (--profile)."""
-
-    def __init__(self, ctx: Context, procs: list, label: str) -> None:
-        self.runs = []
-        self.dir = ctx.args.profile
-        if not self.dir:
-            return
-        spy = Path(sys.executable).parent / "py-spy"
-        self.dir.mkdir(parents=True, exist_ok=True)
-        for n, p in enumerate(procs):
-            out = self.dir / f"{label}-{n}.txt"
-            self.runs.append(
-                (
-                    out,
-                    subprocess.Popen(
-                        [
-                            str(spy),
-                            "record",
-                            "--pid",
-                            str(p.pid),
-                            "--rate",
-                            "250",
-                            "--format",
-                            "raw",
-                            "--threads",
-                            "--gil",
-                            "--nonblocking",
-                            "--subprocesses",
-                            "-o",
-                            str(out),
-                        ],
-                        stdout=subprocess.DEVNULL,
-                        stderr=subprocess.DEVNULL,
-                    ),
-                )
-            )
-        time.sleep(1.0)  # py-spy attaches
-
-    def stop(self) -> list[str]:
-        for _, proc in self.runs:
-            proc.send_signal(signal.SIGINT)
-        for _, proc in self.runs:
-            proc.wait(30)
-        return [str(out) for out, _ in self.runs]
 
 
 def worker_args(ctx: Context, concurrency: int) -> list[str]:
@@ -319,8 +223,11 @@ def drain(ctx: Context, workers: int) -> Iterator[dict]:
     for code, variant in ctx.setups():
         reset(ctx)
         apply_variant(variant)
-        procs = [ctx.procs.worker(code, *worker_args(ctx, concurrency)) for _ in range(workers)]
-        profiler = Profiler(ctx, procs, f"drain-{workers}-{code.label}")
+        procs = [
+            ctx.procs.worker(*worker_args(ctx, concurrency), root=code.root, ready=True)
+            for _ in range(workers)
+        ]
+        profiler = Profiler(ctx.args.profile, procs, f"drain-{workers}-{code.label}")
         # Workers are up and idle; the jobs arrive in one commit and one push, so the
         # measurement starts from the same state for every worker.
         backends = backend_pids()
@@ -414,7 +321,10 @@ def latency(ctx: Context) -> Iterator[dict]:
     for code, variant in ctx.setups():
         reset(ctx)
         apply_variant(variant)
-        procs = [ctx.procs.worker(code, *worker_args(ctx, concurrency)) for _ in range(2)]
+        procs = [
+            ctx.procs.worker(*worker_args(ctx, concurrency), root=code.root, ready=True)
+            for _ in range(2)
+        ]
         time.sleep(0.5)
         floor = commit_floor(50 if ctx.quick else 300)
         for _ in range(n):
@@ -566,15 +476,15 @@ def recovery(ctx: Context) -> Iterator[dict]:
         env = {"JOBS_LEASE_SECONDS": str(lease), "JOBS_REAPER_INTERVAL": str(interval)}
         label = f"SHORT LEASE {lease:g} s, reaper every {interval:g} s (not the defaults)"
     held = 8
-    victim = ctx.procs.worker(ctx.code, "--concurrency", str(held), **env)
+    victim = ctx.procs.worker("--concurrency", str(held), ready=True, **env)
     preload(held, task="bench.hold_first", payload={"seconds": 300})
     wait_until(
         lambda: counts_by_status().get("processing", 0) == held, 30, "jobs held by the victim"
     )
-    rescuer = ctx.procs.worker(ctx.code, "--concurrency", str(held), **env)
+    rescuer = ctx.procs.worker("--concurrency", str(held), ready=True, **env)
     victim.kill()
     killed_at = sql("SELECT clock_timestamp()")[0][0]
-    ctx.procs.start(ctx.code, "runreaper", **env)
+    ctx.procs.reaper(**env)
     wait_terminal(held, timeout=120)
     requeued, finished = sql(
         """SELECT (SELECT max(at) FROM jobs_jobevent WHERE actor = 'reaper'),
@@ -608,19 +518,15 @@ def api_available() -> bool:
 
 @scenario("http-single")
 def http_single(ctx: Context) -> Iterator[dict]:
-    from bench import http
-
     if not api_available():
-        yield http.not_measured("http-single")
+        yield http_load.not_measured("http-single")
         return
-    yield from http.single(ctx)
+    yield from http_load.single(ctx)
 
 
 @scenario("http-bulk")
 def http_bulk(ctx: Context) -> Iterator[dict]:
-    from bench import http
-
     if not api_available():
-        yield http.not_measured("http-bulk")
+        yield http_load.not_measured("http-bulk")
         return
-    yield from http.bulk(ctx)
+    yield from http_load.bulk(ctx)

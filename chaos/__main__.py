@@ -14,7 +14,7 @@ import signal
 import sys
 
 from chaos.profiles import FAULT_KINDS, PROFILES
-from chaos.scratch import DEFAULT_ADMIN_URL
+from harness import DEFAULT_ADMIN_URL
 
 
 def positive(kind):

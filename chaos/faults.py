@@ -240,7 +240,8 @@ class Injector(threading.Thread):
         if kind == "duplicate_push":
             ids = self.load.accepted_ids()
             sample = self.rng.sample(ids, min(len(ids), int(f.value)))
-            st.redis.rpush(st.queue_key("default"), sample)
+            if sample:
+                st.redis.client().rpush(st.queue_key("default"), *sample)
             self.notes["duplicate ids pushed"] += len(sample)
             return f"RPUSH {len(sample)} ids already pushed"
         if kind == "pg_terminate":

@@ -14,17 +14,16 @@ from collections.abc import Callable
 from chaos import checks
 from chaos.faults import Injector, plan
 from chaos.load import LoadGenerator
-from chaos.procs import ROOT
 from chaos.profiles import Profile
 from chaos.report import RunResult, failure_reasons, observed, render, replay_command
-from chaos.scratch import DEFAULT_ADMIN_URL, ScratchDatabase, checkout_tag
 from chaos.stack import Stack
+from harness import DEFAULT_ADMIN_URL, ROOT, ScratchDatabase, checkout_tag
 
 log = logging.getLogger("chaos")
 
 
 def _count_unfinished(db: ScratchDatabase) -> tuple[int, int]:
-    with db.connect(autocommit=True) as conn:
+    with db.connect("chaos-harness", autocommit=True) as conn:
         row = conn.execute(
             "SELECT count(*) FILTER (WHERE status NOT IN ('done', 'failed')), count(*) "
             "FROM jobs_job"
@@ -44,7 +43,7 @@ def run(
     started = time.monotonic()
     schedule = plan(seed, profile)
     result = RunResult(profile, seed, schedule)
-    db = ScratchDatabase(admin_url)
+    db = ScratchDatabase("chaos", admin_url)
     logdir = ROOT / "var" / "chaos" / db.name
     logdir.mkdir(parents=True, exist_ok=True)
     result.logdir = str(logdir)
@@ -109,7 +108,7 @@ def run(
         stack.shutdown()
         # Checks, on one consistent snapshot of a database nobody writes any more.
         accepted = set(load.accepted)
-        with db.connect() as conn:
+        with db.connect("chaos-harness") as conn:
             conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
             result.violations = checks.run_all(conn, accepted)
             result.latency = checks.latency(conn, accepted, profile.slo_seconds)

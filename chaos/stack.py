@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import http.client
 import os
 import signal
 import subprocess
@@ -11,9 +10,19 @@ from pathlib import Path
 
 import psycopg
 
-from chaos.procs import ROOT, RedisServer, Service, free_port, gunicorn, manage, wait_for
 from chaos.profiles import Profile
-from chaos.scratch import ScratchDatabase
+from harness import (
+    ROOT,
+    RedisServer,
+    ScratchDatabase,
+    Service,
+    free_port,
+    gunicorn,
+    http_ok,
+    manage,
+    service_env,
+    wait_until,
+)
 
 PREFIX = "chaos:"
 # Variables the harness sets itself; inherited values must not leak into the stack.
@@ -27,19 +36,11 @@ class Stack:
         self.logdir = logdir
         self.redis = RedisServer(logdir / "redis.log")
         self.api_port = free_port()
-        self.api = Service("api", gunicorn(), self.env("api"), logdir)
-        self.workers = [
-            Service(
-                f"worker-{i + 1}",
-                manage("runworker", "--concurrency", str(profile.concurrency), "--grace", "2"),
-                self.env(f"worker-{i + 1}"),
-                logdir,
-            )
-            for i in range(profile.workers)
-        ]
+        self.api = self._service("api", gunicorn())
+        worker = manage("runworker", "--concurrency", str(profile.concurrency), "--grace", "2")
+        self.workers = [self._service(f"worker-{i + 1}", worker) for i in range(profile.workers)]
         self.reapers = [
-            Service(f"reaper-{i + 1}", manage("runreaper"), self.env(f"reaper-{i + 1}"), logdir)
-            for i in range(profile.reapers)
+            self._service(f"reaper-{i + 1}", manage("runreaper")) for i in range(profile.reapers)
         ]
         self.unexpected_exits: list[str] = []
 
@@ -53,28 +54,29 @@ class Stack:
                 return svc
         raise KeyError(name)
 
+    def _service(self, name: str, argv: list[str]) -> Service:
+        return Service(name, argv, self.env(name), self.logdir / f"{name}.log")
+
     def env(self, app: str) -> dict[str, str]:
         p = self.profile
         base = {k: v for k, v in os.environ.items() if not k.startswith(("JOBS_", *_OWN))}
-        return {
-            **base,
-            "DJANGO_SETTINGS_MODULE": "jobservice.settings",
-            "DATABASE_URL": self.db.url(f"chaos-{app}"),
-            "REDIS_URL": self.redis.url,
-            "JOBS_REDIS_PREFIX": PREFIX,
-            "JOBS_TASK_MODULES": "demo.tasks,chaos.tasks",
-            "JOBS_LEASE_SECONDS": str(p.lease),
-            "JOBS_REAPER_INTERVAL": str(p.reaper_interval),
-            "JOBS_LOST_SIGNAL_SECONDS": str(p.lost_signal),
-            "JOBS_RETRY_BACKOFF_BASE": str(p.backoff_base),
-            "BIND": f"127.0.0.1:{self.api_port}",
-            "WEB_CONCURRENCY": str(p.api_processes),
-            "WEB_THREADS": str(p.api_threads),
-            "DEBUG": "0",
-            "LOG_LEVEL": "INFO",
-            "PYTHONUNBUFFERED": "1",
+        return service_env(
+            self.db.url(f"chaos-{app}"),
+            self.redis.url,
+            PREFIX,
+            "demo.tasks,chaos.tasks",
+            base,
+            JOBS_LEASE_SECONDS=str(p.lease),
+            JOBS_REAPER_INTERVAL=str(p.reaper_interval),
+            JOBS_LOST_SIGNAL_SECONDS=str(p.lost_signal),
+            JOBS_RETRY_BACKOFF_BASE=str(p.backoff_base),
+            BIND=f"127.0.0.1:{self.api_port}",
+            WEB_CONCURRENCY=str(p.api_processes),
+            WEB_THREADS=str(p.api_threads),
+            DEBUG="0",
+            PYTHONUNBUFFERED="1",
             **p.extra_env,
-        }
+        )
 
     def queue_key(self, queue: str) -> str:
         return f"{PREFIX}q:{queue}"
@@ -102,17 +104,7 @@ class Stack:
         self.redis.start()
         for svc in self.services:
             svc.start()
-        wait_for(self.api_ready, 60, "the API to answer /healthz")
-
-    def api_ready(self) -> bool:
-        conn = http.client.HTTPConnection("127.0.0.1", self.api_port, timeout=2)
-        try:
-            conn.request("GET", "/healthz")
-            return conn.getresponse().status == 200
-        except OSError:
-            return False
-        finally:
-            conn.close()
+        wait_until(lambda: http_ok(self.api_port), 60, "the API to answer /healthz", 0.1)
 
     # --- during the run ---------------------------------------------------------------------
 
@@ -122,7 +114,7 @@ class Stack:
             if svc.proc is not None and not svc.alive() and not svc.expected_down:
                 code = svc.proc.returncode
                 self.unexpected_exits.append(
-                    f"{svc.name} exited on its own (code {code}); see {svc.log}"
+                    f"{svc.name} exited on its own (code {code}); see {svc.log_path}"
                 )
                 svc.start()
 
@@ -167,5 +159,5 @@ class Stack:
 
     def shutdown(self) -> None:
         for svc in self.services:
-            svc.shutdown(grace=5)
+            svc.stop(grace=5)
         self.redis.stop()

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from chaos.procs import ROOT
 from chaos.profiles import FAULT_KINDS
+from harness import ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.chaos]
 

@@ -13,7 +13,7 @@ import pytest
 
 from chaos.profiles import PROFILES
 from chaos.run import run
-from chaos.scratch import DEFAULT_ADMIN_URL
+from harness import DEFAULT_ADMIN_URL
 
 pytestmark = pytest.mark.slow
 

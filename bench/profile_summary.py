@@ -1,4 +1,4 @@
-"""Summarise py-spy raw (collapsed) stacks: `python -m bench.profile FILE... [--top N]`.
+"""Summarise py-spy raw (collapsed) stacks: `python -m bench.profile_summary FILE... [--top N]`.
 
 Prints where the samples of busy threads went: self time per function and
 inclusive time per function, each as a share of all non-idle samples.
@@ -54,7 +54,7 @@ def summarise(files: list[Path], top: int) -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(prog="python -m bench.profile")
+    p = argparse.ArgumentParser(prog="python -m bench.profile_summary")
     p.add_argument("files", nargs="+", type=Path)
     p.add_argument("--top", type=int, default=25)
     args = p.parse_args()

@@ -1,4 +1,7 @@
-"""HTTP submission through gunicorn: single jobs and batches of 1000."""
+"""HTTP submission through gunicorn: single jobs and batches of 1000.
+
+The load itself comes from `bench.http_client` processes (standard library only).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +11,8 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from bench.env import ROOT, Proc, wait_until
+from bench.measure import Profiler, fmt_pcts, percentiles, sql
+from harness import ROOT, Service, free_port
 
 
 def not_measured(name: str) -> dict:
@@ -21,52 +25,17 @@ def not_measured(name: str) -> dict:
     }
 
 
-def _gunicorn(ctx: Any, web_concurrency: int) -> tuple[Proc, str]:
-    from tests.harness import free_port
-
+def _gunicorn(ctx: Any, web_concurrency: int) -> tuple[Service, str]:
     port = free_port()
-    env = {
-        **ctx.procs.env,
-        "BIND": f"127.0.0.1:{port}",
-        "WEB_CONCURRENCY": str(web_concurrency),
-        "LOG_LEVEL": "WARNING",
-        "JOBS_MAX_QUEUE_DEPTH": "100000000",
-        "JOBS_API_THROTTLE": "100000000/minute",
-    }
-    log = ctx.logdir / f"gunicorn-{port}.log"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gunicorn",
-            "-c",
-            str(ctx.code.root / "gunicorn.conf.py"),
-            "jobservice.wsgi:application",
-        ],
-        cwd=ctx.code.root,
-        env=env,
-        stdout=open(log, "wb"),
-        stderr=subprocess.STDOUT,
+    server = ctx.procs.api(
+        port,
+        root=ctx.code.root,
+        WEB_CONCURRENCY=str(web_concurrency),
+        LOG_LEVEL="WARNING",
+        JOBS_MAX_QUEUE_DEPTH="100000000",
+        JOBS_API_THROTTLE="100000000/minute",
     )
-    url = f"http://127.0.0.1:{port}"
-
-    def up() -> bool:
-        import urllib.request
-
-        try:
-            with urllib.request.urlopen(f"{url}/healthz", timeout=1) as r:
-                return r.status == 200
-        except OSError:
-            return proc.poll() is not None
-
-    wait_until(up, 60, "gunicorn to answer /healthz", interval=0.1)
-    if proc.poll() is not None:
-        raise RuntimeError(f"gunicorn exited:\n{log.read_text()}")
-    wrapper = Proc.__new__(Proc)
-    wrapper.proc, wrapper.args, wrapper.log_path = proc, ["gunicorn"], log
-    wrapper._log = open(log, "ab")
-    ctx.procs.procs.append(wrapper)
-    return wrapper, url
+    return server, f"http://127.0.0.1:{port}"
 
 
 def _load(ctx: Any, url: str, body: Any, seconds: float, clients: int, threads: int) -> dict:
@@ -80,7 +49,7 @@ def _load(ctx: Any, url: str, body: Any, seconds: float, clients: int, threads: 
             [
                 sys.executable,
                 "-m",
-                "bench.httpload",
+                "bench.http_client",
                 url,
                 token,
                 str(body_file),
@@ -113,13 +82,11 @@ def _load(ctx: Any, url: str, body: Any, seconds: float, clients: int, threads: 
 
 
 def _run(ctx: Any, name: str, body: Any, jobs_per_request: int, clients: int, threads: int):
-    from bench.scenarios import Profiler, fmt_pcts, percentiles, sql
-
     web = ctx.args.web_concurrency or 2
     seconds = 2.0 if ctx.quick else 10.0
     server, url = _gunicorn(ctx, web)
     path = "/api/v1/jobs/batch/" if jobs_per_request > 1 else "/api/v1/jobs/"
-    profiler = Profiler(ctx, [server], name)
+    profiler = Profiler(ctx.args.profile, [server], name)
     got = _load(ctx, url + path, body, seconds, clients, threads)
     profiler.stop()
     created = sql("SELECT count(*), min(created_at), max(created_at) FROM jobs_job")[0]

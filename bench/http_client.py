@@ -1,6 +1,7 @@
-"""A small HTTP load generator: threads POSTing one body in a loop for a fixed time.
+"""A small HTTP load generator, the client side of `bench.http_load`: threads POSTing one
+body in a loop for a fixed time.
 
-`python -m bench.httpload URL TOKEN BODY_FILE SECONDS THREADS` prints "ready", waits for a
+`python -m bench.http_client URL TOKEN BODY_FILE SECONDS THREADS` prints "ready", waits for a
 line on stdin (the start gate), runs, then prints one JSON line: status counts and the
 request latencies in ms. No dependencies beyond the standard library.
 """

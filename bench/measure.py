@@ -1,0 +1,117 @@
+"""What the scenarios measure with: SQL on the scratch database, percentiles, CPU time
+from /proc, and py-spy attached to processes (--profile)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def sql(query: str, params: Any = None) -> list[tuple]:
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute(query, params)
+        return cur.fetchall() if cur.description else []
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    s = sorted(values)
+
+    def rank(p: float) -> float:
+        return s[min(len(s) - 1, max(0, int(round(p / 100 * len(s) + 0.5)) - 1))]
+
+    return {
+        "n": len(s),
+        "p50": rank(50),
+        "p90": rank(90),
+        "p95": rank(95),
+        "p99": rank(99),
+        "max": s[-1],
+        "mean": statistics.fmean(s),
+    }
+
+
+def fmt_pcts(p: dict[str, float], unit: str = "ms") -> str:
+    return ", ".join(f"{k} {v:.2f}{unit}" for k, v in p.items() if k != "n") + f" (n={p['n']})"
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User+system CPU of these processes (and their threads) so far, from /proc."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / _TICK
+
+
+def backend_pids() -> list[int]:
+    """PostgreSQL backends connected to the scratch database (same machine)."""
+    return [
+        r[0]
+        for r in sql(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND pid <> pg_backend_pid()"
+        )
+    ]
+
+
+class Profiler:
+    """py-spy attached to worker processes for the length of a measurement (--profile)."""
+
+    def __init__(self, directory: Path | None, procs: list, label: str) -> None:
+        self.runs = []
+        self.dir = directory
+        if not self.dir:
+            return
+        spy = Path(sys.executable).parent / "py-spy"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        for n, p in enumerate(procs):
+            out = self.dir / f"{label}-{n}.txt"
+            self.runs.append(
+                (
+                    out,
+                    subprocess.Popen(
+                        [
+                            str(spy),
+                            "record",
+                            "--pid",
+                            str(p.pid),
+                            "--rate",
+                            "250",
+                            "--format",
+                            "raw",
+                            "--threads",
+                            "--gil",
+                            "--nonblocking",
+                            "--subprocesses",
+                            "-o",
+                            str(out),
+                        ],
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                    ),
+                )
+            )
+        time.sleep(1.0)  # py-spy attaches
+
+    def stop(self) -> list[str]:
+        for _, proc in self.runs:
+            proc.send_signal(signal.SIGINT)
+        for _, proc in self.runs:
+            proc.wait(30)
+        return [str(out) for out, _ in self.runs]

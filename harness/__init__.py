@@ -1,0 +1,39 @@
+"""Real processes for the tests, the fault suite (`chaos/`) and the benchmark (`bench/`).
+
+Dev tooling, not product code: nothing under `jobs/` imports it. One place for starting,
+signalling and killing services, a private redis-server, scratch databases and the
+polling helpers, so the three users cannot drift apart.
+"""
+
+from harness.procs import (
+    ROOT,
+    Processes,
+    Service,
+    WaitTimeout,
+    free_port,
+    gunicorn,
+    http_ok,
+    manage,
+    service_env,
+    wait_until,
+)
+from harness.redis_server import RedisServer
+from harness.scratch import DEFAULT_ADMIN_URL, ScratchDatabase, checkout_tag, database_url
+
+__all__ = [
+    "DEFAULT_ADMIN_URL",
+    "ROOT",
+    "Processes",
+    "RedisServer",
+    "ScratchDatabase",
+    "Service",
+    "WaitTimeout",
+    "checkout_tag",
+    "database_url",
+    "free_port",
+    "gunicorn",
+    "http_ok",
+    "manage",
+    "service_env",
+    "wait_until",
+]
