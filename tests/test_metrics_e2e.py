@@ -24,11 +24,12 @@ from django.conf import settings
 from django.utils import timezone
 from prometheus_client import multiprocess
 
+from harness import Service, gunicorn, http_ok
 from jobs import selectors, services
 from jobs.models import Client, Job, JobEvent
 from jobs.transport import get_transport
 from tests.conftest import job_row
-from tests.harness import ROOT, database_url, free_port, wait_until
+from tests.harness import database_url, free_port, wait_until
 from tests.scrape import Scrape, json_lines, parse, port_scrape, scrape
 
 pytestmark = pytest.mark.slow
@@ -43,13 +44,10 @@ class Gunicorn:
     def __init__(self, tmp: Path, metrics_dir: Path, **env: str) -> None:
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
-        self.log_path = tmp / "gunicorn.log"
-        self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gunicorn", "-c", str(ROOT / "gunicorn.conf.py"),
-             "jobservice.wsgi:application"],
-            cwd=ROOT,
-            env={
+        self.server = Service(
+            "gunicorn",
+            gunicorn(),
+            {
                 **os.environ,
                 "DJANGO_SETTINGS_MODULE": "jobservice.settings",
                 "DATABASE_URL": database_url(),
@@ -62,18 +60,13 @@ class Gunicorn:
                 "DEBUG": "0",
                 **env,
             },
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-        )
+            tmp / "gunicorn.log",
+        ).start()
         wait_until(self.healthy, 30, interval=0.1, message="gunicorn answering /healthz")
 
     def healthy(self) -> bool:
-        assert self.proc.poll() is None, self.output()
-        try:
-            with urllib.request.urlopen(self.base + "/healthz", timeout=2) as r:
-                return r.status == 200
-        except OSError:
-            return False
+        assert self.server.alive(), self.output()
+        return http_ok(self.port)
 
     def post(self, path: str, body: dict, token: str) -> int:
         req = urllib.request.Request(
@@ -89,26 +82,13 @@ class Gunicorn:
         return scrape(self.base + "/metrics")
 
     def worker_pids(self) -> set[int]:
-        out = subprocess.run(
-            ["ps", "-o", "pid=", "--ppid", str(self.proc.pid)], capture_output=True, text=True
-        )
-        return {int(p) for p in out.stdout.split()}
+        return set(self.server.children())
 
     def output(self) -> str:
-        if not self._log.closed:
-            self._log.flush()
-        return self.log_path.read_text(errors="replace")
+        return self.server.output()
 
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self._log.close()
-        return self.proc.returncode
+    def stop(self) -> int | None:
+        return self.server.stop(grace=20)
 
 
 def submitted_per_file(metrics_dir: Path) -> dict[str, float]:
