@@ -6,13 +6,12 @@ The load itself comes from `bench.http_client` processes (standard library only)
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from collections.abc import Iterator
 from typing import Any
 
-from bench.measure import Profiler, fmt_pcts, percentiles, sql
-from harness import ROOT, Service, free_port
+from bench.measure import Profiler, fmt_pcts, percentiles, released_together, sql
+from harness import Service, free_port
 
 
 def not_measured(name: str) -> dict:
@@ -44,36 +43,13 @@ def _load(ctx: Any, url: str, body: Any, seconds: float, clients: int, threads: 
     _, token = Client.create_with_token(f"bench-{id(body)}-{url.rsplit(':', 1)[1]}")
     body_file = ctx.logdir / f"body-{id(body)}.json"
     body_file.write_text(json.dumps(body))
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "bench.http_client",
-                url,
-                token,
-                str(body_file),
-                str(seconds),
-                str(threads),
-            ],
-            cwd=ROOT,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(clients)
-    ]
-    for p in procs:
-        assert p.stdout.readline().strip() == "ready"
-    for p in procs:
-        p.stdin.write("go\n")
-        p.stdin.flush()
+    argv = [sys.executable, "-m", "bench.http_client", url, token, str(body_file), str(seconds),
+            str(threads)]  # fmt: skip
+    docs = released_together(argv, clients, timeout=seconds + 120)
     statuses: dict[str, int] = {}
     latencies: list[float] = []
     elapsed = 0.0
-    for p in procs:
-        out, _ = p.communicate(timeout=seconds + 120)
-        doc = json.loads(out.strip().splitlines()[-1])
+    for doc in docs:
         for k, v in doc["statuses"].items():
             statuses[k] = statuses.get(k, 0) + v
         latencies.extend(doc["latencies_ms"])

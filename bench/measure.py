@@ -1,8 +1,10 @@
 """What the scenarios measure with: SQL on the scratch database, percentiles, CPU time
-from /proc, and py-spy attached to processes (--profile)."""
+from /proc, client processes released together, and py-spy attached to processes
+(--profile)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import statistics
@@ -11,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from harness import ROOT
 
 
 def sql(query: str, params: Any = None) -> list[tuple]:
@@ -115,3 +119,30 @@ class Profiler:
         for _, proc in self.runs:
             proc.wait(30)
         return [str(out) for out, _ in self.runs]
+
+
+def released_together(
+    argv: list[str], count: int, timeout: float, env: dict[str, str] | None = None
+) -> list[dict]:
+    """Run `count` client processes that each print "ready" and wait for a line on stdin;
+    release them all at once, and return each one's last output line, parsed as JSON.
+
+    The clients' start-up is kept out of the measurement, and they all measure the same
+    moment.
+    """
+    procs = [
+        subprocess.Popen(
+            argv, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(count)
+    ]
+    for p in procs:
+        assert p.stdout.readline().strip() == "ready"
+    for p in procs:
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    docs = []
+    for p in procs:
+        out, _ = p.communicate(timeout=timeout)
+        docs.append(json.loads(out.strip().splitlines()[-1]))
+    return docs

@@ -7,9 +7,7 @@ times, finished_at) wherever the database has them.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -25,6 +23,7 @@ from bench.measure import (
     cpu_seconds,
     fmt_pcts,
     percentiles,
+    released_together,
     sql,
 )
 from harness import ROOT, Processes, RedisServer, ScratchDatabase, wait_until
@@ -406,27 +405,11 @@ def claim_latency(ctx: Context, finished_rows: int) -> Iterator[dict]:
     preload(jobs)
     sql("ANALYZE jobs_job")
     env = {**ctx.procs.env, "LOG_LEVEL": "WARNING"}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "bench.claimer", str(seconds)],
-            cwd=ROOT,
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(claimers)
-    ]
-    for p in procs:
-        assert p.stdout.readline().strip() == "ready"
-    for p in procs:
-        p.stdin.write("go\n")
-        p.stdin.flush()
+    argv = [sys.executable, "-m", "bench.claimer", str(seconds)]
+    docs = released_together(argv, claimers, timeout=seconds + 60, env=env)
     timings: list[float] = []
     server: list[float] = []
-    for p in procs:
-        out, _ = p.communicate(timeout=seconds + 60)
-        doc = json.loads(out.strip().splitlines()[-1])
+    for doc in docs:
         timings.extend(doc["claims_ms"])
         server.extend(doc["server_ms"])
     pct = percentiles(timings)
