@@ -104,7 +104,7 @@ class Stack:
         self.redis.start()
         for svc in self.services:
             svc.start()
-        wait_until(lambda: http_ok(self.api_port), 60, "the API to answer /healthz", 0.1)
+        wait_until(lambda: http_ok(self.api_port), 60, "the API to answer /healthz", interval=0.1)
 
     # --- during the run ---------------------------------------------------------------------
 

@@ -29,8 +29,8 @@ def wait_until(
     predicate: Callable[[], Any],
     timeout: float,
     what: str = "condition",
-    interval: float = 0.05,
     *,
+    interval: float = 0.05,
     message: str | None = None,
 ) -> Any:
     """Poll `predicate` until it returns something true (returned) or `timeout` passes.
@@ -235,7 +235,7 @@ class Processes:
         svc = self.start("runworker", *args, root=root, **env)
         if ready:
             wait_until(lambda: "worker started" in svc.output() or not svc.alive(), 60,
-                       "worker to start", 0.02)  # fmt: skip
+                       "worker to start", interval=0.02)  # fmt: skip
             if not svc.alive():
                 raise RuntimeError(f"worker exited at start:\n{svc.output()}")
         return svc
