@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import http.client
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -117,11 +118,6 @@ class Service:
         self.starts = 0
         self.stopped = False  # SIGSTOPped
         self.expected_down = False  # killed on purpose, restart pending
-
-    @property
-    def args(self) -> list[str]:
-        """The command's own arguments (after manage.py), as the tests print them."""
-        return self.argv[2:] if self.argv[1:2] == [str(self.cwd / "manage.py")] else self.argv
 
     def start(self) -> Service:
         with open(self.log_path, "ab" if self.starts else "wb") as out:
@@ -266,4 +262,4 @@ class Processes:
         self.procs = []
 
     def logs(self) -> str:
-        return "\n".join(f"--- {p.args} ---\n{p.output()}" for p in self.procs)
+        return "\n".join(f"--- {shlex.join(p.argv[1:])} ---\n{p.output()}" for p in self.procs)
