@@ -55,7 +55,7 @@ def imported(tree: ast.Module) -> set[str]:
 # --- layout ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("package", DEV_PACKAGES)
+@pytest.mark.parametrize("package", [*DEV_PACKAGES, "tests"])
 def test_no_module_shadows_the_standard_library(package):
     """`python bench/x.py` puts bench/ first on sys.path: bench/http.py then hid `http`."""
     clashes = [
