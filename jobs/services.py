@@ -4,7 +4,9 @@ Each write is a single compare-and-set statement: its WHERE clause states the
 state it expects, and the rows it returns say whether it held. Writes a worker
 makes after claiming carry the authority predicate of SPEC §3
 (id, lease_version, owned_by, status = 'processing'). Times come from the
-database clock (`now()`), never from Python. History rows are written by the
+database clock (`now()`), never from Python; a worker's final write uses
+`statement_timestamp()`, so a transactional handler's job finishes when its
+write is made, not when its transaction began. History rows are written by the
 table's trigger from `updated_by`, so no path can skip them.
 """
 
@@ -39,10 +41,11 @@ QUEUED, PROCESSING, DONE, FAILED, ENQUEUE_FAILED = (
     Status.FAILED.value,
     Status.ENQUEUE_FAILED.value,
 )
-# What a finished row needs to report its metrics.
+# What a finished row needs to report its metrics. Latency counts from when the job
+# became due (SPEC §6): `due_at`, or created_at on rows older than that column.
 _FINISH_RETURNING = (
     "j.id, j.status, j.queue, j.task, j.retry_count, j.lease_version, "
-    "extract(epoch FROM j.finished_at - j.created_at)"
+    "extract(epoch FROM j.finished_at - coalesce(j.due_at, j.created_at))"
 )
 _UNOWN = "owned_by = NULL, claimed_at = NULL, heartbeat_at = NULL"
 
@@ -557,7 +560,7 @@ def _finished(rows: list[tuple]) -> dict[int, Finished]:
 
 _COMPLETE_SQL = f"""
 UPDATE {T} j SET status = '{DONE}', result = f.result::jsonb, error = NULL,
-       {_UNOWN}, finished_at = now(), updated_by = 'worker:' || f.owner
+       {_UNOWN}, finished_at = statement_timestamp(), updated_by = 'worker:' || f.owner
 FROM unnest(%(ids)s::bigint[], %(lvs)s::bigint[], %(owners)s::text[], %(results)s::text[])
      AS f(id, lv, owner, result)
 WHERE j.id = ANY(%(ids)s::bigint[]) AND {_FENCE} RETURNING {_FINISH_RETURNING}
@@ -591,22 +594,26 @@ _RETRY = "NOT f.permanent AND j.retry_count + 1 <= j.max_retries"
 _FAIL_SQL = f"""
 UPDATE {T} j SET
        retry_count = j.retry_count + CASE WHEN f.permanent THEN 0 ELSE 1 END,
-       error = f.error, result = NULL,
+       error = f.error, error_class = f.error_class, error_traceback = f.traceback,
+       result = NULL,
        status = CASE WHEN {_RETRY} THEN '{QUEUED}' ELSE '{FAILED}' END,
        lease_version = j.lease_version + CASE WHEN {_RETRY} THEN 1 ELSE 0 END,
        run_at = CASE WHEN {_RETRY} THEN {_BACKOFF} ELSE j.run_at END,
-       finished_at = CASE WHEN {_RETRY} THEN NULL ELSE now() END,
+       finished_at = CASE WHEN {_RETRY} THEN NULL ELSE statement_timestamp() END,
        {_UNOWN}, updated_by = 'worker:' || f.owner
 FROM unnest(%(ids)s::bigint[], %(lvs)s::bigint[], %(owners)s::text[],
-            %(errors)s::text[], %(permanent)s::boolean[])
-     AS f(id, lv, owner, error, permanent)
+            %(errors)s::text[], %(permanent)s::boolean[], %(classes)s::text[],
+            %(tracebacks)s::text[])
+     AS f(id, lv, owner, error, permanent, error_class, traceback)
 WHERE j.id = ANY(%(ids)s::bigint[]) AND {_FENCE}
 RETURNING {_FINISH_RETURNING}, j.run_at <= now()
 """
 
 
-def fail(items: Sequence[tuple[Lease, str, bool]]) -> dict[int, Finished]:
-    """A failed attempt for each (lease, error, permanent), fenced (SPEC §4).
+def fail(items: Sequence[tuple]) -> dict[int, Finished]:
+    """A failed attempt for each (lease, error, permanent[, error_class, traceback]),
+    fenced (SPEC §4). The class and traceback go to the row in the same statement,
+    and the history trigger copies them into the event that ends the attempt.
 
     Retryable with budget left: retry_count + 1 and back to queued with the
     lease bumped and run_at pushed back by exponential backoff with jitter.
@@ -616,15 +623,17 @@ def fail(items: Sequence[tuple[Lease, str, bool]]) -> dict[int, Finished]:
     """
     if not items:
         return {}
-    ids, lvs, owners = _fence_arrays([lease for lease, _, _ in items])
+    ids, lvs, owners = _fence_arrays([item[0] for item in items])
     rows = _hot_rows(
         _FAIL_SQL,
         {
             "ids": ids,
             "lvs": lvs,
             "owners": owners,
-            "errors": [e for _, e, _ in items],
-            "permanent": [p for _, _, p in items],
+            "errors": [item[1] for item in items],
+            "permanent": [item[2] for item in items],
+            "classes": [item[3] if len(item) > 3 else None for item in items],
+            "tracebacks": [item[4] if len(item) > 4 else None for item in items],
             "base": float(settings.JOBS_RETRY_BACKOFF_BASE),
             "cap": float(settings.JOBS_RETRY_BACKOFF_MAX),
         },
@@ -781,10 +790,13 @@ def fail_over_budget(limit: int = 500) -> dict[int, Finished]:
 
 
 def staff_retry(job_ids: Sequence[int], actor: str) -> list[int]:
-    """failed → queued, retry budget reset (SPEC §2: staff only, audited)."""
+    """failed → queued, retry budget reset (SPEC §2: staff only, audited).
+
+    The job is due again now: the SLO clock (`due_at`) restarts at the retry.
+    """
     rows = _rows(
         f"""UPDATE {T} j SET status = '{QUEUED}', retry_count = 0, result = NULL,
-                   finished_at = NULL, run_at = now(), updated_by = %s
+                   finished_at = NULL, run_at = now(), due_at = now(), updated_by = %s
             WHERE id = ANY(%s) AND status = '{FAILED}' RETURNING id, queue""",
         [actor, list(job_ids)],
     )

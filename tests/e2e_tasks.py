@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jobs.tasks import JobContext, task
+from jobs.tasks import InvalidPayload, JobContext, task
 
 
 @task("e2e.unserializable")
@@ -36,3 +36,24 @@ def nul_error(payload: Any, ctx: JobContext) -> Any:
 def unserializable_tx(payload: Any, ctx: JobContext) -> Any:
     """Transactional, returns a set: its fenced completion cannot write it."""
     return {"ids": {1}}
+
+
+LONE_SURROGATE = b"caf\xe9".decode("utf-8", "surrogateescape")
+
+
+@task("e2e.surrogate_result")
+def surrogate_result(payload: Any, ctx: JobContext) -> Any:
+    """Returns a lone surrogate (bytes decoded with surrogateescape): not valid UTF-8."""
+    return {"name": LONE_SURROGATE}
+
+
+@task("e2e.surrogate_error")
+def surrogate_error(payload: Any, ctx: JobContext) -> Any:
+    """Raises an error whose message holds a lone surrogate."""
+    raise ValueError(f"cannot decode {LONE_SURROGATE}")
+
+
+@task("e2e.nul_invalid_payload")
+def nul_invalid_payload(payload: Any, ctx: JobContext) -> Any:
+    """Raises InvalidPayload with a NUL character (a permanent error)."""
+    raise InvalidPayload("a\x00b")
