@@ -511,7 +511,7 @@ def _fence_arrays(leases: Sequence[Lease]) -> tuple[list[int], list[int], list[s
 _HEARTBEAT_SQL = f"""
 UPDATE {T} j SET heartbeat_at = now()
 FROM unnest(%(ids)s::bigint[], %(lvs)s::bigint[], %(owners)s::text[]) AS f(id, lv, owner)
-WHERE j.id = ANY(%(ids)s::bigint[]) AND {_FENCE} RETURNING j.id, j.queue
+WHERE j.id = ANY(%(ids)s::bigint[]) AND {_FENCE} RETURNING j.id, j.lease_version, j.queue
 """
 
 
@@ -520,21 +520,23 @@ def _fence_params(leases: Sequence[Lease]) -> dict[str, list]:
     return {"ids": ids, "lvs": lvs, "owners": owners}
 
 
-def heartbeat(leases: Sequence[Lease]) -> set[int]:
-    """Extend the leases still held, in one statement; returns the job ids that held.
+def heartbeat(leases: Sequence[Lease]) -> set[tuple[int, int]]:
+    """Extend the leases still held, in one statement; returns the (job id,
+    lease_version) of each that held.
 
     A lease missing from the answer is lost: its worker must stop treating the
-    job as its own.
+    job as its own. Keyed by lease, not job: a worker may hold a newer lease on a
+    job whose older attempt (revoked, reaped) has not returned yet.
     """
     if not leases:
         return set()
     rows = _hot_rows(_HEARTBEAT_SQL, _fence_params(leases))
     per_queue: dict[str, int] = defaultdict(int)
-    for _, queue in rows:
+    for _, _, queue in rows:
         per_queue[queue] += 1
     for queue, n in per_queue.items():
         metrics.child(metrics.HEARTBEATS, queue).inc(n)
-    return {r[0] for r in rows}
+    return {(r[0], r[1]) for r in rows}
 
 
 def _finished(rows: list[tuple]) -> dict[int, Finished]:

@@ -664,7 +664,9 @@ class Worker:
                 connection.close()
                 continue
             for item in held:
-                if item.lease.job_id not in ok and not item.finishing:
+                # By (job id, lease_version): this worker's newer lease on the same job
+                # must not vouch for an older attempt that was revoked or reaped.
+                if _key(item.lease) not in ok and not item.finishing:
                     item.ctx.lost_authority = True
                     item.ctx.stop.set()
                     metrics.FENCE_REJECTIONS.labels(

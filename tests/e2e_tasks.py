@@ -3,7 +3,10 @@ handlers whose results or errors PostgreSQL cannot store as they are."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
+
+from django.db import connection
 
 from jobs.tasks import InvalidPayload, JobContext, task
 
@@ -57,3 +60,12 @@ def surrogate_error(payload: Any, ctx: JobContext) -> Any:
 def nul_invalid_payload(payload: Any, ctx: JobContext) -> Any:
     """Raises InvalidPayload with a NUL character (a permanent error)."""
     raise InvalidPayload("a\x00b")
+
+
+@task("e2e.slow_tx", transactional=True)
+def slow_tx(payload: Any, ctx: JobContext) -> Any:
+    """Transactional: reads the database (its transaction begins), works `seconds`."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT 1")
+    time.sleep(float(payload["seconds"]))
+    return {"slept": payload["seconds"]}

@@ -8,6 +8,8 @@ changed and records the worker's own successful write as a stale one turned away
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from jobs import services
@@ -141,3 +143,40 @@ def test_error_detail_postgres_refuses_is_dropped_but_the_error_is_kept(refuse):
         else:
             assert (row["error"], row["error_traceback"]) == ("ValueError: café", "Traceback ...")
     assert worker.finished == 3
+
+
+def _fence_count(lease, op: str) -> float:
+    from jobs import metrics
+
+    return metrics.FENCE_REJECTIONS.labels(lease.queue, lease.task, op)._value.get()
+
+
+@pytest.mark.timeout(30)
+def test_a_newer_lease_on_the_same_job_does_not_vouch_for_the_revoked_attempt():
+    """Heartbeats are matched by (job id, lease_version), D14: the same worker re-claims
+    a revoked job while the old attempt still runs; that attempt must be told to stop."""
+    worker = Worker(worker_id="w-again", lease_seconds=0.6)  # a heartbeat every 0.2 s
+    job = JobFactory.create(task="sleep", payload={"seconds": 30})
+    old = services.claim(worker.worker_id, job.pk)
+    worker._start([old])
+    services.revoke([job.pk], actor="staff:t")
+    new = services.claim(worker.worker_id, job.pk)
+    assert (old.lease_version, new.lease_version) == (1, 3)
+    worker._start([new])
+    contexts = {k: i.ctx for k, i in worker._inflight.items()}
+    lost_before = _fence_count(old, "heartbeat")
+
+    beater = threading.Thread(target=worker._heartbeat_loop)
+    beater.start()
+    try:
+        stopped = contexts[(job.pk, 1)].stop.wait(5)
+    finally:
+        worker.halt.set()
+        beater.join(5)
+
+    assert stopped, "the revoked attempt was never told it lost the job"
+    assert contexts[(job.pk, 1)].lost_authority
+    assert not contexts[(job.pk, 3)].stop.is_set()
+    assert _fence_count(old, "heartbeat") == lost_before + 1
+    row = job_row(job.pk)
+    assert (row["status"], row["lease_version"], row["owned_by"]) == ("processing", 3, "w-again")
