@@ -43,6 +43,16 @@ LEASE_BUMPING: frozenset[tuple[Status, Status]] = frozenset(
 INITIAL: Status = Status.QUEUED
 
 
+
+
+def due_sql(alias: str = "") -> str:
+    """SQL for when a job became due, where its latency SLO starts (SPEC §6):
+    `due_at` (the later of submission and run_at, restarted by a staff retry), or
+    created_at on rows written before that column existed."""
+    p = f"{alias}." if alias else ""
+    return f"coalesce({p}due_at, {p}created_at)"
+
+
 def is_legal(old: str, new: str) -> bool:
     """True when old → new is allowed; staying in a state is always allowed."""
     return old == new or (Status(old), Status(new)) in TRANSITIONS

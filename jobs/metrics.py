@@ -45,7 +45,7 @@ DURATION = Histogram(
 )
 TIME_TO_TERMINAL = Histogram(
     "jobs_time_to_terminal_seconds",
-    "Submission to terminal state, failures included (the 25 s SLO)",
+    "Due (submission, or run_at if later) to terminal state, failures included (the 25 s SLO)",
     ["queue", "task", "outcome"],
     buckets=SLO_BUCKETS,
 )

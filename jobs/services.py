@@ -26,7 +26,7 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from jobs import metrics
-from jobs.lifecycle import TERMINAL, Status
+from jobs.lifecycle import TERMINAL, Status, due_sql
 from jobs.logging import job_log_fields
 from jobs.models import Job, JobEvent
 from jobs.transport import TransportError, get_transport
@@ -45,7 +45,7 @@ QUEUED, PROCESSING, DONE, FAILED, ENQUEUE_FAILED = (
 # became due (SPEC §6): `due_at`, or created_at on rows older than that column.
 _FINISH_RETURNING = (
     "j.id, j.status, j.queue, j.task, j.retry_count, j.lease_version, "
-    "extract(epoch FROM j.finished_at - coalesce(j.due_at, j.created_at))"
+    f"extract(epoch FROM j.finished_at - {due_sql('j')})"
 )
 _UNOWN = "owned_by = NULL, claimed_at = NULL, heartbeat_at = NULL"
 
