@@ -8,7 +8,7 @@ from typing import Any
 
 from django.db import connection
 
-from jobs.tasks import InvalidPayload, JobContext, task
+from jobs.tasks import InvalidPayload, JobContext, PermanentError, task
 
 
 @task("e2e.unserializable")
@@ -69,3 +69,23 @@ def slow_tx(payload: Any, ctx: JobContext) -> Any:
         cur.execute("SELECT 1")
     time.sleep(float(payload["seconds"]))
     return {"slept": payload["seconds"]}
+
+
+class CardDeclined(PermanentError):
+    """A permanent failure, as a payment provider would report it."""
+
+
+def _charge(amount: int) -> None:
+    raise CardDeclined(f"card declined: insufficient funds for {amount}")
+
+
+@task("e2e.card_declined")
+def card_declined(payload: Any, ctx: JobContext) -> Any:
+    """Fails permanently two frames down (the traceback must show where)."""
+    _charge(payload.get("amount", 0))
+
+
+@task("e2e.value_error")
+def value_error(payload: Any, ctx: JobContext) -> Any:
+    """Fails with a retryable error on every attempt."""
+    raise ValueError(f"attempt {ctx.attempt} broke")
