@@ -50,10 +50,21 @@ def class_path(exc: BaseException) -> str:
     return storable(f"{cls.__module__}.{cls.__qualname__}")[:200]
 
 
-def format_traceback(exc: BaseException) -> str:
-    """The last TRACEBACK_FRAMES frames, cut to the last TRACEBACK_CHARS characters."""
+def format_traceback(exc: BaseException, skip_from: str | None = None) -> str:
+    """The last TRACEBACK_FRAMES frames, cut to the last TRACEBACK_CHARS characters.
+
+    Leading frames from the file `skip_from` (the worker that called the handler) are
+    left out: the traceback starts where the task's own code does.
+    """
     try:
-        text = "".join(traceback.format_exception(exc, limit=-TRACEBACK_FRAMES))
+        tb = exc.__traceback__
+        while skip_from and tb is not None and tb.tb_frame.f_code.co_filename == skip_from:
+            tb = tb.tb_next
+        text = "".join(
+            traceback.format_exception(
+                type(exc), exc, tb or exc.__traceback__, limit=-TRACEBACK_FRAMES
+            )
+        )
     except Exception:  # formatting must never cost the failure itself
         text = describe(exc)
     text = storable(text)
@@ -71,11 +82,13 @@ class AttemptError:
     traceback: str | None = None
 
     @classmethod
-    def of(cls, exc: BaseException, message: str | None = None) -> AttemptError:
+    def of(
+        cls, exc: BaseException, message: str | None = None, skip_from: str | None = None
+    ) -> AttemptError:
         return cls(
             storable(message)[:MAX_ERROR_CHARS] if message is not None else describe(exc),
             class_path(exc),
-            format_traceback(exc),
+            format_traceback(exc, skip_from),
         )
 
 

@@ -404,7 +404,7 @@ class Worker:
         self, lease: Lease, exc: Exception, permanent: bool, message: str | None = None
     ) -> Outcome:
         """A failed attempt: storable error text, class and traceback, logged (rate-limited)."""
-        err = AttemptError.of(exc, message)
+        err = AttemptError.of(exc, message, skip_from=__file__)
         log_failed_attempt(
             log, self._traceback_log, lease.task, exc, err.message,
             lease.log_fields(permanent=permanent, error_class=err.error_class),

@@ -43,6 +43,7 @@ def test_traceback_reaches_the_history_table_and_the_log(failed_jobs):
     assert (ended.to_status, ended.error, ended.error_class) == ("failed", CARD_ERROR, CARD_CLASS)
     tb = ended.error_traceback
     assert tb.startswith("Traceback (most recent call last):")
+    assert "jobs/worker.py" not in tb  # it starts in the task's own code
     assert re.search(r'e2e_tasks\.py", line \d+, in card_declined', tb)
     assert re.search(r'e2e_tasks\.py", line \d+, in _charge', tb)  # where it was raised
     assert tb.rstrip().endswith(CARD_ERROR.replace("CardDeclined", CARD_CLASS))
