@@ -70,6 +70,12 @@ RECOVERED = Counter(
 FENCE_REJECTIONS = Counter(
     "jobs_fence_rejections_total", "Stale writes rejected by the fence", ["queue", "task", "op"]
 )
+WRITEBACK_REFUSED = Counter(
+    "jobs_writeback_refused_total",
+    "Rows of a worker's batched write-back that PostgreSQL refused (a data error), "
+    "written apart so that only their own job fails",
+    ["queue", "task", "op"],
+)
 ENQUEUE_FAILED = Counter(
     "jobs_enqueue_failed_total", "Jobs parked as enqueue_failed after a failed push", ["queue"]
 )

@@ -617,6 +617,7 @@ class Worker:
                     pending += [chunk[half:], chunk[:half]]
                     continue
                 lease = chunk[0][0] if isinstance(chunk[0], tuple) else chunk[0]
+                metrics.WRITEBACK_REFUSED.labels(lease.queue, lease.task, write.__name__).inc()
                 log.warning(
                     "write-back row refused by PostgreSQL: %s",
                     _first_line(exc),

@@ -12,7 +12,7 @@ import threading
 
 import pytest
 
-from jobs import services
+from jobs import metrics, services
 from jobs.models import JobEvent
 from jobs.worker import Outcome, Worker
 from tests.conftest import job_row
@@ -100,6 +100,8 @@ def test_a_result_postgres_refuses_fails_its_job_alone_and_the_batch_lands(refus
     leases = _claimed(worker, 9)
     poison = leases[6]
     refuse(f"NEW.id = {poison.job_id} AND NEW.status = 'done'")
+    refused = metrics.WRITEBACK_REFUSED.labels(poison.queue, poison.task, "complete")
+    refused_before = refused._value.get()
 
     worker._write_back([Outcome(lease, "done", result={"n": n}) for n, lease in enumerate(leases)])
 
@@ -117,6 +119,7 @@ def test_a_result_postgres_refuses_fails_its_job_alone_and_the_batch_lands(refus
     assert list(JobEvent.objects.filter(kind="fence_rejected")) == []
     assert worker.finished == 9
     assert worker.inflight == 0
+    assert refused._value.get() == refused_before + 1
 
 
 @pytest.mark.timeout(30)
@@ -146,8 +149,6 @@ def test_error_detail_postgres_refuses_is_dropped_but_the_error_is_kept(refuse):
 
 
 def _fence_count(lease, op: str) -> float:
-    from jobs import metrics
-
     return metrics.FENCE_REJECTIONS.labels(lease.queue, lease.task, op)._value.get()
 
 
