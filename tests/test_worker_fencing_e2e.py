@@ -1,4 +1,4 @@
-"""Heartbeat answers are matched by lease, not by job (D14, D26), with a real worker.
+"""Heartbeat answers are matched by lease, not by job (D14, D27), with a real worker.
 
 A staff revoke requeues a running job and the same worker claims it again: it now
 runs two attempts of one job. The old attempt's heartbeat is refused; before the
