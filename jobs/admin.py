@@ -22,6 +22,7 @@ from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db import transaction
@@ -32,7 +33,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.cache import add_never_cache_headers
 from django.utils.functional import cached_property
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 
 from jobs import selectors, services
 from jobs import tasks as task_registry
@@ -88,6 +89,54 @@ def iso_time(value: datetime | None) -> str:
     if value is None:
         return "—"
     return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
+
+
+LAST_ERROR_CHARS = 60
+LAST_ERROR_TITLE_CHARS = 500
+
+
+def truncate(text: str, limit: int) -> str:
+    """First line of `text`, at most `limit` characters; an ellipsis says more was cut."""
+    text = text.strip()
+    line = text.split("\n", 1)[0]
+    if len(line) > limit:
+        return line[: limit - 1] + "…"
+    return line if line == text else line + " …"
+
+
+def budget_text(retry_count: int, max_retries: int) -> str:
+    """The retry budget in words: "4 attempts (3 retries)" once spent, else how much is used."""
+    if retry_count > max_retries:
+        retries = retry_count - 1
+        return f"{retry_count} attempts ({retries} retr{'y' if retries == 1 else 'ies'})"
+    return f"{retry_count} of {max_retries} retries"
+
+
+def error_detail_html(
+    error: str | None,
+    error_class: str | None,
+    traceback: str | None,
+    *,
+    open_traceback: bool = True,
+) -> str:
+    """An error, its exception class and its traceback (folded unless `open_traceback`)."""
+    if not error:
+        return "—"
+    parts = [
+        format_html('<pre class="job-error" style="margin:0;white-space:pre-wrap">{}</pre>', error)
+    ]
+    if error_class:
+        parts.append(format_html('<div class="job-error-class">{}</div>', error_class))
+    if traceback:
+        parts.append(
+            format_html(
+                '<details class="job-traceback"{}><summary>traceback</summary>'
+                '<pre style="white-space:pre-wrap;font-size:11px">{}</pre></details>',
+                " open" if open_traceback else "",
+                traceback,
+            )
+        )
+    return format_html_join("", "{}", ((part,) for part in parts))
 
 
 def pretty_json(value: Any) -> str:
@@ -286,7 +335,15 @@ class JobEventInline(admin.TabularInline):
     fk_name = "job"
     verbose_name = "history event"
     verbose_name_plural = "History"
-    fields = ("at_utc", "kind", "actor", "transition", "lease_version", "retry_count", "error")
+    fields = (
+        "at_utc",
+        "kind",
+        "actor",
+        "transition",
+        "lease_version",
+        "retry_count",
+        "error_with_traceback",
+    )
     readonly_fields = fields
     ordering = ("id",)
     extra = 0
@@ -301,6 +358,11 @@ class JobEventInline(admin.TabularInline):
     @admin.display(description="from → to")
     def transition(self, obj: JobEvent) -> str:
         return f"{obj.from_status or '(new)'} → {obj.to_status}"
+
+    @admin.display(description="error")
+    def error_with_traceback(self, obj: JobEvent) -> str:
+        """The attempt's error; for a failed attempt, its class and full traceback."""
+        return error_detail_html(obj.error, obj.error_class, obj.error_traceback)
 
     def has_view_permission(self, request, obj=None) -> bool:
         return request.user.has_perm("jobs.view_job")
@@ -318,6 +380,12 @@ class JobEventInline(admin.TabularInline):
 # --- jobs ----------------------------------------------------------------------------
 
 
+class JobChangeList(ChangeList):
+    def get_queryset(self, request, exclude_parameters=None):
+        # A page of 100 rows has no use for up to 8 KiB of traceback each.
+        return super().get_queryset(request, exclude_parameters).defer("error_traceback")
+
+
 @admin.register(Job)
 class JobAdmin(admin.ModelAdmin):
     list_display = (
@@ -327,6 +395,7 @@ class JobAdmin(admin.ModelAdmin):
         "queue",
         "priority",
         "retries",
+        "last_error",
         "lease_version",
         "owned_by",
         "client",
@@ -354,13 +423,16 @@ class JobAdmin(admin.ModelAdmin):
             "Lease",
             {"fields": ("lease_version", "owned_by", "claimed", "heartbeat", "heartbeat_age")},
         ),
-        ("Retries", {"fields": ("retry_count", "max_retries", "run", "error_text")}),
+        ("Retries", {"fields": ("retries", "max_retries", "run", "error_text")}),
         ("Times", {"fields": ("created", "updated", "finished", "in_state", "updated_by")}),
         ("Payload", {"fields": ("payload_pretty",)}),
         ("Result", {"fields": ("result_pretty",)}),
         ("Idempotency", {"fields": ("idempotency_key", "request_hash")}),
     )
     readonly_fields = tuple(f for _, opts in fieldsets for f in opts["fields"])
+
+    def get_changelist(self, request, **kwargs):
+        return JobChangeList
 
     # Jobs are written only by the services: no add, change or delete here.
     def has_add_permission(self, request, obj=None) -> bool:
@@ -429,7 +501,20 @@ class JobAdmin(admin.ModelAdmin):
 
     @admin.display(description="retries", ordering="retry_count")
     def retries(self, obj: Job) -> str:
-        return f"{obj.retry_count}/{obj.max_retries}"
+        return budget_text(obj.retry_count, obj.max_retries)
+
+    @admin.display(description="last error")
+    def last_error(self, obj: Job) -> str:
+        """The latest error, cut to one short line; the detail page has all of it."""
+        if not obj.error:
+            return "—"
+        return format_html(
+            '<span class="job-last-error" title="{}" style="display:inline-block;'
+            'max-width:16em;overflow:hidden;text-overflow:ellipsis;white-space:nowrap">'
+            "{}</span>",
+            obj.error[:LAST_ERROR_TITLE_CHARS],
+            truncate(obj.error, LAST_ERROR_CHARS),
+        )
 
     @admin.display(description="age", ordering="id")  # submission order, on the pk index
     def age(self, obj: Job) -> str:
@@ -474,9 +559,7 @@ class JobAdmin(admin.ModelAdmin):
 
     @admin.display(description="error")
     def error_text(self, obj: Job) -> str:
-        if not obj.error:
-            return "—"
-        return format_html('<pre style="margin:0;white-space:pre-wrap">{}</pre>', obj.error)
+        return error_detail_html(obj.error, obj.error_class, obj.error_traceback)
 
     @admin.display(description="payload")
     def payload_pretty(self, obj: Job) -> str:
@@ -541,9 +624,21 @@ class JobAdmin(admin.ModelAdmin):
         selected = queryset.order_by().count()
         eligible_qs = queryset.filter(status__in=[s.value for s in spec.eligible])
         eligible = eligible_qs.order_by().count()
-        sample = list(
-            eligible_qs.order_by("pk").values_list("pk", "task", "queue", "status")[:20]
-        )
+        # What staff need to decide: the budget spent and the last error with its
+        # traceback (a "card declined" should not be retried blindly).
+        sample = [
+            {
+                **row,
+                "budget": budget_text(row["retry_count"], row["max_retries"]),
+                "error_html": error_detail_html(
+                    row["error"], row["error_class"], row["error_traceback"], open_traceback=False
+                ),
+            }
+            for row in eligible_qs.order_by("pk").values(
+                "pk", "task", "queue", "status", "retry_count", "max_retries",
+                "error", "error_class", "error_traceback",
+            )[:20]
+        ]  # fmt: skip
         context = {
             **self.admin_site.each_context(request),
             "title": spec.label,

@@ -43,6 +43,16 @@ LEASE_BUMPING: frozenset[tuple[Status, Status]] = frozenset(
 INITIAL: Status = Status.QUEUED
 
 
+
+
+def due_sql(alias: str = "") -> str:
+    """SQL for when a job became due, where its latency SLO starts (SPEC §6):
+    `due_at` (the later of submission and run_at, restarted by a staff retry), or
+    created_at on rows written before that column existed."""
+    p = f"{alias}." if alias else ""
+    return f"coalesce({p}due_at, {p}created_at)"
+
+
 def is_legal(old: str, new: str) -> bool:
     """True when old → new is allowed; staying in a state is always allowed."""
     return old == new or (Status(old), Status(new)) in TRANSITIONS
@@ -64,7 +74,9 @@ def guard_trigger_sql(table: str, history_table: str) -> str:
     """The database-side guard, generated from the tables above.
 
     BEFORE INSERT/UPDATE/DELETE on the jobs table:
-    - a new row starts in the initial state with lease_version 0;
+    - a new row starts in the initial state with lease_version 0, and is due
+      (`due_at`, where the SLO clock starts) at the later of its creation and run_at;
+    - a claim clears the previous attempt's error class and traceback;
     - a status change must be in TRANSITIONS;
     - lease_version never decreases, and grows on every LEASE_BUMPING transition;
     - a processing row keeps its owner unless the lease grows;
@@ -72,7 +84,11 @@ def guard_trigger_sql(table: str, history_table: str) -> str:
     - updated_at is stamped with the database clock.
     AFTER INSERT/UPDATE, once per statement (transition tables): one history row
     per status change, with the actor recorded in the row's updated_by column by
-    whoever made the change.
+    whoever made the change. A change out of processing ends an attempt: its row
+    also carries the attempt's error class and traceback (NULL unless it failed).
+    Times are the statement's clock (`statement_timestamp()`), not the
+    transaction's: a transactional handler's final write is stamped when it is
+    made, not when the handler's transaction began.
     """
     return f"""
 CREATE OR REPLACE FUNCTION {table}_guard() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -82,6 +98,7 @@ BEGIN
       RAISE EXCEPTION 'illegal job insert: status % lease_version %', NEW.status, NEW.lease_version
         USING ERRCODE = 'check_violation', CONSTRAINT = '{table}_legal_insert';
     END IF;
+    NEW.due_at := greatest(NEW.created_at, NEW.run_at);
     RETURN NEW;
   END IF;
   IF TG_OP = 'DELETE' THEN
@@ -107,13 +124,18 @@ BEGIN
         OLD.id, OLD.status, NEW.status
         USING ERRCODE = 'check_violation', CONSTRAINT = '{table}_lease_bump';
     END IF;
+    IF NEW.status = '{Status.PROCESSING}' THEN
+      -- A new attempt starts without the last one's error detail.
+      NEW.error_class := NULL;
+      NEW.error_traceback := NULL;
+    END IF;
   ELSIF NEW.status = '{Status.PROCESSING}'
         AND NEW.owned_by IS NOT NULL AND NEW.owned_by IS DISTINCT FROM OLD.owned_by
         AND NEW.lease_version <= OLD.lease_version THEN
     RAISE EXCEPTION 'job % changed owner without a lease bump', OLD.id
       USING ERRCODE = 'check_violation', CONSTRAINT = '{table}_lease_bump';
   END IF;
-  NEW.updated_at := now();
+  NEW.updated_at := statement_timestamp();
   RETURN NEW;
 END
 $$;
@@ -124,7 +146,7 @@ CREATE OR REPLACE FUNCTION {table}_history_insert() RETURNS trigger LANGUAGE plp
 BEGIN
   INSERT INTO {history_table}
     (job_id, at, from_status, to_status, actor, lease_version, retry_count, error)
-  SELECT n.id, now(), NULL, n.status, COALESCE(n.updated_by, ''), n.lease_version,
+  SELECT n.id, statement_timestamp(), NULL, n.status, COALESCE(n.updated_by, ''), n.lease_version,
          n.retry_count, CASE WHEN n.status = '{Status.DONE}' THEN NULL ELSE n.error END
   FROM {table}_new n;
   RETURN NULL;
@@ -134,9 +156,13 @@ $$;
 CREATE OR REPLACE FUNCTION {table}_history_update() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
   INSERT INTO {history_table}
-    (job_id, at, from_status, to_status, actor, lease_version, retry_count, error)
-  SELECT n.id, now(), o.status, n.status, COALESCE(n.updated_by, ''), n.lease_version,
-         n.retry_count, CASE WHEN n.status = '{Status.DONE}' THEN NULL ELSE n.error END
+    (job_id, at, from_status, to_status, actor, lease_version, retry_count, error,
+     error_class, error_traceback)
+  SELECT n.id, statement_timestamp(), o.status, n.status, COALESCE(n.updated_by, ''),
+         n.lease_version, n.retry_count,
+         CASE WHEN n.status = '{Status.DONE}' THEN NULL ELSE n.error END,
+         CASE WHEN o.status = '{Status.PROCESSING}' THEN n.error_class END,
+         CASE WHEN o.status = '{Status.PROCESSING}' THEN n.error_traceback END
   FROM {table}_new n JOIN {table}_old o ON o.id = n.id
   WHERE n.status <> o.status;
   RETURN NULL;

@@ -45,7 +45,7 @@ DURATION = Histogram(
 )
 TIME_TO_TERMINAL = Histogram(
     "jobs_time_to_terminal_seconds",
-    "Submission to terminal state, failures included (the 25 s SLO)",
+    "Due (submission, or run_at if later) to terminal state, failures included (the 25 s SLO)",
     ["queue", "task", "outcome"],
     buckets=SLO_BUCKETS,
 )
@@ -69,6 +69,12 @@ RECOVERED = Counter(
 )
 FENCE_REJECTIONS = Counter(
     "jobs_fence_rejections_total", "Stale writes rejected by the fence", ["queue", "task", "op"]
+)
+WRITEBACK_REFUSED = Counter(
+    "jobs_writeback_refused_total",
+    "Rows of a worker's batched write-back that PostgreSQL refused (a data error), "
+    "written apart so that only their own job fails",
+    ["queue", "task", "op"],
 )
 ENQUEUE_FAILED = Counter(
     "jobs_enqueue_failed_total", "Jobs parked as enqueue_failed after a failed push", ["queue"]

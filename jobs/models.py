@@ -60,6 +60,12 @@ class Job(models.Model):
     )
     result = models.JSONField(null=True, blank=True)
     error = models.TextField(null=True, blank=True)
+    # The failed attempt's exception, written with its `error` by the worker's fenced
+    # fail; the history trigger copies both into the attempt's event.
+    error_class = models.CharField(
+        max_length=200, null=True, blank=True, help_text="Import path, e.g. builtins.ValueError."
+    )
+    error_traceback = models.TextField(null=True, blank=True)
     run_at = models.DateTimeField(db_default=Now())
     max_retries = models.IntegerField()
     retry_count = models.IntegerField(default=0)
@@ -68,6 +74,10 @@ class Job(models.Model):
     claimed_at = models.DateTimeField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(db_default=Now())
+    # Where the latency SLO starts (SPEC §6): the later of creation and run_at, set by
+    # the insert trigger; a staff retry restarts it. NULL on rows older than the
+    # column, which count from created_at.
+    due_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(db_default=Now())
     finished_at = models.DateTimeField(null=True, blank=True)
     client = models.ForeignKey(
@@ -181,6 +191,9 @@ class JobEvent(models.Model):
     lease_version = models.BigIntegerField()
     retry_count = models.IntegerField(default=0)
     error = models.TextField(null=True, blank=True)
+    # Set on the event that ended a failed attempt (processing → queued / failed).
+    error_class = models.CharField(max_length=200, null=True, blank=True)
+    error_traceback = models.TextField(null=True, blank=True)
 
     class Meta:
         db_table = "jobs_jobevent"

@@ -4,7 +4,9 @@ Each write is a single compare-and-set statement: its WHERE clause states the
 state it expects, and the rows it returns say whether it held. Writes a worker
 makes after claiming carry the authority predicate of SPEC §3
 (id, lease_version, owned_by, status = 'processing'). Times come from the
-database clock (`now()`), never from Python. History rows are written by the
+database clock (`now()`), never from Python; a worker's final write uses
+`statement_timestamp()`, so a transactional handler's job finishes when its
+write is made, not when its transaction began. History rows are written by the
 table's trigger from `updated_by`, so no path can skip them.
 """
 
@@ -24,7 +26,7 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from jobs import metrics
-from jobs.lifecycle import TERMINAL, Status
+from jobs.lifecycle import TERMINAL, Status, due_sql
 from jobs.logging import job_log_fields
 from jobs.models import Job, JobEvent
 from jobs.transport import TransportError, get_transport
@@ -39,10 +41,11 @@ QUEUED, PROCESSING, DONE, FAILED, ENQUEUE_FAILED = (
     Status.FAILED.value,
     Status.ENQUEUE_FAILED.value,
 )
-# What a finished row needs to report its metrics.
+# What a finished row needs to report its metrics. Latency counts from when the job
+# became due (SPEC §6): `due_at`, or created_at on rows older than that column.
 _FINISH_RETURNING = (
     "j.id, j.status, j.queue, j.task, j.retry_count, j.lease_version, "
-    "extract(epoch FROM j.finished_at - j.created_at)"
+    f"extract(epoch FROM j.finished_at - {due_sql('j')})"
 )
 _UNOWN = "owned_by = NULL, claimed_at = NULL, heartbeat_at = NULL"
 
@@ -508,7 +511,7 @@ def _fence_arrays(leases: Sequence[Lease]) -> tuple[list[int], list[int], list[s
 _HEARTBEAT_SQL = f"""
 UPDATE {T} j SET heartbeat_at = now()
 FROM unnest(%(ids)s::bigint[], %(lvs)s::bigint[], %(owners)s::text[]) AS f(id, lv, owner)
-WHERE j.id = ANY(%(ids)s::bigint[]) AND {_FENCE} RETURNING j.id, j.queue
+WHERE j.id = ANY(%(ids)s::bigint[]) AND {_FENCE} RETURNING j.id, j.lease_version, j.queue
 """
 
 
@@ -517,21 +520,23 @@ def _fence_params(leases: Sequence[Lease]) -> dict[str, list]:
     return {"ids": ids, "lvs": lvs, "owners": owners}
 
 
-def heartbeat(leases: Sequence[Lease]) -> set[int]:
-    """Extend the leases still held, in one statement; returns the job ids that held.
+def heartbeat(leases: Sequence[Lease]) -> set[tuple[int, int]]:
+    """Extend the leases still held, in one statement; returns the (job id,
+    lease_version) of each that held.
 
     A lease missing from the answer is lost: its worker must stop treating the
-    job as its own.
+    job as its own. Keyed by lease, not job: a worker may hold a newer lease on a
+    job whose older attempt (revoked, reaped) has not returned yet.
     """
     if not leases:
         return set()
     rows = _hot_rows(_HEARTBEAT_SQL, _fence_params(leases))
     per_queue: dict[str, int] = defaultdict(int)
-    for _, queue in rows:
+    for _, _, queue in rows:
         per_queue[queue] += 1
     for queue, n in per_queue.items():
         metrics.child(metrics.HEARTBEATS, queue).inc(n)
-    return {r[0] for r in rows}
+    return {(r[0], r[1]) for r in rows}
 
 
 def _finished(rows: list[tuple]) -> dict[int, Finished]:
@@ -557,7 +562,7 @@ def _finished(rows: list[tuple]) -> dict[int, Finished]:
 
 _COMPLETE_SQL = f"""
 UPDATE {T} j SET status = '{DONE}', result = f.result::jsonb, error = NULL,
-       {_UNOWN}, finished_at = now(), updated_by = 'worker:' || f.owner
+       {_UNOWN}, finished_at = statement_timestamp(), updated_by = 'worker:' || f.owner
 FROM unnest(%(ids)s::bigint[], %(lvs)s::bigint[], %(owners)s::text[], %(results)s::text[])
      AS f(id, lv, owner, result)
 WHERE j.id = ANY(%(ids)s::bigint[]) AND {_FENCE} RETURNING {_FINISH_RETURNING}
@@ -591,22 +596,26 @@ _RETRY = "NOT f.permanent AND j.retry_count + 1 <= j.max_retries"
 _FAIL_SQL = f"""
 UPDATE {T} j SET
        retry_count = j.retry_count + CASE WHEN f.permanent THEN 0 ELSE 1 END,
-       error = f.error, result = NULL,
+       error = f.error, error_class = f.error_class, error_traceback = f.traceback,
+       result = NULL,
        status = CASE WHEN {_RETRY} THEN '{QUEUED}' ELSE '{FAILED}' END,
        lease_version = j.lease_version + CASE WHEN {_RETRY} THEN 1 ELSE 0 END,
        run_at = CASE WHEN {_RETRY} THEN {_BACKOFF} ELSE j.run_at END,
-       finished_at = CASE WHEN {_RETRY} THEN NULL ELSE now() END,
+       finished_at = CASE WHEN {_RETRY} THEN NULL ELSE statement_timestamp() END,
        {_UNOWN}, updated_by = 'worker:' || f.owner
 FROM unnest(%(ids)s::bigint[], %(lvs)s::bigint[], %(owners)s::text[],
-            %(errors)s::text[], %(permanent)s::boolean[])
-     AS f(id, lv, owner, error, permanent)
+            %(errors)s::text[], %(permanent)s::boolean[], %(classes)s::text[],
+            %(tracebacks)s::text[])
+     AS f(id, lv, owner, error, permanent, error_class, traceback)
 WHERE j.id = ANY(%(ids)s::bigint[]) AND {_FENCE}
 RETURNING {_FINISH_RETURNING}, j.run_at <= now()
 """
 
 
-def fail(items: Sequence[tuple[Lease, str, bool]]) -> dict[int, Finished]:
-    """A failed attempt for each (lease, error, permanent), fenced (SPEC §4).
+def fail(items: Sequence[tuple]) -> dict[int, Finished]:
+    """A failed attempt for each (lease, error, permanent[, error_class, traceback]),
+    fenced (SPEC §4). The class and traceback go to the row in the same statement,
+    and the history trigger copies them into the event that ends the attempt.
 
     Retryable with budget left: retry_count + 1 and back to queued with the
     lease bumped and run_at pushed back by exponential backoff with jitter.
@@ -616,15 +625,17 @@ def fail(items: Sequence[tuple[Lease, str, bool]]) -> dict[int, Finished]:
     """
     if not items:
         return {}
-    ids, lvs, owners = _fence_arrays([lease for lease, _, _ in items])
+    ids, lvs, owners = _fence_arrays([item[0] for item in items])
     rows = _hot_rows(
         _FAIL_SQL,
         {
             "ids": ids,
             "lvs": lvs,
             "owners": owners,
-            "errors": [e for _, e, _ in items],
-            "permanent": [p for _, _, p in items],
+            "errors": [item[1] for item in items],
+            "permanent": [item[2] for item in items],
+            "classes": [item[3] if len(item) > 3 else None for item in items],
+            "tracebacks": [item[4] if len(item) > 4 else None for item in items],
             "base": float(settings.JOBS_RETRY_BACKOFF_BASE),
             "cap": float(settings.JOBS_RETRY_BACKOFF_MAX),
         },
@@ -781,10 +792,13 @@ def fail_over_budget(limit: int = 500) -> dict[int, Finished]:
 
 
 def staff_retry(job_ids: Sequence[int], actor: str) -> list[int]:
-    """failed → queued, retry budget reset (SPEC §2: staff only, audited)."""
+    """failed → queued, retry budget reset (SPEC §2: staff only, audited).
+
+    The job is due again now: the SLO clock (`due_at`) restarts at the retry.
+    """
     rows = _rows(
         f"""UPDATE {T} j SET status = '{QUEUED}', retry_count = 0, result = NULL,
-                   finished_at = NULL, run_at = now(), updated_by = %s
+                   finished_at = NULL, run_at = now(), due_at = now(), updated_by = %s
             WHERE id = ANY(%s) AND status = '{FAILED}' RETURNING id, queue""",
         [actor, list(job_ids)],
     )

@@ -25,34 +25,55 @@ import secrets
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
-from django.db import DatabaseError, InterfaceError, close_old_connections, connection, transaction
+from django.db import (
+    DatabaseError,
+    DataError,
+    IntegrityError,
+    InterfaceError,
+    close_old_connections,
+    connection,
+    transaction,
+)
 
 from jobs import metrics, services, tasks
+from jobs.errors import (
+    MAX_ERROR_CHARS,
+    AttemptError,
+    PerKeyRateLimit,
+    class_path,
+    log_failed_attempt,
+    storable,
+)
 from jobs.services import Lease
 from jobs.tasks import InvalidPayload, JobContext, PermanentError
 from jobs.transport import TransportError, get_transport
 
 log = logging.getLogger(__name__)
 
-MAX_ERROR_CHARS = 4000
 DB_BACKOFF_MAX = 10.0
 REDIS_BACKOFF_MAX = 30.0
 MAX_BATCH = 1000
 HEALTH_CHECK_EVERY = 1.0  # seconds between the dispatcher's connection health checks
 
 
+# Errors that come from a row's content, not from the connection or the server:
+# psycopg's client-side refusals (NUL in text, a lone surrogate) and PostgreSQL's
+# data and constraint errors. Retrying the same rows cannot help.
+_ROW_DATA_ERRORS = (DataError, IntegrityError, UnicodeError, TypeError, ValueError)
+
+
+def _first_line(exc: BaseException) -> str:
+    return storable(str(exc).strip().split("\n", 1)[0])[:500]
+
+
 def new_worker_id() -> str:
     """host:pid:random — unique per process, stored in owned_by and the history."""
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
-
-
-def describe(exc: BaseException) -> str:
-    """The error text stored on the job (PostgreSQL text cannot hold NUL: escape it)."""
-    return f"{exc.__class__.__name__}: {exc}".replace("\x00", "\\x00")[:MAX_ERROR_CHARS]
 
 
 class InvalidResult(PermanentError):
@@ -76,9 +97,15 @@ def check_result(result: Any) -> Any:
     of the batched write-back that carries other jobs' results too.
     """
     try:
-        json.dumps(result, allow_nan=False)
-    except (TypeError, ValueError) as exc:
+        text = json.dumps(result, allow_nan=False, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidResult(f"not JSON-serializable ({exc})") from exc
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            bad = storable(exc.object[exc.start : exc.end])
+            raise InvalidResult(f"not valid UTF-8 (lone surrogate {bad})") from None
     if _has_nul(result):
         raise InvalidResult("contains a NUL character, which PostgreSQL cannot store")
     return result
@@ -93,6 +120,8 @@ class Outcome:
     result: Any = None
     error: str = ""
     permanent: bool = False
+    error_class: str | None = None
+    traceback: str | None = None
 
 
 @dataclass
@@ -158,6 +187,8 @@ class Worker:
         )
         self._outcomes: queue_mod.SimpleQueue[Outcome] = queue_mod.SimpleQueue()
         self._debug = log.isEnabledFor(logging.DEBUG)
+        # Tracebacks of failed attempts: 5 per task at once, then one per 12 s.
+        self._traceback_log = PerKeyRateLimit(burst=5, every=12.0)
         self._released: set[tuple[int, int]] = set()
         self.claimed = 0
         self.finished = 0
@@ -351,7 +382,9 @@ class Worker:
     def _execute(self, lease: Lease, ctx: JobContext) -> Outcome:
         spec = tasks.get(lease.task)
         if spec is None:
-            return Outcome(lease, "fail", error=f"unknown task {lease.task!r}", permanent=True)
+            return Outcome(
+                lease, "fail", error=storable(f"unknown task {lease.task!r}"), permanent=True
+            )
         try:
             if spec.validate is not None:
                 spec.validate(lease.payload)
@@ -359,14 +392,31 @@ class Worker:
                 return self._execute_transactional(spec, lease, ctx)
             return Outcome(lease, "done", result=check_result(spec.fn(lease.payload, ctx)))
         except InvalidPayload as exc:
-            return Outcome(lease, "fail", error=f"invalid payload: {exc}", permanent=True)
+            return self._failed(lease, exc, True, f"invalid payload: {exc}")
         except InvalidResult as exc:
-            return Outcome(lease, "fail", error=f"invalid result: {exc}", permanent=True)
+            return self._failed(lease, exc, True, f"invalid result: {exc}")
         except PermanentError as exc:
-            return Outcome(lease, "fail", error=describe(exc), permanent=True)
+            return self._failed(lease, exc, True)
         except Exception as exc:
-            log.info("attempt failed: %s", describe(exc), extra=lease.log_fields())
-            return Outcome(lease, "fail", error=describe(exc))
+            return self._failed(lease, exc, False)
+
+    def _failed(
+        self, lease: Lease, exc: Exception, permanent: bool, message: str | None = None
+    ) -> Outcome:
+        """A failed attempt: storable error text, class and traceback, logged (rate-limited)."""
+        err = AttemptError.of(exc, message, skip_from=__file__)
+        log_failed_attempt(
+            log, self._traceback_log, lease.task, exc, err.message,
+            lease.log_fields(permanent=permanent, error_class=err.error_class),
+        )  # fmt: skip
+        return Outcome(
+            lease,
+            "fail",
+            error=err.message,
+            permanent=permanent,
+            error_class=err.error_class,
+            traceback=err.traceback,
+        )
 
     def _execute_transactional(
         self, spec: tasks.TaskSpec, lease: Lease, ctx: JobContext
@@ -467,26 +517,118 @@ class Worker:
             batch = later
 
     def _write_back_unique(self, batch: list[Outcome]) -> None:
-        """One statement per kind for the whole batch; each retried until Postgres answers."""
+        """One statement per kind for the whole batch, each retried until Postgres answers.
+
+        A row PostgreSQL refuses (a data error, not a lost connection) is never retried
+        with its batch: the batch is split until the row is alone, the rest is written,
+        and that row's job fails by itself (see `_write_rows`).
+        """
         with self._lock:
             batch = [o for o in batch if _key(o.lease) not in self._released]
         done = [(o.lease, o.result) for o in batch if o.kind == "done"]
-        failed = [(o.lease, o.error, o.permanent) for o in batch if o.kind == "fail"]
+        failed = [
+            (o.lease, o.error, o.permanent, o.error_class, o.traceback)
+            for o in batch
+            if o.kind == "fail"
+        ]
         released = [o.lease for o in batch if o.kind == "release"]
-        backoff = 0.1
-        # Each statement commits on its own: a retry runs only those that did not land,
-        # or it would find its own writes and record them as stale ones turned away.
+        unwritten: set[int] = set()  # job ids given up on: left to the reaper, not stale
+
+        def refused_result(item: tuple, exc: Exception) -> None:
+            lease, _ = item
+            error = storable(f"invalid result: PostgreSQL refused it ({_first_line(exc)})")
+            failed.append((lease, error[:MAX_ERROR_CHARS], True, class_path(exc), None))
+            log.warning("result refused by PostgreSQL: failing its job", extra=lease.log_fields())
+
+        def refused_error(item: tuple, exc: Exception) -> tuple | None:
+            lease, error, permanent, cls, tb = item
+            if cls is not None or tb is not None or not error.isascii():
+                # Store the error alone, in plain ASCII: the detail was what was refused.
+                ascii_error = error.encode("ascii", "backslashreplace").decode("ascii")
+                return (lease, ascii_error[:MAX_ERROR_CHARS], permanent, None, None)
+            unwritten.add(lease.job_id)
+            log.error(
+                "PostgreSQL refused a failed attempt's write-back (%s); the reaper will "
+                "recover the job",
+                _first_line(exc),
+                extra=lease.log_fields(),
+            )
+            return None
+
         ok_done = ok_fail = ok_rel = None
-        while True:
+        ok_done = self._write_rows(services.complete, done, refused_result)
+        if ok_done is not None:
+            ok_fail = self._write_rows(services.fail, failed, refused_error)
+        if ok_fail is not None:
+            ok_rel = self._write_rows(services.release, released, None)
+        if ok_done is None or ok_fail is None or ok_rel is None:
+            log.error(
+                "giving up write-back of %d outcome(s) at exit; the reaper will recover their jobs",
+                len(batch),
+                extra={
+                    "worker_id": self.worker_id,
+                    "job_ids": [o.lease.job_id for o in batch][:20],
+                },
+            )
+            self._forget([o.lease for o in batch])
+            return
+        failing = {item[0].job_id for item in failed}
+        stale = [lease for lease, _ in done if lease.job_id not in ok_done.keys() | failing]
+        stale += [
+            item[0]
+            for item in failed
+            if item[0].job_id not in ok_fail and item[0].job_id not in unwritten
+        ]
+        stale_ops = {lease.job_id: "complete" for lease, _ in done}
+        stale_ops.update({item[0].job_id: "fail" for item in failed})
+        for op in ("complete", "fail"):
+            services.record_fence_rejections([s for s in stale if stale_ops[s.job_id] == op], op)
+        self.finished += len(ok_done) + sum(1 for f in ok_fail.values() if f.status == "failed")
+        for o in batch:
+            if o.kind == "release" and o.lease.job_id in ok_rel:
+                log.info("released on shutdown", extra=o.lease.log_fields())
+        self._forget([o.lease for o in batch])
+
+    def _write_rows(
+        self,
+        write: Callable[[list], Any],
+        items: list,
+        refused: Callable[[Any, Exception], Any] | None,
+    ) -> dict[int, Any] | None:
+        """Run `write` over `items` until it lands; returns what landed, by job id.
+
+        Connection and server trouble retries the same rows with backoff (None when
+        the worker exits meanwhile). A data error is about some row, never about the
+        batch: the rows are split in halves and written apart until the one PostgreSQL
+        refuses is alone, and `refused(item, exc)` decides what happens to it (a
+        replacement item to write instead, or None). Each statement commits on its
+        own, so a retry never repeats rows that already landed.
+        """
+        landed: dict[int, Any] = {}
+        pending = [items] if items else []
+        backoff = 0.1
+        while pending:
+            chunk = pending.pop()
             try:
-                if ok_done is None:
-                    ok_done = services.complete(done)
-                if ok_fail is None:
-                    ok_fail = services.fail(failed)
-                if ok_rel is None:
-                    ok_rel = services.release(released)
-                break
+                got = write(chunk)
+            except _ROW_DATA_ERRORS as exc:
+                if len(chunk) > 1:
+                    half = len(chunk) // 2
+                    pending += [chunk[half:], chunk[:half]]
+                    continue
+                lease = chunk[0][0] if isinstance(chunk[0], tuple) else chunk[0]
+                metrics.WRITEBACK_REFUSED.labels(lease.queue, lease.task, write.__name__).inc()
+                log.warning(
+                    "write-back row refused by PostgreSQL: %s",
+                    _first_line(exc),
+                    extra=lease.log_fields(),
+                )
+                replacement = refused(chunk[0], exc) if refused is not None else None
+                if replacement is not None:
+                    pending.append([replacement])
+                continue
             except (DatabaseError, InterfaceError) as exc:
+                pending.append(chunk)
                 metrics.child(metrics.DB_ERRORS, "write_back").inc()
                 log.warning(
                     "write-back failed, retrying in %.1fs: %s",
@@ -496,28 +638,11 @@ class Worker:
                 )
                 connection.close()
                 if self.halt.wait(backoff) and backoff >= DB_BACKOFF_MAX:
-                    log.error(
-                        "giving up write-back of %d outcome(s) at exit; the reaper "
-                        "will recover their jobs",
-                        len(batch),
-                        extra={
-                            "worker_id": self.worker_id,
-                            "job_ids": [o.lease.job_id for o in batch][:20],
-                        },
-                    )
-                    return
+                    return None
                 backoff = min(backoff * 2, DB_BACKOFF_MAX)
-        stale = [lease for lease, _ in done if lease.job_id not in ok_done]
-        stale += [lease for lease, _, _ in failed if lease.job_id not in ok_fail]
-        stale_ops = {lease.job_id: "complete" for lease, _ in done}
-        stale_ops.update({lease.job_id: "fail" for lease, _, _ in failed})
-        for op in ("complete", "fail"):
-            services.record_fence_rejections([s for s in stale if stale_ops[s.job_id] == op], op)
-        self.finished += len(ok_done) + sum(1 for f in ok_fail.values() if f.status == "failed")
-        for o in batch:
-            if o.kind == "release" and o.lease.job_id in ok_rel:
-                log.info("released on shutdown", extra=o.lease.log_fields())
-        self._forget([o.lease for o in batch])
+                continue
+            landed.update(got if isinstance(got, dict) else dict.fromkeys(got))
+        return landed
 
     # --- heartbeats ------------------------------------------------------------------------
 
@@ -540,7 +665,9 @@ class Worker:
                 connection.close()
                 continue
             for item in held:
-                if item.lease.job_id not in ok and not item.finishing:
+                # By (job id, lease_version): this worker's newer lease on the same job
+                # must not vouch for an older attempt that was revoked or reaped.
+                if _key(item.lease) not in ok and not item.finishing:
                     item.ctx.lost_authority = True
                     item.ctx.stop.set()
                     metrics.FENCE_REJECTIONS.labels(

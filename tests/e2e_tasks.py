@@ -3,9 +3,12 @@ handlers whose results or errors PostgreSQL cannot store as they are."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
-from jobs.tasks import JobContext, task
+from django.db import connection
+
+from jobs.tasks import InvalidPayload, JobContext, PermanentError, task
 
 
 @task("e2e.unserializable")
@@ -36,3 +39,53 @@ def nul_error(payload: Any, ctx: JobContext) -> Any:
 def unserializable_tx(payload: Any, ctx: JobContext) -> Any:
     """Transactional, returns a set: its fenced completion cannot write it."""
     return {"ids": {1}}
+
+
+LONE_SURROGATE = b"caf\xe9".decode("utf-8", "surrogateescape")
+
+
+@task("e2e.surrogate_result")
+def surrogate_result(payload: Any, ctx: JobContext) -> Any:
+    """Returns a lone surrogate (bytes decoded with surrogateescape): not valid UTF-8."""
+    return {"name": LONE_SURROGATE}
+
+
+@task("e2e.surrogate_error")
+def surrogate_error(payload: Any, ctx: JobContext) -> Any:
+    """Raises an error whose message holds a lone surrogate."""
+    raise ValueError(f"cannot decode {LONE_SURROGATE}")
+
+
+@task("e2e.nul_invalid_payload")
+def nul_invalid_payload(payload: Any, ctx: JobContext) -> Any:
+    """Raises InvalidPayload with a NUL character (a permanent error)."""
+    raise InvalidPayload("a\x00b")
+
+
+@task("e2e.slow_tx", transactional=True)
+def slow_tx(payload: Any, ctx: JobContext) -> Any:
+    """Transactional: reads the database (its transaction begins), works `seconds`."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT 1")
+    time.sleep(float(payload["seconds"]))
+    return {"slept": payload["seconds"]}
+
+
+class CardDeclined(PermanentError):
+    """A permanent failure, as a payment provider would report it."""
+
+
+def _charge(amount: int) -> None:
+    raise CardDeclined(f"card declined: insufficient funds for {amount}")
+
+
+@task("e2e.card_declined")
+def card_declined(payload: Any, ctx: JobContext) -> Any:
+    """Fails permanently two frames down (the traceback must show where)."""
+    _charge(payload.get("amount", 0))
+
+
+@task("e2e.value_error")
+def value_error(payload: Any, ctx: JobContext) -> Any:
+    """Fails with a retryable error on every attempt."""
+    raise ValueError(f"attempt {ctx.attempt} broke")

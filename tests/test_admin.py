@@ -117,7 +117,7 @@ def test_list_shows_badges_and_columns(client, alice):
     html = response.content.decode()
     assert 'class="job-badge job-badge-failed"' in html
     assert 'class="job-badge job-badge-processing"' in html
-    assert "0/3" in html  # retry_count / max_retries
+    assert "0 of 3 retries" in html  # retry_count of max_retries
     assert "w-factory" in html  # owner of the processing job
     assert "acme" in html
     rows = {j.pk: j for j in response.context["cl"].result_list}

@@ -145,3 +145,42 @@ def test_dashboard_from_the_admin_index(page):
     assert page.locator("#card-done .jd-value").inner_text() == "3"
     assert page.locator("#throughput-chart rect").count() >= 1
     page.screenshot(path=str(SCREENSHOTS / "admin-dashboard.png"), full_page=True)
+
+
+def _failed_with_traceback(task: str, error: str, error_class: str, frames: str) -> Job:
+    """A job whose one attempt failed permanently with a real-looking traceback."""
+    job, _ = services.submit(task, {"amount": 42})
+    lease = services.claim("w-browser", job.pk)
+    tb = f"Traceback (most recent call last):\n{frames}{error_class}: {error.split(': ', 1)[1]}\n"
+    services.fail([(lease, error, True, error_class, tb)])
+    return Job.objects.get(pk=job.pk)
+
+
+def test_failed_job_list_shows_the_last_error_and_the_detail_its_traceback(page):
+    card = _failed_with_traceback(
+        "payments.charge",
+        "CardDeclined: card declined: insufficient funds for 42",
+        "payments.errors.CardDeclined",
+        '  File "payments/tasks.py", line 31, in charge\n    gateway.charge(card, amount)\n'
+        '  File "payments/gateway.py", line 88, in charge\n    raise CardDeclined(reply.reason)\n',
+    )
+    _failed_with_traceback(
+        "reports.render",
+        "KeyError: 'customer_id' missing from the row of a very long report that goes on",
+        "builtins.KeyError",
+        '  File "reports/render.py", line 12, in render\n    row["customer_id"]\n',
+    )
+    JobFactory.create(status="done")
+
+    page.goto(f"{page.base}/admin/jobs/job/?status__exact=failed")
+    assert page.locator("#result_list thead").inner_text().count("LAST ERROR") == 1
+    errors = page.locator("#result_list tbody td.field-last_error").all_inner_texts()
+    assert "CardDeclined: card declined: insufficient funds for 42" in errors
+    assert any(e.endswith("…") and len(e) <= 60 for e in errors)  # cut to one short line
+    page.screenshot(path=str(SCREENSHOTS / "admin-failed-jobs-errors.png"), full_page=True)
+
+    page.goto(f"{page.base}/admin/jobs/job/{card.pk}/change/")
+    history = page.locator(".inline-group")
+    assert "payments.errors.CardDeclined" in history.inner_text()
+    assert 'payments/gateway.py", line 88, in charge' in history.inner_text()
+    page.screenshot(path=str(SCREENSHOTS / "admin-failed-job-traceback.png"), full_page=True)

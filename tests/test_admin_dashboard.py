@@ -49,14 +49,16 @@ def build_mix() -> dict[str, int]:
     ids["fast_done"] = JobFactory.create(status="done", queue="default").pk
     ids["slow_done"] = JobFactory.create(status="done", queue="mail").pk
     raw(
-        "UPDATE jobs_job SET created_at = finished_at - interval '40 seconds' WHERE id = %s",
+        "UPDATE jobs_job SET created_at = finished_at - interval '40 seconds', "
+        "due_at = finished_at - interval '40 seconds' WHERE id = %s",
         [ids["slow_done"]],
     )
     ids["failed"] = JobFactory.create(status="failed", queue="default").pk
     ids["old_done"] = JobFactory.create(status="done").pk
     raw(
         "UPDATE jobs_job SET finished_at = now() - interval '2 hours', "
-        "created_at = now() - interval '3 hours' WHERE id = %s",
+        "created_at = now() - interval '3 hours', due_at = now() - interval '3 hours' "
+        "WHERE id = %s",
         [ids["old_done"]],
     )
     return ids

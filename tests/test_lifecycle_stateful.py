@@ -78,7 +78,7 @@ class Lifecycle(RuleBasedStateMachine):
     @rule(lease=leases)
     def heartbeat(self, lease):
         held = self._held(lease)
-        assert (services.heartbeat([lease]) == {lease.job_id}) == held
+        assert (services.heartbeat([lease]) == {(lease.job_id, lease.lease_version)}) == held
 
     @rule(lease=leases)
     def complete(self, lease):

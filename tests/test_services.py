@@ -153,7 +153,7 @@ def test_heartbeat_batch_with_one_stale_entry_extends_the_others_only():
     newer = services.claim("w-2", leases[3].job_id)
     assert newer is not None
     _expire(newer.job_id)
-    assert services.heartbeat(leases) == {x.job_id for x in leases[:3]}
+    assert services.heartbeat(leases) == {(x.job_id, x.lease_version) for x in leases[:3]}
     fresh = raw(
         "SELECT id FROM jobs_job WHERE heartbeat_at > now() - interval '5 seconds'"
         " AND id = ANY(%s)",

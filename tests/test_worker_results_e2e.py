@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from jobs import services
-from jobs.models import Job
+from jobs.models import Job, JobEvent
 from tests.conftest import job_row
 from tests.harness import wait_until
 
@@ -47,3 +47,18 @@ def test_unstorable_results_and_errors_fail_their_job_and_the_worker_goes_on(sta
     assert (row["status"], row["retry_count"]) == ("failed", 2)  # retryable: budget spent
     assert row["error"] == "ValueError: bad\\x00byte"
     assert set(Job.objects.filter(pk__in=echoes).values_list("status", flat=True)) == {"done"}
+
+
+def test_a_transactional_job_finishes_when_its_final_write_is_made(stack):
+    """finished_at and the done event use the statement's clock, not the start of the
+    handler's transaction (`now()`), which made such jobs look as fast as a claim."""
+    job = services.submit("e2e.slow_tx", {"seconds": 1.5})[0]
+    stack.worker("--concurrency", "1", JOBS_TASK_MODULES="demo.tasks,tests.e2e_tasks")
+    wait_until(lambda: job_row(job.pk)["status"] == "done", 30, message="done")
+    row = job_row(job.pk)
+    claimed = JobEvent.objects.get(job_id=job.pk, to_status="processing")
+    done = JobEvent.objects.get(job_id=job.pk, to_status="done")
+    ran = (row["finished_at"] - claimed.at).total_seconds()
+    print(f"\nclaim to finished_at: {ran:.2f}s for a 1.5 s transactional handler")
+    assert ran >= 1.4
+    assert done.at == row["finished_at"] == row["updated_at"]

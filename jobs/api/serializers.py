@@ -153,7 +153,11 @@ class JobSerializer(serializers.ModelSerializer):
 
 
 class JobEventSerializer(serializers.ModelSerializer):
-    """One entry of a job's history: a transition, or a stale write the fence refused."""
+    """One entry of a job's history: a transition, or a stale write the fence refused.
+
+    The event that ended a failed attempt carries its exception class and traceback
+    (the last 30 frames, at most 8 KiB); they are null on every other event.
+    """
 
     class Meta:
         model = JobEvent
@@ -167,6 +171,8 @@ class JobEventSerializer(serializers.ModelSerializer):
             "lease_version",
             "retry_count",
             "error",
+            "error_class",
+            "error_traceback",
         ]
         read_only_fields = fields
 

@@ -183,6 +183,8 @@ def test_history_of_a_finished_job(api, me):
         "lease_version",
         "retry_count",
         "error",
+        "error_class",
+        "error_traceback",
     }
 
 
