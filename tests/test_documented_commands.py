@@ -205,3 +205,94 @@ def test_no_module_shadows_the_standard_library():
         if p.stem in sys.stdlib_module_names and "migrations" not in p.parts
     }
     assert shadowing <= allowed, sorted(shadowing - allowed)
+
+
+# --- the README's "Developing locally" walk-through --------------------------------
+
+# Lines of the walk-through run by other tests here (they start servers on fixed ports
+# or act on the checkout's own embedded database).
+DEV_COVERED_ELSEWHERE = {
+    "make run WORKERS=3": "test_make_run_with_several_workers",
+    'make run RUN_ARGS="--bind 127.0.0.1:8001 --metrics-port 9501"': (
+        "test_make_run_with_several_workers"
+    ),
+    "make stop-db": "test_make_target_runs[stop-db]",
+    "make reset-db": "test_make_target_runs[reset-db]",
+}
+
+
+def readme_section(title: str) -> str:
+    readme = (ROOT / "README.md").read_text()
+    return readme.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def python_files(section: str) -> dict[str, str]:
+    """The README's Python blocks that start with `# path/to/file.py`."""
+    blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    return {b.split("\n", 1)[0][2:].strip(): b for b in blocks if re.match(r"# \w+/\w+\.py\n", b)}
+
+
+def test_adding_a_task_snippets_define_every_name():
+    """The task example compiles and names nothing it does not import or define."""
+    files = python_files(readme_section("Adding a task"))
+    assert set(files) == {"myapp/models.py", "myapp/tasks.py"}
+    import builtins
+    import symtable
+
+    for path, source in files.items():
+        table = symtable.symtable(source, path, "exec")
+        defined = set(dir(builtins)) | {s.get_name() for s in table.get_symbols()
+                                        if s.is_assigned() or s.is_imported()}  # fmt: skip
+        for child in table.get_children():
+            used = {s.get_name() for s in child.get_symbols() if s.is_global()}
+            assert used <= defined, (path, sorted(used - defined))
+
+
+@pytest.mark.timeout(300)
+def test_readme_local_development_runs_as_written(tmp_path, scratch_db):
+    section = readme_section("Developing locally")
+    (script,) = re.findall(r"```sh\n(.*?)```", section, flags=re.S)
+    lines = script.splitlines()
+    assert set(DEV_COVERED_ELSEWHERE) <= set(lines)
+    lines = [line for line in lines if line not in DEV_COVERED_ELSEWHERE]
+    documented_db = "postgres://root@127.0.0.1:5432/jobservice_dev"
+    assert any(documented_db in line for line in lines)
+    # Run from a scratch directory (startapp writes there) against a scratch database.
+    script = "\n".join(lines)
+    for documented, here in [
+        (documented_db, f"{scratch_db}_dev"),
+        ("make install && . .venv/bin/activate",
+         f"make -C {ROOT} install && . {ROOT}/.venv/bin/activate"),
+        ("python manage.py", f"python {ROOT}/manage.py"),
+        ("make migrate", f"make -C {ROOT} migrate"),
+    ]:  # fmt: skip
+        assert documented in script
+        script = script.replace(documented, here)
+    # The app files are written from the README's own blocks right after startapp.
+    files = python_files(readme_section("Adding a task"))
+    writes = "\n".join(
+        f"cat > {path} <<'README_EOF'\n{source}README_EOF" for path, source in files.items()
+    )
+    startapp = f"python {ROOT}/manage.py startapp myapp"
+    assert startapp in script
+    script = script.replace(startapp, f"{startapp}\n{writes}")
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    env["PYTHONPATH"] = str(tmp_path)
+    try:
+        done = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", script], cwd=tmp_path, env=env,
+            capture_output=True, text=True, timeout=280,
+        )  # fmt: skip
+    finally:
+        subprocess.run(
+            ["psql", "-h", "127.0.0.1", "-U", "root", "-d", "postgres", "-qc",
+             f"DROP DATABASE IF EXISTS {scratch_db.rsplit('/', 1)[1]}_dev WITH (FORCE)"],
+            check=False,
+        )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert "created" in done.stdout  # the database did not exist before
+    assert "Superuser created successfully." in done.stdout
+    assert "Create model LedgerEntry" in done.stdout
+    assert "Subject: Welcome!" in done.stdout  # the console mail backend
+    assert "stopped after 2 job(s)" in done.stdout
+    assert done.stdout.rstrip().endswith("1 ledger entry")
