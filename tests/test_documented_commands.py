@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
+import psutil
 import pytest
 from django.core.management import get_commands, load_command_class
 from django.core.management.base import BaseCommand
 
-from tests.harness import ROOT
+from tests.harness import ROOT, free_port, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -296,3 +299,44 @@ def test_readme_local_development_runs_as_written(tmp_path, scratch_db):
     assert "Subject: Welcome!" in done.stdout  # the console mail backend
     assert "stopped after 2 job(s)" in done.stdout
     assert done.stdout.rstrip().endswith("1 ledger entry")
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+@pytest.mark.timeout(240)
+def test_make_run_with_several_workers(scratch_db):
+    """`make run WORKERS=3` with RUN_ARGS moving every port; Ctrl-C stops every process."""
+    api, metrics = free_port(), free_port()
+    stack: list[psutil.Process] = []
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    env["DATABASE_URL"] = scratch_db
+    make = subprocess.Popen(
+        ["make", "run", "WORKERS=3", f"RUN_ARGS=--bind 127.0.0.1:{api} --metrics-port {metrics}"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,  # its own process group, as a terminal's foreground job
+    )  # fmt: skip
+    try:
+        ports = [metrics, metrics + 100, metrics + 200, metrics + 1]  # 3 workers, the reaper
+        urls = [f"http://127.0.0.1:{api}/healthz"]
+        urls += [f"http://127.0.0.1:{p}/metrics" for p in ports]
+        wait_until(lambda: all(_answers(u) for u in urls), 180, 0.5, "the stack to answer")
+        stack = psutil.Process(make.pid).children(recursive=True)
+        names = " ".join(" ".join(p.cmdline()) for p in stack)
+        assert names.count(" runworker ") == 3 and names.count(" runreaper ") == 1, names
+        os.killpg(make.pid, signal.SIGINT)  # Ctrl-C
+        out, _ = make.communicate(timeout=60)
+    finally:
+        if make.poll() is None:  # a failure above: kill what this test started
+            for p in [*psutil.Process(make.pid).children(recursive=True), make]:
+                p.kill()
+    gone, alive = psutil.wait_procs(stack, timeout=30)
+    assert not alive, [p.cmdline() for p in alive]
+    assert f"API on http://127.0.0.1:{api}/" in out and "3 worker(s)" in out, out
+    assert "exited with" not in out, out  # no child died on its own
+    assert not any(_answers(u) for u in urls)
