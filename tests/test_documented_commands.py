@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -21,7 +22,7 @@ import pytest
 from django.core.management import get_commands, load_command_class
 from django.core.management.base import BaseCommand
 
-from tests.harness import ROOT, free_port, wait_until
+from tests.harness import ROOT, database_url, free_port, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -340,3 +341,79 @@ def test_make_run_with_several_workers(scratch_db):
     assert f"API on http://127.0.0.1:{api}/" in out and "3 worker(s)" in out, out
     assert "exited with" not in out, out  # no child died on its own
     assert not any(_answers(u) for u in urls)
+
+
+# --- every command the README shows -----------------------------------------------
+
+# How each README command line is covered: run by a test named here, or why not.
+README_COMMANDS = [
+    (r"^make (run|test)$", "make run: test_make_run_with_several_workers; make test: this suite"),
+    (r"^make \S+", "dry-run here; the target itself runs in test_make_target_runs"),
+    (r"^python manage\.py (runworker|runreaper) .*--metrics-port", "run here on free ports"),
+    (r"^python manage\.py (runreaper --once|slo --window)", "run here"),
+    (r"^manage\.py prunejobs ", "a synopsis: run here without brackets, --dry-run"),
+    (r"^docker compose|^cp \.env\.example", "needs docker: tests/test_deploy_files.py"),
+    (r"^python -m bench --quick", "tests/test_bench.py"),
+    (r"^python -m bench ", "minutes per scenario: tests/test_bench.py runs them with --quick"),
+    (r"^\.venv/bin/python -m chaos --profile short", "tests/test_chaos_short.py (short profile)"),
+]
+SECTIONS_TESTED_AS_A_WHOLE = {
+    "API": "tests/api/test_readme.py runs the walk-through",
+    "Developing locally": "test_readme_local_development_runs_as_written",
+}
+
+
+def readme_commands() -> list[str]:
+    readme = (ROOT / "README.md").read_text()
+    parts = re.split(r"\n## ", readme)
+    commands = []
+    for part in parts:
+        if part.split("\n", 1)[0] in SECTIONS_TESTED_AS_A_WHOLE:
+            continue
+        for block in re.findall(r"```sh\n(.*?)```", part, flags=re.S):
+            for line in block.replace("\\\n", " ").splitlines():
+                line = re.sub(r"\s+#.*$", "", line).strip()
+                if line and not line.startswith("#"):
+                    commands.append(line)
+    return commands
+
+
+def test_every_readme_command_is_covered():
+    commands = readme_commands()
+    assert "make run" in commands and "python manage.py runreaper --once" in commands
+    for command in commands:
+        rule = next((why for pattern, why in README_COMMANDS if re.search(pattern, command)), None)
+        assert rule, f"README command not covered by any test: {command!r}"
+
+
+@pytest.mark.parametrize("command", [c for c in readme_commands() if c.startswith("make ")])
+def test_readme_make_commands_parse(command):
+    """Each `make ...` line names a target and variables the Makefile has (make -n)."""
+    assert dry_run(*shlex.split(command)[1:])
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    "command", [c for c in readme_commands() if re.match(r"^(python )?manage\.py ", c)]
+)
+def test_readme_manage_commands_run(command):
+    args = shlex.split(re.sub(r"[\[\]]", "", command.removeprefix("python ")))
+    ports = {}
+    for i, arg in enumerate(args):
+        if args[i - 1] == "--metrics-port":
+            args[i] = ports.setdefault(arg, str(free_port()))
+    if args[1] == "prunejobs":
+        assert "--dry-run" in args
+    env = {**os.environ, "DATABASE_URL": database_url()}
+    proc = subprocess.Popen(
+        [PY, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True,
+    )  # fmt: skip
+    if ports:  # a long-running process: up when its metrics answer, then a clean stop
+        try:
+            url = f"http://127.0.0.1:{next(iter(ports.values()))}/metrics"
+            wait_until(lambda: _answers(url) or proc.poll() is not None, 60, 0.2, url)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
