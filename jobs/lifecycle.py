@@ -43,6 +43,13 @@ LEASE_BUMPING: frozenset[tuple[Status, Status]] = frozenset(
 INITIAL: Status = Status.QUEUED
 
 
+def due_sql(alias: str = "") -> str:
+    """When a job became due (SPEC §6), the start of its SLO clock: the scheduled run_at
+    or a staff retry (stored in due_at), else its submission. A worker's retry or a
+    recovered lease keeps the job's due time: those delays count against the SLO."""
+    return f"COALESCE({alias}due_at, {alias}created_at)"
+
+
 def is_legal(old: str, new: str) -> bool:
     """True when old → new is allowed; staying in a state is always allowed."""
     return old == new or (Status(old), Status(new)) in TRANSITIONS

@@ -45,7 +45,8 @@ DURATION = Histogram(
 )
 TIME_TO_TERMINAL = Histogram(
     "jobs_time_to_terminal_seconds",
-    "Submission to terminal state, failures included (the 25 s SLO)",
+    "From due (submission, scheduled run_at or staff retry) to terminal state, failures "
+    "included (the 25 s SLO)",
     ["queue", "task", "outcome"],
     buckets=SLO_BUCKETS,
 )

@@ -70,6 +70,12 @@ class Job(models.Model):
     created_at = models.DateTimeField(db_default=Now())
     updated_at = models.DateTimeField(db_default=Now())
     finished_at = models.DateTimeField(null=True, blank=True)
+    due_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When the job became due, if not at creation: a future run_at at "
+        "submission, or a staff retry. The SLO counts from here (lifecycle.due_sql).",
+    )
     client = models.ForeignKey(
         Client, null=True, blank=True, on_delete=models.PROTECT, related_name="jobs"
     )

@@ -24,7 +24,7 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from jobs import metrics
-from jobs.lifecycle import TERMINAL, Status
+from jobs.lifecycle import TERMINAL, Status, due_sql
 from jobs.logconfig import job_log_fields
 from jobs.models import Job, JobEvent
 from jobs.transport import TransportError, get_transport
@@ -42,7 +42,7 @@ QUEUED, PROCESSING, DONE, FAILED, ENQUEUE_FAILED = (
 # What a finished row needs to report its metrics.
 _FINISH_RETURNING = (
     "j.id, j.status, j.queue, j.task, j.retry_count, j.lease_version, "
-    "extract(epoch FROM j.finished_at - j.created_at)"
+    f"extract(epoch FROM j.finished_at - {due_sql('j.')})"
 )
 _UNOWN = "owned_by = NULL, claimed_at = NULL, heartbeat_at = NULL"
 
@@ -187,9 +187,13 @@ def push_now_ignoring_rollback(pairs: Iterable[tuple[int, str]]) -> None:
 
 _JOB_FIELDS = [f.attname for f in Job._meta.concrete_fields]
 _INSERT_SQL = f"""
-INSERT INTO {T} (task, payload, queue, priority, run_at, max_retries, client_id,
+INSERT INTO {T} (task, payload, queue, priority, run_at, due_at, max_retries, client_id,
                  idempotency_key, request_hash, updated_by, status, retry_count, lease_version)
-VALUES (%s, %s::jsonb, %s, %s, COALESCE(%s, now()), %s, %s, %s, %s, %s, '{QUEUED}', 0, 0)
+SELECT t, p, q, pr, COALESCE(r, now()), CASE WHEN r > now() THEN r END, mr, c, k, h, a,
+       '{QUEUED}', 0, 0
+FROM (VALUES (%s::text, %s::jsonb, %s::text, %s::int, %s::timestamptz, %s::int, %s::bigint,
+              %s::text, %s::text, %s::text))
+     AS v(t, p, q, pr, r, mr, c, k, h, a)
 ON CONFLICT DO NOTHING
 RETURNING {", ".join(_JOB_FIELDS)}, run_at <= now()
 """
@@ -304,10 +308,11 @@ WITH input AS MATERIALIZED (
               %(keys)s::text[], %(hashes)s::text[])
        WITH ORDINALITY AS u(task, payload, queue, priority, run_at, max_retries, key, hash, ord)
 ), ins AS (
-  INSERT INTO {T} (id, task, payload, queue, priority, run_at, max_retries, client_id,
-                   idempotency_key, request_hash, updated_by, status, retry_count,
+  INSERT INTO {T} (id, task, payload, queue, priority, run_at, due_at, max_retries,
+                   client_id, idempotency_key, request_hash, updated_by, status, retry_count,
                    lease_version)
-  SELECT id, task, payload::jsonb, queue, priority, COALESCE(run_at, now()), max_retries,
+  SELECT id, task, payload::jsonb, queue, priority, COALESCE(run_at, now()),
+         CASE WHEN run_at > now() THEN run_at END, max_retries,
          %(client)s, key, hash, %(actor)s, '{QUEUED}', 0, 0
   FROM input ORDER BY ord
   ON CONFLICT DO NOTHING
@@ -781,10 +786,13 @@ def fail_over_budget(limit: int = 500) -> dict[int, Finished]:
 
 
 def staff_retry(job_ids: Sequence[int], actor: str) -> list[int]:
-    """failed → queued, retry budget reset (SPEC §2: staff only, audited)."""
+    """failed → queued, retry budget reset (SPEC §2: staff only, audited).
+
+    The job is due again now: the SLO (SPEC §6) counts this new run from the retry,
+    not from the original submission."""
     rows = _rows(
         f"""UPDATE {T} j SET status = '{QUEUED}', retry_count = 0, result = NULL,
-                   finished_at = NULL, run_at = now(), updated_by = %s
+                   finished_at = NULL, run_at = now(), due_at = now(), updated_by = %s
             WHERE id = ANY(%s) AND status = '{FAILED}' RETURNING id, queue""",
         [actor, list(job_ids)],
     )

@@ -26,7 +26,7 @@ def parse_duration(value: str) -> float:
 
 
 class Command(BaseCommand):
-    help = "Report submission→terminal latency and SLO attainment over a window."
+    help = "Report due→terminal latency and SLO attainment over a window."
 
     def add_arguments(self, parser):
         parser.add_argument("--window", default="1h", help="e.g. 15m, 1h, 1d [1h]")
@@ -49,5 +49,5 @@ class Command(BaseCommand):
             f"window {opts['window']}: {r.terminal} terminal ({r.done} done, {r.failed} failed)\n"
             f"SLO: {r.attainment:.2%} terminal within {slo:g}s (target 95%)\n"
             f"success rate: {r.success_rate:.2%}\n"
-            f"submission→terminal p50 {fmt(r.p50)} p95 {fmt(r.p95)} p99 {fmt(r.p99)}"
+            f"due→terminal p50 {fmt(r.p50)} p95 {fmt(r.p95)} p99 {fmt(r.p99)}"
         )
