@@ -335,26 +335,24 @@ def _answers(url: str) -> bool:
         return False
 
 
-@pytest.mark.timeout(240)
-def test_make_run_with_several_workers(scratch_db):
-    """`make run WORKERS=3` with RUN_ARGS moving every port; Ctrl-C stops every process."""
+def run_until_up_then_ctrl_c(env: dict[str, str], workers: int) -> tuple[str, list]:
+    """`make run` with RUN_ARGS moving every port; once every process answers, Ctrl-C.
+    Returns make's output and the processes it had started."""
     api, metrics = free_port(), free_port()
     stack: list[psutil.Process] = []
-    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
-    env["DATABASE_URL"] = scratch_db
     make = subprocess.Popen(
-        ["make", "run", "WORKERS=3", f"RUN_ARGS=--bind 127.0.0.1:{api} --metrics-port {metrics}"],
+        ["make", "run", f"WORKERS={workers}",
+         f"RUN_ARGS=--bind 127.0.0.1:{api} --metrics-port {metrics}"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True,  # its own process group, as a terminal's foreground job
     )  # fmt: skip
+    ports = [metrics + 100 * n for n in range(workers)] + [metrics + 1]  # workers, reaper
+    urls = [f"http://127.0.0.1:{api}/healthz"] + [f"http://127.0.0.1:{p}/metrics" for p in ports]
     try:
-        ports = [metrics, metrics + 100, metrics + 200, metrics + 1]  # 3 workers, the reaper
-        urls = [f"http://127.0.0.1:{api}/healthz"]
-        urls += [f"http://127.0.0.1:{p}/metrics" for p in ports]
         wait_until(lambda: all(_answers(u) for u in urls), 180, 0.5, "the stack to answer")
         stack = psutil.Process(make.pid).children(recursive=True)
         names = " ".join(" ".join(p.cmdline()) for p in stack)
-        assert names.count(" runworker ") == 3 and names.count(" runreaper ") == 1, names
+        assert names.count(" runworker ") == workers and names.count(" runreaper ") == 1, names
         os.killpg(make.pid, signal.SIGINT)  # Ctrl-C
         out, _ = make.communicate(timeout=60)
     finally:
@@ -363,9 +361,27 @@ def test_make_run_with_several_workers(scratch_db):
                 p.kill()
     gone, alive = psutil.wait_procs(stack, timeout=30)
     assert not alive, [p.cmdline() for p in alive]
-    assert f"API on http://127.0.0.1:{api}/" in out and "3 worker(s)" in out, out
+    assert f"API on http://127.0.0.1:{api}/" in out and f"{workers} worker(s)" in out, out
     assert "exited with" not in out, out  # no child died on its own
     assert not any(_answers(u) for u in urls)
+    return out, stack
+
+
+@pytest.mark.timeout(240)
+def test_make_run_with_several_workers(scratch_db):
+    """`make run WORKERS=3`: three workers and the reaper serve metrics; Ctrl-C stops all."""
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    run_until_up_then_ctrl_c({**env, "DATABASE_URL": scratch_db}, workers=3)
+
+
+@pytest.mark.timeout(240)
+def test_make_run_stops_the_embedded_database_on_ctrl_c(embedded_pgdata):
+    """Without DATABASE_URL, `make run` starts an embedded PostgreSQL and stops it again."""
+    out, _ = run_until_up_then_ctrl_c(embedded_env(embedded_pgdata), workers=1)
+    assert "embedded PostgreSQL: postgresql://postgres@/jobservice" in out, out
+    assert "embedded PostgreSQL stopped" in out, out
+    assert not embedded_running(embedded_pgdata)
+    assert "XDG_RUNTIME_DIR" not in out, out
 
 
 # --- every command the README shows -----------------------------------------------
