@@ -11,9 +11,11 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -90,12 +92,19 @@ def scratch_db():
 
 
 @pytest.fixture
-def embedded_pgdata(tmp_path):
-    """A private embedded PostgreSQL data directory, never the checkout's var/pgdata."""
-    pgdata = tmp_path / "pgdata"
+def embedded_pgdata():
+    """A private embedded PostgreSQL data directory, never the checkout's var/pgdata.
+
+    Not under pytest's tmp_path: the server runs as another user (pgserver) and any
+    pytest session on the machine resets pytest-of-<user> to mode 0700 at its start.
+    """
+    parent = Path(tempfile.mkdtemp(prefix="jobs-embedded-"))
+    parent.chmod(0o755)
+    pgdata = parent / "pgdata"
     yield pgdata
     env = {**os.environ, "JOBS_EMBEDDED_PGDATA": str(pgdata)}
     subprocess.run([PY, "-m", "jobservice.embedded", "reset"], env=env, check=False)
+    shutil.rmtree(parent, ignore_errors=True)
 
 
 def embedded_env(pgdata: Path) -> dict[str, str]:
