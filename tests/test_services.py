@@ -310,6 +310,18 @@ def test_a_scheduled_job_is_measured_from_its_run_at():
     assert selectors.slo_report(window_seconds=3600, slo_seconds=25).within_slo == 1
 
 
+def test_submit_and_submit_many_store_a_due_time_only_for_future_run_at():
+    later = timezone.now() + timedelta(hours=1)
+    past = timezone.now() - timedelta(hours=1)
+    single, _ = services.submit("echo", {}, run_at=later)
+    many = services.submit_many(
+        [services.NewJob("echo", {}), services.NewJob("echo", {}, run_at=later),
+         services.NewJob("echo", {}, run_at=past)]
+    )  # fmt: skip
+    due = [job_row(j)["due_at"] for j in (single.pk, *(m.job_id for m in many))]
+    assert due == [later, None, later, None]
+
+
 def test_an_immediate_job_and_its_retries_count_from_submission():
     job, _ = services.submit("echo", {})
     assert job_row(job.pk)["due_at"] is None  # due at creation: nothing stored
