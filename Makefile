@@ -5,7 +5,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-12)
 
-.PHONY: run test lint install tools migrate browser chaos chaos-long bench table-health clean
+.PHONY: run test lint install tools migrate browser chaos chaos-long bench table-health \
+	stop-db reset-db clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,12 +29,26 @@ tools:
 	    echo "promtool missing (apt-get install prometheus): the promtool checks will be skipped"; \
 	  fi; }
 
+## migrate: create the database DATABASE_URL names when missing (or the embedded one), migrate.
 migrate: install
+	$(PY) manage.py ensuredb
 	$(PY) manage.py migrate --noinput
 
-## run: API (gunicorn), one worker and the reaper; embedded PostgreSQL when DATABASE_URL is unset.
+## run: API (gunicorn), WORKERS workers and the reaper; embedded PostgreSQL when DATABASE_URL is
+## unset (stopped again on exit). Metrics: worker n on 9101 + 100 × (n - 1), the reaper on 9102;
+## RUN_ARGS="--bind 127.0.0.1:8001 --metrics-port 9501" moves them.
+WORKERS ?= 1
 run: install
-	$(PY) manage.py runstack
+	$(PY) manage.py runstack --workers $(WORKERS) $(RUN_ARGS)
+
+## stop-db: stop the embedded PostgreSQL (var/pgdata) that manage.py commands start when
+## DATABASE_URL is unset; it keeps running between them (it runs as the user pgserver under root).
+stop-db: install
+	$(PY) -m jobservice.embedded stop
+
+## reset-db: stop the embedded PostgreSQL and delete its data; the next command starts it empty.
+reset-db: install
+	$(PY) -m jobservice.embedded reset
 
 ## browser: Debian's chromium for the admin's browser tests (Playwright drives /usr/bin/chromium).
 browser:
@@ -54,7 +69,7 @@ bench: install
 ## prunejobs, in a scratch database of its own (not part of `make test`; N=1000000 takes minutes).
 N ?= 1000000
 table-health: install
-	$(PY) bench/table_health.py --rows $(N)
+	$(PY) -m bench.table_health --rows $(N)
 
 lint: install
 	$(VENV)/bin/ruff check .

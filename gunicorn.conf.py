@@ -78,7 +78,7 @@ if _log_format() == "json":
     logconfig_dict = {
         "version": 1,
         "disable_existing_loggers": False,
-        "formatters": {"json": {"()": "jobs.logging.JsonFormatter"}},
+        "formatters": {"json": {"()": "jobs.logconfig.JsonFormatter"}},
         "handlers": {
             "error_console": {
                 "class": "logging.StreamHandler",

@@ -509,9 +509,7 @@ class JobAdmin(admin.ModelAdmin):
         if not obj.error:
             return "—"
         return format_html(
-            '<span class="job-last-error" title="{}" style="display:inline-block;'
-            'max-width:16em;overflow:hidden;text-overflow:ellipsis;white-space:nowrap">'
-            "{}</span>",
+            '<span class="job-last-error" title="{}">{}</span>',
             obj.error[:LAST_ERROR_TITLE_CHARS],
             truncate(obj.error, LAST_ERROR_CHARS),
         )

@@ -27,7 +27,7 @@ from django.db import connection, transaction
 
 from jobs import metrics
 from jobs.lifecycle import TERMINAL, Status, due_sql
-from jobs.logging import job_log_fields
+from jobs.logconfig import job_log_fields
 from jobs.models import Job, JobEvent
 from jobs.transport import TransportError, get_transport
 

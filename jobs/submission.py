@@ -30,7 +30,7 @@ from django.utils.dateparse import parse_datetime
 
 from jobs import metrics, services, tasks
 from jobs.lifecycle import Status
-from jobs.logging import job_log_fields
+from jobs.logconfig import job_log_fields
 from jobs.models import PRIORITY_MAX, PRIORITY_MIN, Client, Job
 from jobs.services import Submitted
 

@@ -64,6 +64,8 @@ INSTALLED_APPS = [
     "django_prometheus",
     "jobs",
     "demo",
+    # Your own apps with models (e.g. the transactional tasks' tables): JOBS_EXTRA_APPS=myapp
+    *env.list("JOBS_EXTRA_APPS", default=[]),
 ]
 
 MIDDLEWARE = [
@@ -120,6 +122,15 @@ TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
 
+# Development prints mail to stderr; a deployment sets EMAIL_BACKEND (and EMAIL_HOST, ...).
+EMAIL_BACKEND = env.str(
+    "EMAIL_BACKEND",
+    default="django.core.mail.backends."
+    + ("smtp.EmailBackend" if PRODUCTION else "console.EmailBackend"),
+)
+EMAIL_HOST = env.str("EMAIL_HOST", default="localhost")
+EMAIL_PORT = env.int("EMAIL_PORT", default=25)
+
 STATIC_URL = "static/"
 STATIC_ROOT = Path(env.str("STATIC_ROOT", default=str(BASE_DIR / "staticfiles")))
 
@@ -168,8 +179,8 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {
-        "json": {"()": "jobs.logging.JsonFormatter"},
-        "text": {"()": "jobs.logging.TextFormatter"},
+        "json": {"()": "jobs.logconfig.JsonFormatter"},
+        "text": {"()": "jobs.logconfig.TextFormatter"},
     },
     "handlers": {
         "console": {

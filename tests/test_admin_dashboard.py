@@ -145,3 +145,29 @@ def test_list_page_counts_at_most_cap_rows(client, staff):
         assert client.get(reverse("admin:jobs_job_changelist")).status_code == 200
     counts = [q["sql"] for q in ctx.captured_queries if q["sql"].startswith("SELECT COUNT(")]
     assert counts and all("LIMIT 10001" in c for c in counts), counts
+
+
+def test_dashboard_shows_sub_second_latencies_in_milliseconds(client, staff):
+    for ms in (120, 250, 400):
+        job = JobFactory.create(status="done")
+        raw(
+            "UPDATE jobs_job SET created_at = finished_at - %s * interval '1 millisecond', "
+            "due_at = NULL WHERE id = %s",
+            [ms, job.pk],
+        )
+    html = client.get(reverse("admin:jobs_job_dashboard")).content.decode()
+    card = html.split('id="card-latency"', 1)[1].split("</div></div>", 1)[0]
+    # p95 of 120/250/400 ms is 385 ms; p50 250 ms; never "0.4 s" or "0.2 s".
+    assert "385 ms" in card and "p50 250 ms" in card, card
+    assert " 0.4 s" not in card and "0.2 s" not in card
+
+
+@pytest.mark.parametrize(
+    "seconds, shown",
+    [(None, "—"), (0, "0 ms"), (0.0042, "4.2 ms"), (0.25, "250 ms"), (0.9996, "1.0 s"),
+     (3.14159, "3.1 s"), (42, "42.0 s")],
+)  # fmt: skip
+def test_duration_filter(seconds, shown):
+    from jobs.templatetags.jobs_admin import duration
+
+    assert duration(seconds) == shown

@@ -16,7 +16,7 @@ from prometheus_client import REGISTRY
 
 from jobs import services, submission
 from jobs.collectors import DepthCollector
-from jobs.logging import JOB_FIELDS, JsonFormatter, job_log_fields
+from jobs.logconfig import JOB_FIELDS, JsonFormatter, job_log_fields
 from jobs.models import Job
 from tests.harness import free_port
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from datetime import timedelta
 
 import pytest
 from django.db import connection
+from django.utils import timezone
 
-from jobs import services
+from jobs import selectors, services
 from jobs.models import Job, JobEvent
 from tests.conftest import job_row
 from tests.factories import JobFactory, raw
@@ -270,6 +272,71 @@ def test_staff_retry_only_touches_failed_and_resets_budget():
     assert (row["status"], row["retry_count"], row["finished_at"]) == ("queued", 0, None)
     assert job_row(done.pk)["status"] == "done"
     assert JobEvent.objects.filter(job_id=failed.pk, actor="staff:ann").count() == 1
+
+
+def _time_to_terminal_of_next_completion(job_id: int) -> float:
+    lease = services.claim(W, job_id)
+    assert lease is not None
+    return services.complete([(lease, {"ok": True})])[job_id].time_to_terminal
+
+
+def test_staff_retry_makes_the_job_due_now_for_the_slo():
+    """SPEC §6 counts from when a job became due: a staff retry of a job submitted an
+    hour ago and finished a moment later is a fast job, not an hour-long one."""
+    job = JobFactory.create(status="failed")
+    raw(
+        "UPDATE jobs_job SET created_at = now() - interval '1 hour', "
+        "finished_at = now() - interval '50 minutes' WHERE id = %s",
+        [job.pk],
+    )
+    assert services.staff_retry([job.pk], "staff:ann") == [job.pk]
+    assert 0 <= _time_to_terminal_of_next_completion(job.pk) < 25
+    report = selectors.slo_report(window_seconds=3600, slo_seconds=25)
+    assert (report.terminal, report.within_slo) == (1, 1)
+    assert report.p99 < 25
+
+
+def test_a_scheduled_job_is_measured_from_its_run_at():
+    """due = max(created_at, run_at): a job scheduled an hour ahead is not late."""
+    job, _ = services.submit("echo", {}, run_at=timezone.now() + timedelta(hours=1))
+    # An hour passes: move every timestamp back together.
+    raw(
+        "UPDATE jobs_job SET created_at = created_at - interval '1 hour', "
+        "run_at = run_at - interval '1 hour', "
+        "due_at = due_at - interval '1 hour' WHERE id = %s",
+        [job.pk],
+    )
+    assert 0 <= _time_to_terminal_of_next_completion(job.pk) < 25
+    assert selectors.slo_report(window_seconds=3600, slo_seconds=25).within_slo == 1
+
+
+def test_submit_and_submit_many_store_the_later_of_submission_and_run_at():
+    later = timezone.now() + timedelta(hours=1)
+    past = timezone.now() - timedelta(hours=1)
+    single, _ = services.submit("echo", {}, run_at=later)
+    many = services.submit_many(
+        [services.NewJob("echo", {}), services.NewJob("echo", {}, run_at=later),
+         services.NewJob("echo", {}, run_at=past)]
+    )  # fmt: skip
+    rows = [job_row(j) for j in (single.pk, *(m.job_id for m in many))]
+    due = [r["due_at"] for r in rows]
+    assert due == [later, rows[1]["created_at"], later, rows[3]["created_at"]]
+
+
+def test_an_immediate_job_and_its_retries_count_from_submission():
+    job, _ = services.submit("echo", {})
+    row = job_row(job.pk)
+    assert row["due_at"] == row["created_at"]  # due at submission
+    raw(
+        "UPDATE jobs_job SET created_at = now() - interval '40 seconds', "
+        "due_at = now() - interval '40 seconds' WHERE id = %s",
+        [job.pk],
+    )
+    lease = services.claim(W, job.pk)
+    services.fail([(lease, "boom", False)])  # a retry keeps the job's due time
+    raw("UPDATE jobs_job SET run_at = now() WHERE id = %s", [job.pk])
+    assert _time_to_terminal_of_next_completion(job.pk) >= 40
+    assert selectors.slo_report(window_seconds=3600, slo_seconds=25).within_slo == 0
 
 
 def test_cancel_only_unstarted_and_only_own_client():

@@ -1,8 +1,9 @@
 """manage.py runstack — the whole service for development: API, worker(s), reaper.
 
-`make run` calls this. It migrates, collects static files for the admin, then
-supervises gunicorn, the workers and the reaper as child processes: a signal
-stops them all, and any child dying stops the rest.
+`make run` calls this. It creates the database when missing, migrates, collects
+static files for the admin, then supervises gunicorn, the workers and the reaper as
+child processes: a signal stops them all, and any child dying stops the rest. An
+embedded PostgreSQL (DATABASE_URL unset) is stopped too when everything has exited.
 """
 
 from __future__ import annotations
@@ -16,27 +17,43 @@ import time
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
+from django.db import connections
 
 
 class Command(BaseCommand):
     help = "Run the API (gunicorn), worker(s) and the reaper together."
 
     def add_arguments(self, parser):
-        parser.add_argument("--bind", default="127.0.0.1:8000")
-        parser.add_argument("--workers", type=int, default=1, help="runworker processes.")
-        parser.add_argument("--concurrency", type=int, default=4, help="Jobs per worker.")
-        parser.add_argument("--no-migrate", action="store_true")
+        parser.add_argument("--bind", default="127.0.0.1:8000", help="API address [%(default)s].")
+        parser.add_argument(
+            "--workers", type=int, default=1, help="runworker processes [%(default)s]."
+        )
+        parser.add_argument(
+            "--concurrency", type=int, default=4, help="Jobs per worker [%(default)s]."
+        )
+        parser.add_argument(
+            "--metrics-port",
+            type=int,
+            default=9101,
+            help="Worker n serves metrics on this port + 100 × (n - 1) (9101, 9201, …), "
+            "the reaper on this port + 1 [%(default)s].",
+        )
+        parser.add_argument(
+            "--no-migrate", action="store_true", help="Skip ensuredb and migrate."
+        )
 
     def handle(self, *args, **opts):
         if opts["workers"] < 1:
             raise CommandError("--workers must be at least 1")
         env = dict(os.environ)
-        if not env.get("DATABASE_URL"):
+        embedded = not env.get("DATABASE_URL")
+        if embedded:
             from jobservice.embedded import database_url
 
             env["DATABASE_URL"] = database_url(settings.BASE_DIR)
             self.stdout.write(f"embedded PostgreSQL: {env['DATABASE_URL']}")
         if not opts["no_migrate"]:
+            call_command("ensuredb")
             call_command("migrate", interactive=False, verbosity=1)
         call_command("collectstatic", interactive=False, verbosity=0)
         env.setdefault("DEBUG", "1" if settings.DEBUG else "0")
@@ -45,12 +62,12 @@ class Command(BaseCommand):
         commands = {
             "api": [sys.executable, "-m", "gunicorn", "-c",
                     str(settings.BASE_DIR / "gunicorn.conf.py"), "jobservice.wsgi:application"],
-            "reaper": [*manage, "runreaper", "--metrics-port", "9102"],
+            "reaper": [*manage, "runreaper", "--metrics-port", str(opts["metrics_port"] + 1)],
         }
         for n in range(opts["workers"]):
             commands[f"worker-{n + 1}"] = [
                 *manage, "runworker", "--concurrency", str(opts["concurrency"]),
-                "--metrics-port", str(9101 + 100 * n),
+                "--metrics-port", str(opts["metrics_port"] + 100 * n),
             ]
         if not settings.REDIS_URL:
             self.stdout.write("REDIS_URL unset: workers claim by polling PostgreSQL")
@@ -90,5 +107,11 @@ class Command(BaseCommand):
                     code = p.returncode or 1
                     stop()
             time.sleep(0.2)
+        if embedded:
+            from jobservice.embedded import stop as stop_embedded
+
+            connections.close_all()
+            stop_embedded(settings.BASE_DIR)
+            self.stdout.write("embedded PostgreSQL stopped")
         if code:
             raise CommandError(f"a child process failed (exit {code})")

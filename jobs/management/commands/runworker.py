@@ -32,35 +32,45 @@ class Command(BaseCommand):
     help = "Run a worker: claim jobs from PostgreSQL (woken by Redis) and run them."
 
     def add_arguments(self, parser):
-        parser.add_argument("--concurrency", type=int, default=4, help="Jobs run at once.")
         parser.add_argument(
-            "--queues", default="default", help="Comma-separated queues, highest priority first."
+            "--concurrency", type=int, default=4, help="Jobs run at once [%(default)s]."
+        )
+        parser.add_argument(
+            "--queues",
+            default="default",
+            help="Comma-separated queues, highest priority first [%(default)s].",
         )
         parser.add_argument("--burst", action="store_true", help="Exit once no work is left.")
         parser.add_argument(
-            "--max-jobs", type=int, default=None, help="Exit after claiming this many jobs."
+            "--max-jobs",
+            type=int,
+            default=None,
+            help="Exit after claiming this many jobs [no limit].",
         )
         parser.add_argument(
             "--grace",
             type=float,
             default=10.0,
-            help="Seconds running jobs get to finish on the first signal.",
+            help="Seconds running jobs get to finish on the first signal [%(default)s].",
         )
         parser.add_argument(
             "--poll-interval",
             type=float,
             default=1.0,
-            help="Seconds of Redis silence before claiming from Postgres.",
+            help="Seconds of Redis silence before claiming from Postgres [%(default)s].",
         )
         parser.add_argument(
             "--flush-interval",
             type=float,
             default=0.0,
             help="Seconds the flusher waits to gather more results per write "
-            "(default 0: write whatever finished while the previous write ran).",
+            "(0: write whatever finished while the previous write ran) [%(default)s].",
         )
         parser.add_argument(
-            "--metrics-port", type=int, default=None, help="Serve Prometheus metrics on this port."
+            "--metrics-port",
+            type=int,
+            default=None,
+            help="Serve Prometheus metrics on this port [none].",
         )
 
     def handle(self, *args, **opts):
