@@ -8,6 +8,8 @@ from pathlib import Path
 
 import environ
 
+from jobs import queues
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 env = environ.Env()
@@ -140,6 +142,8 @@ JOBS_SLO_SECONDS = env.float("JOBS_SLO_SECONDS", default=25.0)
 # How long the reaper's jobs_depth / jobs_oldest_age_seconds reading is reused across scrapes.
 JOBS_METRICS_CACHE_SECONDS = env.float("JOBS_METRICS_CACHE_SECONDS", default=5.0)
 JOBS_TASK_MODULES = env.list("JOBS_TASK_MODULES", default=[])
+# The queues that accept jobs, with their settings: a JSON object (jobs/queues.py parses it).
+JOBS_QUEUES = queues.parse(env.str("JOBS_QUEUES", default=queues.DEFAULT))
 
 # --- API ------------------------------------------------------------------------
 REST_FRAMEWORK = {

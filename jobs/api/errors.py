@@ -19,6 +19,8 @@ from jobs import submission
 
 _STATUS_FOR = {
     submission.UnknownTask: status.HTTP_400_BAD_REQUEST,
+    submission.UnknownQueue: status.HTTP_400_BAD_REQUEST,
+    submission.RequestInvalid: status.HTTP_400_BAD_REQUEST,
     submission.InvalidSubmission: status.HTTP_400_BAD_REQUEST,
     submission.PayloadTooLarge: status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
     submission.QueueFull: status.HTTP_429_TOO_MANY_REQUESTS,
@@ -34,6 +36,12 @@ class RequestTooLarge(exceptions.APIException):
     status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
     default_detail = "Request body too large."
     default_code = "request_too_large"
+
+
+class InvalidCursor(exceptions.APIException):
+    status_code = status.HTTP_400_BAD_REQUEST
+    default_detail = "Invalid cursor: use the `next` or `previous` link of a page as given."
+    default_code = "invalid_cursor"
 
 
 class Conflict(exceptions.APIException):
@@ -81,7 +89,12 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if isinstance(exc, submission.SubmissionError):
         code = exc.code
         errors = {exc.field: [{"message": exc.message, "code": code}]} if exc.field else None
-        if isinstance(exc, submission.BatchInvalid | submission.BatchIdempotencyConflict):
+        if isinstance(
+            exc,
+            submission.BatchInvalid
+            | submission.BatchIdempotencyConflict
+            | submission.RequestInvalid,
+        ):
             errors = exc.errors
         more: dict[str, Any] = {}
         headers: dict[str, str] = {}
