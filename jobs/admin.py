@@ -159,6 +159,8 @@ class _ValueFilter(admin.SimpleListFilter):
 
     def queryset(self, request, queryset):
         if self.value():
+            if "\x00" in self.value():  # PostgreSQL text cannot hold NUL: nothing matches
+                return queryset.none()
             return queryset.filter(**{self.field: self.value()})
         return queryset
 
@@ -348,6 +350,8 @@ class JobAdmin(admin.ModelAdmin):
     actions = [_make_action(spec) for spec in STAFF_ACTIONS]
     inlines = [JobEventInline]
     action_chunk_size = 1000
+    # Confirmation and action count the selection up to this many (D15), then estimate.
+    action_count_cap = 10_000
     fieldsets = (
         (None, {"fields": ("id", "status_badge", "task", "queue", "priority", "client")}),
         (
@@ -411,13 +415,15 @@ class JobAdmin(admin.ModelAdmin):
         term = search_term.strip()
         if not term:
             return queryset, False
+        if "\x00" in term:  # PostgreSQL text cannot hold NUL: nothing matches
+            return queryset.none(), False
         # The key is unique per client, indexed as (client_id, idempotency_key): naming
         # every client lets that index answer instead of a scan of the table.
         client_ids = list(Client.objects.values_list("pk", flat=True))
         query = Q(client_id__in=client_ids, idempotency_key=term) | Q(
             client_id__isnull=True, idempotency_key=term
         )
-        if term.isdigit() and int(term) < 2**63:
+        if term.isascii() and term.isdigit() and int(term) < 2**63:  # not "²"
             query |= Q(pk=int(term))
         return queryset.filter(query), False
 
@@ -514,7 +520,7 @@ class JobAdmin(admin.ModelAdmin):
         if request.POST.get("post") != "yes":
             return self._confirmation(request, queryset, spec)
         actor = staff_actor(request)
-        selected = queryset.order_by().count()
+        selected, exact = selectors.capped_count(queryset, self.action_count_cap)
         applied = 0
         message = f"{spec.label}: {spec.verb} by {actor}"
         for chunk in self._eligible_id_chunks(queryset, spec):
@@ -528,19 +534,22 @@ class JobAdmin(admin.ModelAdmin):
                         change_message=message,
                     )
             applied += len(done)
-        skipped = selected - applied
+        skipped = selected - applied if exact else 0
         text = f"{applied} {spec.verb}"
         if skipped:
             text += f", {skipped} skipped: {spec.skip_reason}"
+        elif not exact:
+            text += f" (over {self.action_count_cap:,} selected: the skipped are not counted)"
         self.message_user(request, text, messages.WARNING if skipped else messages.SUCCESS)
         return None
 
     def _confirmation(
         self, request: HttpRequest, queryset: QuerySet, spec: StaffAction
     ) -> TemplateResponse:
-        selected = queryset.order_by().count()
+        cap = self.action_count_cap
+        selected, selected_exact = selectors.capped_count(queryset, cap)
         eligible_qs = queryset.filter(status__in=[s.value for s in spec.eligible])
-        eligible = eligible_qs.order_by().count()
+        eligible, eligible_exact = selectors.capped_count(eligible_qs, cap)
         sample = list(
             eligible_qs.order_by("pk").values_list("pk", "task", "queue", "status")[:20]
         )
@@ -551,7 +560,9 @@ class JobAdmin(admin.ModelAdmin):
             "spec": spec,
             "selected_count": selected,
             "eligible_count": eligible,
-            "skipped_count": selected - eligible,
+            "skipped_count": selected - eligible if selected_exact and eligible_exact else 0,
+            "selected_exact": selected_exact,
+            "eligible_exact": eligible_exact,
             "sample": sample,
             "eligible_states": ", ".join(s.value for s in spec.eligible),
             "selected_ids": request.POST.getlist(helpers.ACTION_CHECKBOX_NAME),
