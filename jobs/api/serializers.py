@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from jobs import queues, submission
+from jobs import queues, services, submission
 from jobs.lifecycle import STATUSES
 from jobs.models import PRIORITY_MAX, PRIORITY_MIN, Job, JobEvent
 
@@ -108,7 +109,13 @@ class JobSerializer(serializers.ModelSerializer):
 
 
 class JobEventSerializer(serializers.ModelSerializer):
-    """One entry of a job's history: a transition, or a stale write the fence refused."""
+    """One entry of a job's history: a transition, or a stale write the fence refused.
+    Who made it is shown as a role; the actor's identity is for staff (the admin)."""
+
+    role = serializers.SerializerMethodField(
+        help_text="Who made the change: a worker, the reaper, staff, the client, or the "
+        "service itself (api)."
+    )
 
     class Meta:
         model = JobEvent
@@ -116,7 +123,7 @@ class JobEventSerializer(serializers.ModelSerializer):
             "id",
             "kind",
             "at",
-            "actor",
+            "role",
             "from_status",
             "to_status",
             "lease_version",
@@ -124,6 +131,10 @@ class JobEventSerializer(serializers.ModelSerializer):
             "error",
         ]
         read_only_fields = fields
+
+    @extend_schema_field(serializers.ChoiceField(choices=services.Role.choices))
+    def get_role(self, event: JobEvent) -> str:
+        return services.actor_role(event.actor)
 
 
 class ErrorItemSerializer(serializers.Serializer):

@@ -8,7 +8,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.permissions import AllowAny
 
 from jobs.api import schema  # noqa: F401  (registers the token scheme with drf-spectacular)
-from jobs.api.views import JobViewSet
+from jobs.api.views import JobHistoryView, JobViewSet
 
 _public = {"authentication_classes": [], "permission_classes": [AllowAny], "throttle_classes": []}
 
@@ -17,7 +17,7 @@ urlpatterns = [
     path("jobs/batch/", JobViewSet.as_view({"post": "create_batch"}), name="job-batch"),
     path("jobs/<int:pk>/", JobViewSet.as_view({"get": "retrieve"}), name="job-detail"),
     path("jobs/<int:pk>/cancel/", JobViewSet.as_view({"post": "cancel"}), name="job-cancel"),
-    path("jobs/<int:pk>/history/", JobViewSet.as_view({"get": "history"}), name="job-history"),
+    path("jobs/<int:pk>/history/", JobHistoryView.as_view(), name="job-history"),
     path("schema/", SpectacularAPIView.as_view(**_public), name="api-schema"),
     path(
         "docs/", SpectacularSwaggerView.as_view(url_name="api-schema", **_public), name="api-docs"

@@ -11,7 +11,7 @@ from django.urls import reverse
 from django.utils.dateparse import parse_datetime
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema
-from rest_framework import exceptions, status, viewsets
+from rest_framework import exceptions, generics, status, viewsets
 from rest_framework.pagination import Cursor, CursorPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -244,13 +244,54 @@ class JobViewSet(viewsets.GenericViewSet):
             extra={"status": job.status},
         )
 
+
+class HistoryCursorPagination(StrictCursorPagination):
+    """Oldest first, in the order the history rows were written."""
+
+    ordering = ("id",)
+
+    def _valid_position(self, position: str) -> bool:
+        return position.isascii() and position.isdigit() and int(position) < 2**63
+
+
+class JobHistoryView(generics.ListAPIView):
+    """A job's history, a cursor page at a time. The job list's filters do not apply
+    here: any query parameter but `cursor` and `page_size` is refused (400)."""
+
+    serializer_class = JobEventSerializer
+    pagination_class = HistoryCursorPagination
+    filter_backends: list[Any] = []
+    allowed_params = frozenset({"cursor", "page_size"})
+
+    def get_exception_handler(self) -> Any:
+        return exception_handler
+
+    def get_queryset(self) -> Any:
+        if getattr(self, "swagger_fake_view", False):  # schema generation
+            return JobEvent.objects.none()
+        if not Job.objects.filter(pk=self.kwargs["pk"], client=self.request.user).exists():
+            raise exceptions.NotFound()
+        return JobEvent.objects.filter(job_id=self.kwargs["pk"])
+
     @extend_schema(
-        summary="A job's history",
-        description="Every status change (who, when, which lease, retry count, error) "
-        "and every stale write the fence refused, oldest first.",
-        responses={200: JobEventSerializer(many=True), **_errors(401, 404)},
+        summary="A job's history, oldest first",
+        description="Every status change (which role, when, which lease, retry count, error) "
+        "and every stale write the fence refused, oldest first, in cursor pages. Only "
+        "`cursor` and `page_size` are accepted; any other query parameter is a 400.",
+        responses={200: JobEventSerializer(many=True), **_errors(400, 401, 404)},
     )
-    def history(self, request: Request, pk: int) -> Response:
-        job = self.get_object()
-        events = JobEvent.objects.filter(job_id=job.pk).order_by("id")
-        return Response(JobEventSerializer(events, many=True).data)
+    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        unknown = sorted(set(request.query_params) - self.allowed_params)
+        if unknown:
+            raise exceptions.ValidationError(
+                {
+                    name[:100]: [
+                        exceptions.ErrorDetail(
+                            "Unknown query parameter; history takes only cursor and page_size.",
+                            code="unknown_parameter",
+                        )
+                    ]
+                    for name in unknown
+                }
+            )
+        return super().get(request, *args, **kwargs)

@@ -52,6 +52,15 @@ def test_schema_describes_the_api(anon):
     assert {p["name"] for p in post["parameters"]} == {"Idempotency-Key"}
     assert {"200", "201", "400", "401", "409", "413", "429"} <= set(post["responses"])
     assert schema["components"]["securitySchemes"]["ClientToken"]["name"] == "Authorization"
+    history = schema["paths"]["/api/v1/jobs/{id}/history/"]["get"]
+    assert {p["name"] for p in history["parameters"]} == {"id", "cursor", "page_size"}
+    page = history["responses"]["200"]["content"]["application/json"]["schema"]["$ref"]
+    assert page == "#/components/schemas/PaginatedJobEventList"
+    event = schema["components"]["schemas"]["JobEvent"]["properties"]
+    assert "actor" not in event
+    assert event["role"]["allOf"] == [{"$ref": "#/components/schemas/RoleEnum"}]
+    roles = schema["components"]["schemas"]["RoleEnum"]["enum"]
+    assert roles == ["worker", "reaper", "staff", "client", "api"]
     submit = schema["components"]["schemas"]["JobSubmit"]
     assert submit["properties"]["priority"]["maximum"] == 100
     assert submit["required"] == ["payload", "task"]
