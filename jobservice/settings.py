@@ -152,6 +152,8 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_THROTTLE_CLASSES": ["jobs.api.auth.ClientRateThrottle"],
+    # One error shape for every API view, the schema and docs views included.
+    "EXCEPTION_HANDLER": "jobs.api.errors.exception_handler",
     "DEFAULT_THROTTLE_RATES": {"client": env.str("JOBS_API_THROTTLE", default="100000/minute")},
     "UNAUTHENTICATED_USER": None,
 }

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.http import HttpResponse, JsonResponse
+from django.views import defaults
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -135,3 +137,39 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     elif response.status_code == status.HTTP_403_FORBIDDEN:
         response.data = error_body("Permission denied.", "permission_denied")
     return response
+
+
+# --- responses Django makes itself, for paths under /api/ ----------------------------
+
+
+def _is_api(request: Any) -> bool:
+    return request.path.startswith("/api/")
+
+
+def api_not_found(request: Any, *args: Any, **kwargs: Any) -> JsonResponse:
+    """Catch-all for /api/ paths no route matches (as with DEBUG on, where handler404
+    is not used): a JSON 404, never Django's HTML page."""
+    return JsonResponse(
+        error_body(
+            f"No API endpoint at {request.path!r} (API paths end with a slash; "
+            "see /api/v1/schema/).",
+            "not_found",
+        ),
+        status=status.HTTP_404_NOT_FOUND,
+    )
+
+
+def handler404(request: Any, exception: Exception) -> HttpResponse:
+    if _is_api(request):
+        return api_not_found(request)
+    return defaults.page_not_found(request, exception)
+
+
+def handler500(request: Any) -> HttpResponse:
+    """An unexpected error: under /api/ the same shape as every other error, no details."""
+    if _is_api(request):
+        return JsonResponse(
+            error_body("Internal server error.", "server_error"),
+            status=status.HTTP_500_INTERNAL_SERVER_ERROR,
+        )
+    return defaults.server_error(request)
