@@ -143,7 +143,10 @@ JOBS_SLO_SECONDS = env.float("JOBS_SLO_SECONDS", default=25.0)
 JOBS_METRICS_CACHE_SECONDS = env.float("JOBS_METRICS_CACHE_SECONDS", default=5.0)
 JOBS_TASK_MODULES = env.list("JOBS_TASK_MODULES", default=[])
 # The queues that accept jobs, with their settings: a JSON object (jobs/queues.py parses it).
-JOBS_QUEUES = queues.parse(env.str("JOBS_QUEUES", default=queues.DEFAULT))
+JOBS_QUEUES = queues.parse(env.str("JOBS_QUEUES", default="") or queues.DEFAULT)
+# Where runworker/runreaper --metrics-port listen: this machine only unless told otherwise
+# (docker-compose sets 0.0.0.0 so Prometheus can reach the containers).
+JOBS_METRICS_HOST = env.str("JOBS_METRICS_HOST", default="127.0.0.1")
 
 # --- API ------------------------------------------------------------------------
 REST_FRAMEWORK = {
