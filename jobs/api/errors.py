@@ -13,6 +13,7 @@ from typing import Any
 
 from django.http import HttpResponse, JsonResponse
 from django.views import defaults
+from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -146,6 +147,7 @@ def _is_api(request: Any) -> bool:
     return request.path.startswith("/api/")
 
 
+@csrf_exempt  # token-authenticated API: a POST to a miss is a 404, not a CSRF 403 page
 def api_not_found(request: Any, *args: Any, **kwargs: Any) -> JsonResponse:
     """Catch-all for /api/ paths no route matches (as with DEBUG on, where handler404
     is not used): a JSON 404, never Django's HTML page."""

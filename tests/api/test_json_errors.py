@@ -50,6 +50,16 @@ def test_every_api_miss_is_a_json_404(api_token, settings, path, debug):
         assert_json_error(r, 404)
 
 
+def test_a_post_to_a_miss_is_a_json_404_not_a_csrf_page(db):
+    """Found by the schema fuzz: Django's CSRF check answered an HTML 403 first."""
+    from django.test import Client as DjangoClient
+
+    _, token = new_client("csrf-miss")
+    web = DjangoClient(enforce_csrf_checks=True, HTTP_AUTHORIZATION=f"Token {token}")
+    assert_json_error(web.post("/api/v1/jobs/-5.2e-66/cancel/"), 404)
+    assert_json_error(web.post("/api/v1/jobs"), 404)
+
+
 @pytest.mark.parametrize("job_id", ABSENT)
 def test_an_absent_job_is_a_json_404(api_token, job_id):
     assert_json_error(api_token.get(f"/api/v1/jobs/{job_id}/"), 404)
