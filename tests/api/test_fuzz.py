@@ -42,6 +42,7 @@ CHECKS = [
     response_schema_conformance,
 ]
 RAN: dict[str, int] = {}
+STATUSES_SEEN: dict[str, dict[int, int]] = {}
 
 
 @pytest.fixture(scope="module")
@@ -80,11 +81,15 @@ def test_fuzz_operation(schema, method, path, mode):
         derandomize=os.environ.get("FUZZ_RANDOM") is None,
         suppress_health_check=list(HealthCheck),
     )
-    @given(case=strategy)
-    def run(case):
+    @given(case=strategy, task=st.sampled_from([None, *sorted(tasks.names())]))
+    def run(case, task):
         case.headers = {**(case.headers or {}), **headers}
+        if task is not None:  # a registered task, so the write path is reached too
+            _name_task(case.body, task)
         response = case.call()
         RAN[label] = RAN.get(label, 0) + 1
+        seen = STATUSES_SEEN.setdefault(label, {})
+        seen[response.status_code] = seen.get(response.status_code, 0) + 1
         assert response.status_code < 500, (case.as_curl_command(), response.text[:500])
         case.validate_response(response, checks=CHECKS)
 
@@ -92,7 +97,14 @@ def test_fuzz_operation(schema, method, path, mode):
     EXERCISED.add((method, path))
     assert RAN.get(label, 0) >= min(EXAMPLES, 5), RAN
     assert_only_legal_rows()
-    print(f"\n{label}: {RAN[label]} cases")
+    print(f"\n{label}: {RAN[label]} cases, by status {dict(sorted(STATUSES_SEEN[label].items()))}")
+
+
+def _name_task(body, task: str) -> None:
+    jobs = body.get("jobs") if isinstance(body, dict) else None
+    for job in (jobs if isinstance(jobs, list) else [body]):
+        if isinstance(job, dict) and "task" in job:
+            job["task"] = task
 
 
 def assert_only_legal_rows() -> None:

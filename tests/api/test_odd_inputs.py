@@ -178,3 +178,13 @@ def test_idempotency_header_with_trailing_newline_is_400(api):
     # A header cannot carry a raw newline over HTTP, but a WSGI client can send one.
     r = post_raw(api, JOBS, '{"task": "echo", "payload": 1}', HTTP_IDEMPOTENCY_KEY="k\n")
     assert_4xx(r, code="invalid_idempotency_key")
+
+
+@pytest.mark.parametrize("url", [JOBS, BATCH])
+def test_run_at_offset_postgres_refuses_is_stored_in_utc(api, url):
+    """-18:05 is legal ISO 8601 but past PostgreSQL's ±15:59: normalised, not a DataError."""
+    job = {"task": "echo", "payload": 1, "run_at": "2030-01-01T00:00:00-18:05"}
+    r = post_raw(api, url, json.dumps(job if url == JOBS else {"jobs": [job]}))
+    assert r.status_code == 201, r.content
+    out = r.json() if url == JOBS else r.json()["jobs"][0]
+    assert out["run_at"] == "2030-01-01T18:05:00Z"
