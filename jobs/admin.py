@@ -22,6 +22,7 @@ from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.admin.options import IncorrectLookupParameters
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db import transaction
@@ -159,8 +160,6 @@ class _ValueFilter(admin.SimpleListFilter):
 
     def queryset(self, request, queryset):
         if self.value():
-            if "\x00" in self.value():  # PostgreSQL text cannot hold NUL: nothing matches
-                return queryset.none()
             return queryset.filter(**{self.field: self.value()})
         return queryset
 
@@ -410,13 +409,18 @@ class JobAdmin(admin.ModelAdmin):
         )
         return self.sortable_by if narrowed else ("id", "age")
 
+    def get_changelist_instance(self, request):
+        """PostgreSQL text cannot hold NUL: a query carrying one is an invalid lookup
+        (Django's "?e=1" page), never a database error."""
+        if any("\x00" in part for k, vs in request.GET.lists() for part in (k, *vs)):
+            raise IncorrectLookupParameters("NUL in the query string")
+        return super().get_changelist_instance(request)
+
     def get_search_results(self, request, queryset, search_term):
         """Exact id or idempotency key only: no icontains over a million rows."""
         term = search_term.strip()
         if not term:
             return queryset, False
-        if "\x00" in term:  # PostgreSQL text cannot hold NUL: nothing matches
-            return queryset.none(), False
         # The key is unique per client, indexed as (client_id, idempotency_key): naming
         # every client lets that index answer instead of a scan of the table.
         client_ids = list(Client.objects.values_list("pk", flat=True))

@@ -188,3 +188,12 @@ def test_run_at_offset_postgres_refuses_is_stored_in_utc(api, url):
     assert r.status_code == 201, r.content
     out = r.json() if url == JOBS else r.json()["jobs"][0]
     assert out["run_at"] == "2030-01-01T18:05:00Z"
+
+
+@pytest.mark.parametrize(
+    "query", ["task=a%00", "queue=a%00", "status=a%00", "task=%C2%B2", "page_size=%00"]
+)
+def test_nul_in_a_list_filter_is_answered(api, query):
+    r = api.get(f"{JOBS}?{query}")
+    assert r.status_code in (200, 400), r.content
+    assert r["Content-Type"].startswith("application/json")
