@@ -14,7 +14,7 @@ os.environ.setdefault("JOBS_REDIS_PREFIX", f"jobs-test-{_checkout}:")
 # processes the tests start.
 _TEST_QUEUES = (
     "default mail slow reports other high urgent bulk critical txn reap repairq live q a b "
-    "obs-a obs-b obs-c obs-commit obs-reap obs-term obs-staff obs-quiet"
+    "obs-a obs-b obs-c obs-commit obs-reap obs-term obs-staff obs-quiet obs-parked"
 )
 os.environ.setdefault("JOBS_QUEUES", json.dumps({q: {} for q in _TEST_QUEUES.split()}))
 
