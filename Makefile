@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-12)
 
 .PHONY: run test lint install tools migrate browser chaos chaos-long bench table-health \
-	stop-db reset-db clean
+	fuzz stop-db reset-db clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -59,6 +59,13 @@ test: install browser tools
 	$(VENV)/bin/ruff check .
 	DATABASE_URL=$${DATABASE_URL:-postgres://root@127.0.0.1:5432/postgres} $(PY) manage.py makemigrations --check --dry-run --settings=jobservice.test_settings
 	$(VENV)/bin/pytest
+
+## fuzz: the schema fuzz (schemathesis) with FUZZ_EXAMPLES cases per operation and mode,
+## fresh random cases each run (`make test` runs 15, derandomised). FUZZ_EXAMPLES=20 for a quick run.
+FUZZ_EXAMPLES ?= 300
+fuzz: install
+	FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) FUZZ_RANDOM=1 $(VENV)/bin/pytest -q -s -p no:cacheprovider \
+	  tests/api/test_fuzz.py $(FUZZ_ARGS)
 
 ## bench: throughput and latency figures against real processes on a scratch database
 ## (BENCH_ARGS="--scenario drain-2 --baseline main" for a side-by-side run; --quick to smoke-test).

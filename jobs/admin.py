@@ -22,6 +22,7 @@ from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
@@ -417,6 +418,8 @@ class JobAdmin(admin.ModelAdmin):
     actions = [_make_action(spec) for spec in STAFF_ACTIONS]
     inlines = [JobEventInline]
     action_chunk_size = 1000
+    # Confirmation and action count the selection up to this many (D15), then estimate.
+    action_count_cap = 10_000
     fieldsets = (
         (None, {"fields": ("id", "status_badge", "task", "queue", "priority", "client")}),
         (
@@ -478,6 +481,13 @@ class JobAdmin(admin.ModelAdmin):
         )
         return self.sortable_by if narrowed else ("id", "age")
 
+    def get_changelist_instance(self, request):
+        """PostgreSQL text cannot hold NUL: a query carrying one is an invalid lookup
+        (Django's "?e=1" page), never a database error."""
+        if any("\x00" in part for k, vs in request.GET.lists() for part in (k, *vs)):
+            raise IncorrectLookupParameters("NUL in the query string")
+        return super().get_changelist_instance(request)
+
     def get_search_results(self, request, queryset, search_term):
         """Exact id or idempotency key only: no icontains over a million rows."""
         term = search_term.strip()
@@ -489,7 +499,7 @@ class JobAdmin(admin.ModelAdmin):
         query = Q(client_id__in=client_ids, idempotency_key=term) | Q(
             client_id__isnull=True, idempotency_key=term
         )
-        if term.isdigit() and int(term) < 2**63:
+        if term.isascii() and term.isdigit() and int(term) < 2**63:  # not "²"
             query |= Q(pk=int(term))
         return queryset.filter(query), False
 
@@ -595,7 +605,7 @@ class JobAdmin(admin.ModelAdmin):
         if request.POST.get("post") != "yes":
             return self._confirmation(request, queryset, spec)
         actor = staff_actor(request)
-        selected = queryset.order_by().count()
+        selected, exact = selectors.capped_count(queryset, self.action_count_cap)
         applied = 0
         message = f"{spec.label}: {spec.verb} by {actor}"
         for chunk in self._eligible_id_chunks(queryset, spec):
@@ -609,19 +619,22 @@ class JobAdmin(admin.ModelAdmin):
                         change_message=message,
                     )
             applied += len(done)
-        skipped = selected - applied
+        skipped = selected - applied if exact else 0
         text = f"{applied} {spec.verb}"
         if skipped:
             text += f", {skipped} skipped: {spec.skip_reason}"
+        elif not exact:
+            text += f" (over {self.action_count_cap:,} selected: the skipped are not counted)"
         self.message_user(request, text, messages.WARNING if skipped else messages.SUCCESS)
         return None
 
     def _confirmation(
         self, request: HttpRequest, queryset: QuerySet, spec: StaffAction
     ) -> TemplateResponse:
-        selected = queryset.order_by().count()
+        cap = self.action_count_cap
+        selected, selected_exact = selectors.capped_count(queryset, cap)
         eligible_qs = queryset.filter(status__in=[s.value for s in spec.eligible])
-        eligible = eligible_qs.order_by().count()
+        eligible, eligible_exact = selectors.capped_count(eligible_qs, cap)
         # What staff need to decide: the budget spent and the last error with its
         # traceback (a "card declined" should not be retried blindly).
         sample = [
@@ -644,7 +657,9 @@ class JobAdmin(admin.ModelAdmin):
             "spec": spec,
             "selected_count": selected,
             "eligible_count": eligible,
-            "skipped_count": selected - eligible,
+            "skipped_count": selected - eligible if selected_exact and eligible_exact else 0,
+            "selected_exact": selected_exact,
+            "eligible_exact": eligible_exact,
             "sample": sample,
             "eligible_states": ", ".join(s.value for s in spec.eligible),
             "selected_ids": request.POST.getlist(helpers.ACTION_CHECKBOX_NAME),

@@ -23,7 +23,7 @@ from typing import Any
 
 import psycopg
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import connection, models, transaction
 
 from jobs import metrics
 from jobs.lifecycle import TERMINAL, Status, due_sql
@@ -93,6 +93,23 @@ class Finished:
 
 def worker_actor(worker_id: str) -> str:
     return f"worker:{worker_id}"
+
+
+class Role(models.TextChoices):
+    """Who made a change, as an API client may see it: the actor's kind, never its
+    identity (hosts, pids and usernames stay in the admin)."""
+
+    WORKER = "worker"
+    REAPER = "reaper"
+    STAFF = "staff"
+    CLIENT = "client"
+    API = "api"  # the service itself: the application's own code, migrations, repairs
+
+
+def actor_role(actor: str | None) -> str:
+    """`worker:<host>:<pid>:…` → "worker", `staff:<username>` → "staff", and so on."""
+    kind = (actor or "").split(":", 1)[0]
+    return kind if kind in Role.values and kind != Role.API else Role.API
 
 
 # --- helpers ------------------------------------------------------------------

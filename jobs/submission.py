@@ -28,7 +28,7 @@ from django.conf import settings
 from django.db import connection
 from django.utils.dateparse import parse_datetime
 
-from jobs import metrics, services, tasks
+from jobs import metrics, queues, services, tasks
 from jobs.lifecycle import Status
 from jobs.logconfig import job_log_fields
 from jobs.models import PRIORITY_MAX, PRIORITY_MIN, Client, Job
@@ -38,8 +38,9 @@ log = logging.getLogger(__name__)
 
 MAX_RETRIES_LIMIT = 100
 MAX_PAYLOAD_DEPTH = 100
-QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}$")
-IDEMPOTENCY_KEY_RE = re.compile(r"^[\x21-\x7e]{1,200}$")  # printable ASCII, no spaces
+QUEUE_NAME_RE = queues.QUEUE_NAME_RE  # matched whole: fullmatch, never `$`
+IDEMPOTENCY_KEY_RE = re.compile(r"[\x21-\x7e]{1,200}")  # printable ASCII, no spaces; fullmatch
+TASK_NAME_MAX = 200
 # How long a queue-depth reading is trusted, and what 429 tells clients to wait.
 DEPTH_CACHE_SECONDS = 1.0
 RETRY_AFTER_SECONDS = 5
@@ -68,6 +69,21 @@ class UnknownTask(SubmissionError):
 
 class InvalidSubmission(SubmissionError):
     """A field is out of range or of the wrong type, or the task's validator refused it."""
+
+
+class UnknownQueue(SubmissionError):
+    """The queue is not declared in JOBS_QUEUES (jobs.queues)."""
+
+    code = "unknown_queue"
+
+
+class RequestInvalid(SubmissionError):
+    """Several rules broken at once; `errors` maps each field to [{message, code}]."""
+
+    def __init__(self, errors: dict[str, list[dict[str, str]]]) -> None:
+        codes = {e["code"] for items in errors.values() for e in items}
+        super().__init__("Invalid request.", code=codes.pop() if len(codes) == 1 else "invalid")
+        self.errors = errors
 
 
 class PayloadTooLarge(SubmissionError):
@@ -116,9 +132,22 @@ def _check_int(name: str, value: Any, lo: int, hi: int) -> int:
     return value
 
 
+def _storable_text(value: str) -> str | None:
+    """Why PostgreSQL cannot store this string, or None: NUL, or a lone surrogate
+    (a `\\ud800` escape is valid JSON text but no Unicode character, so not UTF-8)."""
+    if "\x00" in value:
+        return "NUL (\\u0000) characters"
+    if _SURROGATE_RE.search(value):
+        return "lone surrogate (\\ud800-\\udfff) characters"
+    return None
+
+
+_SURROGATE_RE = re.compile("[\ud800-\udfff]")
+
+
 def _check_payload_shape(payload: Any) -> None:
-    """Reject what PostgreSQL's jsonb cannot store (NUL characters) and absurd nesting,
-    so that a bad payload is a 400 and never a database error."""
+    """Reject what PostgreSQL's jsonb cannot store (NUL, lone surrogates) and absurd
+    nesting, so that a bad payload is a 400 and never a database error."""
     stack: list[tuple[Any, int]] = [(payload, 1)]
     while stack:
         value, depth = stack.pop()
@@ -129,17 +158,19 @@ def _check_payload_shape(payload: Any) -> None:
                 code="invalid_payload",
             )
         if isinstance(value, str):
-            if "\x00" in value:
+            why = _storable_text(value)
+            if why:
                 raise InvalidSubmission(
-                    "payload strings may not contain NUL (\\u0000) characters",
+                    f"payload strings may not contain {why}",
                     field="payload",
                     code="invalid_payload",
                 )
         elif isinstance(value, dict):
             for k, v in value.items():
-                if isinstance(k, str) and "\x00" in k:
+                why = _storable_text(k) if isinstance(k, str) else None
+                if why:
                     raise InvalidSubmission(
-                        "payload keys may not contain NUL (\\u0000) characters",
+                        f"payload keys may not contain {why}",
                         field="payload",
                         code="invalid_payload",
                     )
@@ -250,7 +281,7 @@ def submit(
     commits; if it fails the job is parked as enqueue_failed (the reaper
     repairs it), never lost.
     """
-    metric_queue = queue if isinstance(queue, str) and QUEUE_NAME_RE.match(queue) else "-"
+    metric_queue = _metric_queue(queue)
     try:
         job, created = _submit(
             task,
@@ -279,10 +310,29 @@ def _submit(
     idempotency_key: str | None,
     client: Client | None,
 ) -> tuple[Job, bool]:
-    max_retries, digest, _ = _validate(
+    run_at, max_retries, digest, payload_json = _validate(
         task, payload, queue, priority, run_at, max_retries, idempotency_key
     )
+    return _submit_checked(
+        {
+            "task": task,
+            "payload": payload,
+            "queue": queue,
+            "priority": priority,
+            "run_at": run_at,
+            "max_retries": max_retries,
+            "idempotency_key": idempotency_key,
+            "request_hash": digest,
+            "payload_json": payload_json,
+        },
+        client,
+    )
 
+
+def _submit_checked(item: dict[str, Any], client: Client | None) -> tuple[Job, bool]:
+    """Backpressure and the write, for a submission _validate has passed."""
+    task, payload, queue = item["task"], item["payload"], item["queue"]
+    idempotency_key, digest = item["idempotency_key"], item["request_hash"]
     limit = settings.JOBS_MAX_QUEUE_DEPTH
     depth = queue_depth(queue, limit)
     if depth > limit:
@@ -298,9 +348,9 @@ def _submit(
             task,
             payload,
             queue=queue,
-            priority=priority,
-            run_at=run_at,
-            max_retries=max_retries,
+            priority=item["priority"],
+            run_at=item["run_at"],
+            max_retries=item["max_retries"],
             client_id=client.pk if client is not None else None,
             idempotency_key=idempotency_key,
             request_hash=digest,
@@ -324,6 +374,42 @@ def _submit(
     return job, created
 
 
+def _metric_queue(queue: Any) -> str:
+    """A label value for a queue: declared queues only, so a client cannot grow the series."""
+    return queue if queues.is_declared(queue) else "-"
+
+
+def parse_run_at(value: Any, *, text: bool = False) -> datetime | None:
+    """run_at as an aware UTC datetime: an aware datetime, or with `text` (JSON requests)
+    ISO 8601 text, where no offset means UTC. Impossible dates (Feb 30, hour 25) and times
+    that leave the calendar once in UTC (year 1 at +05:00) are refused here, and offsets
+    PostgreSQL refuses (past ±15:59) are normalised: never a database error."""
+    if value is None:
+        return None
+    if isinstance(value, str) and text:
+        try:
+            parsed = parse_datetime(value)
+        except ValueError:
+            parsed = None
+        if parsed is None:
+            raise InvalidSubmission(
+                "run_at must be an ISO 8601 date-time", field="run_at", code="invalid_run_at"
+            )
+        value = parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+    if not isinstance(value, datetime) or value.tzinfo is None or value.utcoffset() is None:
+        raise InvalidSubmission(
+            "run_at must be a timezone-aware datetime", field="run_at", code="invalid_run_at"
+        )
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise InvalidSubmission(
+            "run_at is out of range once converted to UTC (years 1 to 9999)",
+            field="run_at",
+            code="invalid_run_at",
+        ) from None
+
+
 def _validate(
     task: Any,
     payload: Any,
@@ -332,33 +418,35 @@ def _validate(
     run_at: Any,
     max_retries: Any,
     idempotency_key: Any,
-) -> tuple[int, str | None, str]:
-    """Every rule one submission must pass; returns (max_retries, request hash or None,
-    the payload as compact JSON).
+) -> tuple[datetime | None, int, str | None, str]:
+    """Every rule one submission must pass; returns (run_at in UTC, max_retries,
+    request hash or None, the payload as compact JSON).
 
-    Raises a SubmissionError naming the field. Shared by submit and submit_many,
-    so a job in a batch is held to exactly the rules of a single one.
+    Raises a SubmissionError naming the field. Shared by submit and submit_many (and
+    so by both API endpoints): a job in a batch is held to exactly the rules of a
+    single one.
     """
-    if not isinstance(task, str) or tasks.get(task) is None:
-        raise UnknownTask(f"unknown task {task!r}; known: {', '.join(tasks.names())}", field="task")
-    if not isinstance(queue, str) or not QUEUE_NAME_RE.match(queue):
+    if not isinstance(task, str) or len(task) > TASK_NAME_MAX or tasks.get(task) is None:
+        shown = repr(task) if len(repr(task)) <= 210 else repr(task)[:200] + "…"
+        raise UnknownTask(f"unknown task {shown}; known: {', '.join(tasks.names())}", field="task")
+    if not queues.valid_name(queue):
         raise InvalidSubmission(
             "queue must be 1-100 characters of letters, digits, '_', '.', ':' or '-'",
             field="queue",
             code="invalid_queue",
         )
+    if not queues.is_declared(queue):
+        raise UnknownQueue(
+            f"unknown queue {queue!r}; declared (JOBS_QUEUES): {', '.join(queues.declared())}",
+            field="queue",
+        )
     priority = _check_int("priority", priority, PRIORITY_MIN, PRIORITY_MAX)
     if max_retries is None:
         max_retries = settings.JOBS_MAX_RETRIES
     max_retries = _check_int("max_retries", max_retries, 0, MAX_RETRIES_LIMIT)
-    if run_at is not None and (
-        not isinstance(run_at, datetime) or run_at.tzinfo is None or run_at.utcoffset() is None
-    ):
-        raise InvalidSubmission(
-            "run_at must be a timezone-aware datetime", field="run_at", code="invalid_run_at"
-        )
+    run_at = parse_run_at(run_at)
     if idempotency_key is not None and (
-        not isinstance(idempotency_key, str) or not IDEMPOTENCY_KEY_RE.match(idempotency_key)
+        not isinstance(idempotency_key, str) or not IDEMPOTENCY_KEY_RE.fullmatch(idempotency_key)
     ):
         raise InvalidSubmission(
             "idempotency key must be 1-200 printable ASCII characters without spaces",
@@ -374,7 +462,8 @@ def _validate(
     digest = None
     if idempotency_key is not None:
         digest = request_hash(task, payload, queue, priority, run_at, max_retries)
-    return max_retries, digest, payload_json
+    return run_at, max_retries, digest, payload_json
+
 
 def _existing(client: Client | None, idempotency_key: str | None) -> Job | None:
     if idempotency_key is None:
@@ -384,10 +473,92 @@ def _existing(client: Client | None, idempotency_key: str | None) -> Job | None:
     ).first()
 
 
+# --- requests as JSON (both API endpoints) -------------------------------------------
+
+REQUEST_FIELDS = ("task", "payload", "queue", "priority", "run_at", "max_retries")
+BATCH_FIELDS = (*REQUEST_FIELDS, "idempotency_key")
+
+
+def _request_item(
+    raw: Any, allowed: Sequence[str], idempotency_key: Any = None
+) -> tuple[dict[str, Any], list[SubmissionError]]:
+    """One job as the API received it (decoded JSON) → the checked arguments of a
+    submission, or every reason it is refused (unknown fields, missing ones, and the
+    first rule of _validate it breaks)."""
+    if not isinstance(raw, dict):
+        return {}, [InvalidSubmission("each job must be a JSON object", code="invalid")]
+    errors: list[SubmissionError] = [
+        InvalidSubmission(
+            f"Unknown field {name!r}; allowed: {', '.join(allowed)}.",
+            field=_shown_name(name),
+            code="unknown_field",
+        )
+        for name in sorted(set(raw) - set(allowed), key=str)
+    ]
+    for name in ("task", "payload"):
+        if name not in raw:
+            errors.append(InvalidSubmission("This field is required.", field=name, code="required"))
+    if "task" not in raw or "payload" not in raw:
+        return {}, errors
+    item = {
+        "task": raw["task"],
+        "payload": raw["payload"],
+        "queue": raw.get("queue", "default"),
+        "priority": raw.get("priority", 0),
+        "run_at": raw.get("run_at"),
+        "max_retries": raw.get("max_retries"),
+        "idempotency_key": raw.get("idempotency_key", idempotency_key),
+    }
+    if item["payload"] is None:
+        errors.append(
+            InvalidSubmission("This field may not be null.", field="payload", code="null")
+        )
+        return {}, errors
+    try:
+        item["run_at"] = parse_run_at(item["run_at"], text=True)
+        item["run_at"], item["max_retries"], item["request_hash"], item["payload_json"] = (
+            _validate(**item)
+        )
+    except SubmissionError as exc:
+        errors.append(exc)
+    return ({}, errors) if errors else (item, [])
+
+
+def _shown_name(name: Any) -> str:
+    """A client's field name as an error key: bounded, and encodable (lone surrogates escaped)."""
+    return str(name)[:100].encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def submit_request(
+    raw: Any, *, idempotency_key: str | None = None, client: Client | None = None
+) -> tuple[Job, bool]:
+    """POST /api/v1/jobs/: the decoded JSON body, checked by the rules `submit` applies.
+
+    One broken rule raises its own SubmissionError; several raise RequestInvalid.
+    """
+    item, problems = _request_item(raw, REQUEST_FIELDS, idempotency_key)
+    if problems:
+        queue = raw.get("queue", "default") if isinstance(raw, dict) else None
+        for exc in problems:
+            metrics.SUBMISSIONS_REJECTED.labels(_metric_queue(queue), exc.code).inc()
+        if len(problems) == 1:
+            raise problems[0]
+        errors: dict[str, list[dict[str, str]]] = {}
+        for exc in problems:
+            errors.setdefault(exc.field or "non_field_errors", []).append(
+                {"message": exc.message, "code": exc.code}
+            )
+        raise RequestInvalid(errors)
+    try:
+        return _submit_checked(item, client)
+    except SubmissionError as exc:
+        metrics.SUBMISSIONS_REJECTED.labels(_metric_queue(item["queue"]), exc.code).inc()
+        raise
+
+
 # --- many at once -------------------------------------------------------------------
 
 MAX_BATCH = 1000
-BATCH_FIELDS = ("task", "payload", "queue", "priority", "run_at", "max_retries", "idempotency_key")
 
 
 class BatchInvalid(SubmissionError):
@@ -427,57 +598,32 @@ class BatchIdempotencyConflict(SubmissionError):
         }
 
 
-def _parse_run_at(value: Any) -> datetime | None:
-    """ISO 8601 text (no offset means UTC, as for the single endpoint) or a datetime."""
-    if value is None or isinstance(value, datetime):
-        return value
-    parsed = parse_datetime(value) if isinstance(value, str) else None
-    if parsed is None:
-        raise InvalidSubmission(
-            "run_at must be an ISO 8601 date-time", field="run_at", code="invalid_run_at"
+def submit_batch_request(body: Any, *, client: Client | None = None) -> list[Submitted]:
+    """POST /api/v1/jobs/batch/: `{"jobs": [...]}` and nothing else, then submit_many."""
+    if not isinstance(body, dict) or not isinstance(body.get("jobs"), list):
+        raise RequestInvalid(
+            {"jobs": [{"message": "A list of jobs is required.", "code": "required"}]}
         )
-    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
-
-
-def _batch_item(raw: Any) -> tuple[dict[str, Any], list[SubmissionError]]:
-    """One job of a batch as submit's arguments, or the reasons it is refused."""
-    if not isinstance(raw, dict):
-        return {}, [InvalidSubmission("each job must be a JSON object", code="invalid")]
-    errors: list[SubmissionError] = [
-        InvalidSubmission(
-            f"Unknown field {name!r}; allowed: {', '.join(BATCH_FIELDS)}.",
-            field=str(name),
-            code="unknown_field",
+    unknown = sorted(set(body) - {"jobs"})
+    if unknown:
+        raise RequestInvalid(
+            {
+                _shown_name(name): [
+                    {"message": "Unknown field; allowed: jobs.", "code": "unknown_field"}
+                ]
+                for name in unknown
+            }
         )
-        for name in sorted(set(raw) - set(BATCH_FIELDS), key=str)
-    ]
-    for name in ("task", "payload"):
-        if name not in raw:
-            errors.append(InvalidSubmission("This field is required.", field=name, code="required"))
-    if errors:
-        return {}, errors
-    try:
-        item = {
-            "task": raw["task"],
-            "payload": raw["payload"],
-            "queue": raw.get("queue", "default"),
-            "priority": raw.get("priority", 0),
-            "run_at": _parse_run_at(raw.get("run_at")),
-            "max_retries": raw.get("max_retries"),
-            "idempotency_key": raw.get("idempotency_key"),
-        }
-        item["max_retries"], item["request_hash"], item["payload_json"] = _validate(**item)
-    except SubmissionError as exc:
-        return {}, [exc]
-    return item, []
+    return submit_many(body["jobs"], client=client)
 
 
 def submit_many(raw_items: Sequence[Any], *, client: Client | None = None) -> list[Submitted]:
     """Validate and enqueue up to MAX_BATCH jobs in one INSERT, all or nothing.
 
     Every job is held to the rules of `submit`; if any is refused, BatchInvalid
-    reports each refused job and nothing is written. Backpressure counts the whole
-    batch (QueueFull when a queue would pass JOBS_MAX_QUEUE_DEPTH). Idempotency keys
+    reports each refused job and nothing is written. Backpressure counts the jobs
+    the batch would create (QueueFull when a queue would pass JOBS_MAX_QUEUE_DEPTH;
+    replays of existing jobs do not count, as for `submit`). Idempotency keys
     are per job: a replay returns the existing job (created=False); a key reused
     with a different request raises BatchIdempotencyConflict and writes nothing.
     One Redis push signals all due jobs when the caller's transaction commits.
@@ -491,15 +637,14 @@ def submit_many(raw_items: Sequence[Any], *, client: Client | None = None) -> li
     errors: dict[str, list[dict[str, str]]] = {}
     refused = 0
     for n, raw in enumerate(raw_items):
-        item, problems = _batch_item(raw)
+        item, problems = _request_item(raw, BATCH_FIELDS)
         if problems:
             refused += 1
-            queue = raw.get("queue") if isinstance(raw, dict) else None
-            metric_queue = queue if isinstance(queue, str) and QUEUE_NAME_RE.match(queue) else "-"
+            queue = raw.get("queue", "default") if isinstance(raw, dict) else None
             for exc in problems:
                 key = f"jobs.{n}.{exc.field}" if exc.field else f"jobs.{n}"
                 errors.setdefault(key, []).append({"message": exc.message, "code": exc.code})
-                metrics.SUBMISSIONS_REJECTED.labels(metric_queue, exc.code).inc()
+                metrics.SUBMISSIONS_REJECTED.labels(_metric_queue(queue), exc.code).inc()
         items.append(item)
     if refused:
         raise BatchInvalid(errors, refused, total)
@@ -508,11 +653,15 @@ def submit_many(raw_items: Sequence[Any], *, client: Client | None = None) -> li
     per_queue: dict[str, int] = {}
     for item in items:
         per_queue[item["queue"]] = per_queue.get(item["queue"], 0) + 1
-    for queue, n in per_queue.items():
-        depth = queue_depth(queue, limit)
-        if depth + n > limit:
-            metrics.SUBMISSIONS_REJECTED.labels(queue, QueueFull.code).inc(total)
-            raise QueueFull(queue, depth, limit)
+    over = {q: n for q, n in per_queue.items() if queue_depth(q, limit) + n > limit}
+    if over:
+        # Only jobs the batch would create count: replays are answered, as for `submit`.
+        new = _new_per_queue(items, client)
+        for queue in over:
+            depth = queue_depth(queue, limit)
+            if new.get(queue, 0) and depth + new[queue] > limit:
+                metrics.SUBMISSIONS_REJECTED.labels(queue, QueueFull.code).inc(total)
+                raise QueueFull(queue, depth, limit)
 
     new_jobs = [
         services.NewJob(
@@ -550,3 +699,24 @@ def submit_many(raw_items: Sequence[Any], *, client: Client | None = None) -> li
             extra={"client": client.name if client is not None else None},
         )
     return out
+
+
+def _new_per_queue(items: list[dict[str, Any]], client: Client | None) -> dict[str, int]:
+    """Per queue, how many jobs of the batch are not replays of an existing job (a key
+    repeated within the batch creates one job)."""
+    keys = {i["idempotency_key"] for i in items if i["idempotency_key"] is not None}
+    existing = set(
+        Job.objects.filter(
+            client_id=client.pk if client is not None else None, idempotency_key__in=keys
+        ).values_list("idempotency_key", flat=True)
+    )
+    seen: set[str] = set()
+    new: dict[str, int] = {}
+    for item in items:
+        key = item["idempotency_key"]
+        if key is not None:
+            if key in existing or key in seen:
+                continue
+            seen.add(key)
+        new[item["queue"]] = new.get(item["queue"], 0) + 1
+    return new

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import environ
 
+from jobs import queues
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 env = environ.Env()
@@ -151,6 +153,11 @@ JOBS_SLO_SECONDS = env.float("JOBS_SLO_SECONDS", default=25.0)
 # How long the reaper's jobs_depth / jobs_oldest_age_seconds reading is reused across scrapes.
 JOBS_METRICS_CACHE_SECONDS = env.float("JOBS_METRICS_CACHE_SECONDS", default=5.0)
 JOBS_TASK_MODULES = env.list("JOBS_TASK_MODULES", default=[])
+# The queues that accept jobs, with their settings: a JSON object (jobs/queues.py parses it).
+JOBS_QUEUES = queues.parse(env.str("JOBS_QUEUES", default="") or queues.DEFAULT)
+# Where runworker/runreaper --metrics-port listen: this machine only unless told otherwise
+# (docker-compose sets 0.0.0.0 so Prometheus can reach the containers).
+JOBS_METRICS_HOST = env.str("JOBS_METRICS_HOST", default="127.0.0.1")
 
 # --- API ------------------------------------------------------------------------
 REST_FRAMEWORK = {
@@ -159,6 +166,8 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_THROTTLE_CLASSES": ["jobs.api.auth.ClientRateThrottle"],
+    # One error shape for every API view, the schema and docs views included.
+    "EXCEPTION_HANDLER": "jobs.api.errors.exception_handler",
     "DEFAULT_THROTTLE_RATES": {"client": env.str("JOBS_API_THROTTLE", default="100000/minute")},
     "UNAUTHENTICATED_USER": None,
 }

@@ -1,6 +1,7 @@
 """Test settings: the real PostgreSQL and Redis on 127.0.0.1, never the embedded server."""
 
 import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -9,6 +10,13 @@ os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/0")
 # A prefix of our own per checkout, so parallel checkouts on one machine never share keys.
 _checkout = hashlib.sha1(str(Path(__file__).resolve().parent.parent).encode()).hexdigest()[:8]
 os.environ.setdefault("JOBS_REDIS_PREFIX", f"jobs-test-{_checkout}:")
+# The queues the suite submits to (only declared queues accept jobs); inherited by the
+# processes the tests start.
+_TEST_QUEUES = (
+    "default mail slow reports other high urgent bulk critical txn reap repairq live q a b "
+    "obs-a obs-b obs-c obs-commit obs-reap obs-term obs-staff obs-quiet obs-parked"
+)
+os.environ.setdefault("JOBS_QUEUES", json.dumps({q: {} for q in _TEST_QUEUES.split()}))
 
 from jobservice.settings import *  # noqa: E402,F403
 from jobservice.settings import DATABASES  # noqa: E402

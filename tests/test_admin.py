@@ -454,3 +454,55 @@ def test_client_deactivate_action(client):
     assert not a.is_active
     assert LogEntry.objects.filter(object_id=str(a.pk)).count() == 1
     assert client.get(reverse("admin:jobs_client_delete", args=[a.pk])).status_code == 403
+
+
+# --- odd input and bounded counts -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "q=%C2%B2",
+        "q=a%00",
+        "task=a%00",
+        "queue=a%00",
+        "q=%C2%B2&task=echo",
+        "queue=%00",
+        "status__exact=a%00",
+        "client__id__exact=%00",
+        "stuck=%00",
+    ],
+)
+def test_odd_list_queries_are_answered_not_500(client, alice, query):
+    """'²'.isdigit() is True but int('²') fails; PostgreSQL text cannot hold NUL."""
+    job = JobFactory.create(status="failed", task="echo", queue="default")
+    response = client.get(reverse(CHANGELIST) + "?" + query, follow=True)
+    assert response.status_code == 200
+    if "%00" in query:  # an invalid lookup: Django's usual answer, the "?e=1" list
+        assert response.redirect_chain[-1][0].endswith("?e=1")
+    else:
+        assert job.pk not in [j.pk for j in response.context["cl"].result_list]
+
+
+def test_select_across_counts_are_capped(client, alice, monkeypatch):
+    """D15: the confirmation and the action count at most the cap, never the whole set."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    monkeypatch.setattr(JobAdmin, "action_count_cap", 3)
+    failed = [JobFactory.create(status="failed").pk for _ in range(5)]
+    JobFactory.create(status="done")
+    with CaptureQueriesContext(connection) as confirm:
+        page = post_action(client, "retry_jobs", failed[:1], confirm=False, select_across=True)
+    html = page.content.decode()
+    assert 'id="selected-count">about ' in html and 'id="eligible-count">about ' in html
+    assert "skipped-count" not in html
+    with CaptureQueriesContext(connection) as act:
+        response = post_action(client, "retry_jobs", failed[:1], select_across=True)
+    assert messages_of(response) == [
+        "5 retried (over 3 selected: the skipped are not counted)"
+    ]
+    queries = confirm.captured_queries + act.captured_queries
+    counts = [q["sql"] for q in queries if "COUNT(" in q["sql"]]
+    assert all(" LIMIT " in sql for sql in counts), counts  # never an unbounded count
+    assert sum(" LIMIT 4)" in sql for sql in counts) == 3, counts  # selected, eligible; action

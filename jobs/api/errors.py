@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.http import HttpResponse, JsonResponse
+from django.views import defaults
+from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -19,6 +22,8 @@ from jobs import submission
 
 _STATUS_FOR = {
     submission.UnknownTask: status.HTTP_400_BAD_REQUEST,
+    submission.UnknownQueue: status.HTTP_400_BAD_REQUEST,
+    submission.RequestInvalid: status.HTTP_400_BAD_REQUEST,
     submission.InvalidSubmission: status.HTTP_400_BAD_REQUEST,
     submission.PayloadTooLarge: status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
     submission.QueueFull: status.HTTP_429_TOO_MANY_REQUESTS,
@@ -34,6 +39,12 @@ class RequestTooLarge(exceptions.APIException):
     status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
     default_detail = "Request body too large."
     default_code = "request_too_large"
+
+
+class InvalidCursor(exceptions.APIException):
+    status_code = status.HTTP_400_BAD_REQUEST
+    default_detail = "Invalid cursor: use the `next` or `previous` link of a page as given."
+    default_code = "invalid_cursor"
 
 
 class Conflict(exceptions.APIException):
@@ -81,7 +92,12 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if isinstance(exc, submission.SubmissionError):
         code = exc.code
         errors = {exc.field: [{"message": exc.message, "code": code}]} if exc.field else None
-        if isinstance(exc, submission.BatchInvalid | submission.BatchIdempotencyConflict):
+        if isinstance(
+            exc,
+            submission.BatchInvalid
+            | submission.BatchIdempotencyConflict
+            | submission.RequestInvalid,
+        ):
             errors = exc.errors
         more: dict[str, Any] = {}
         headers: dict[str, str] = {}
@@ -122,3 +138,40 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     elif response.status_code == status.HTTP_403_FORBIDDEN:
         response.data = error_body("Permission denied.", "permission_denied")
     return response
+
+
+# --- responses Django makes itself, for paths under /api/ ----------------------------
+
+
+def _is_api(request: Any) -> bool:
+    return request.path.startswith("/api/")
+
+
+@csrf_exempt  # token-authenticated API: a POST to a miss is a 404, not a CSRF 403 page
+def api_not_found(request: Any, *args: Any, **kwargs: Any) -> JsonResponse:
+    """Catch-all for /api/ paths no route matches (as with DEBUG on, where handler404
+    is not used): a JSON 404, never Django's HTML page."""
+    return JsonResponse(
+        error_body(
+            f"No API endpoint at {request.path!r} (API paths end with a slash; "
+            "see /api/v1/schema/).",
+            "not_found",
+        ),
+        status=status.HTTP_404_NOT_FOUND,
+    )
+
+
+def handler404(request: Any, exception: Exception) -> HttpResponse:
+    if _is_api(request):
+        return api_not_found(request)
+    return defaults.page_not_found(request, exception)
+
+
+def handler500(request: Any) -> HttpResponse:
+    """An unexpected error: under /api/ the same shape as every other error, no details."""
+    if _is_api(request):
+        return JsonResponse(
+            error_body("Internal server error.", "server_error"),
+            status=status.HTTP_500_INTERNAL_SERVER_ERROR,
+        )
+    return defaults.server_error(request)

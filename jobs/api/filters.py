@@ -2,10 +2,30 @@
 
 from __future__ import annotations
 
+from datetime import UTC
+
 import django_filters
+from django.core.exceptions import ValidationError
+from django_filters.fields import IsoDateTimeField
 
 from jobs.lifecycle import STATUSES
 from jobs.models import Job
+
+
+class UTCIsoDateTimeField(IsoDateTimeField):
+    """ISO 8601, sent to PostgreSQL in UTC: an offset PostgreSQL refuses (past ±15:59,
+    e.g. -18:05) or a time that leaves the calendar in UTC is a 400, not a DataError."""
+
+    def to_python(self, value):
+        try:
+            parsed = super().to_python(value)
+            return parsed.astimezone(UTC) if parsed is not None else None
+        except (OverflowError, ValueError):
+            raise ValidationError(self.error_messages["invalid"], code="invalid") from None
+
+
+class UTCIsoDateTimeFilter(django_filters.IsoDateTimeFilter):
+    field_class = UTCIsoDateTimeField
 
 
 class JobFilter(django_filters.FilterSet):
@@ -15,10 +35,10 @@ class JobFilter(django_filters.FilterSet):
     )
     task = django_filters.CharFilter()
     queue = django_filters.CharFilter()
-    created_after = django_filters.IsoDateTimeFilter(
+    created_after = UTCIsoDateTimeFilter(
         field_name="created_at", lookup_expr="gte", help_text="created_at >= this (ISO 8601)."
     )
-    created_before = django_filters.IsoDateTimeFilter(
+    created_before = UTCIsoDateTimeFilter(
         field_name="created_at", lookup_expr="lt", help_text="created_at < this (ISO 8601)."
     )
 

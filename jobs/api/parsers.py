@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import codecs
 import json
 from typing import Any
 
 from django.conf import settings
-from rest_framework.exceptions import ParseError
+from django.utils.http import parse_header_parameters
+from rest_framework.exceptions import ParseError, UnsupportedMediaType
 from rest_framework.parsers import JSONParser
 
 from jobs.api.errors import RequestTooLarge
@@ -40,12 +42,28 @@ class BoundedJSONParser(JSONParser):
         raw = stream.read(limit + 1) if stream is not None else b""
         if len(raw) > limit:
             raise RequestTooLarge(f"Request body exceeds {limit} bytes.")
-        encoding = (parser_context or {}).get("encoding", settings.DEFAULT_CHARSET)
+        # The charset as sent: Django drops one it cannot look up, DRF then assumes UTF-8.
+        _, params = parse_header_parameters(media_type or "")
+        encoding = params.get("charset", "utf-8")
+        if not _is_utf8(encoding):
+            raise UnsupportedMediaType(
+                media_type,
+                detail=f"JSON must be UTF-8 (RFC 8259); charset={encoding!r} is not supported.",
+            )
         try:
             text = raw.decode(encoding)
             return json.loads(text, parse_constant=_reject_constant)
         except (ValueError, RecursionError) as exc:
             raise ParseError(f"JSON parse error - {exc}") from exc
+
+
+def _is_utf8(encoding: str) -> bool:
+    """JSON exchanged between systems is UTF-8 (RFC 8259 §8.1): any other charset,
+    and a non-text codec such as hex, base64, rot13 or zlib, is refused (415)."""
+    try:
+        return codecs.lookup(encoding).name == "utf-8"
+    except (LookupError, TypeError, ValueError):
+        return False
 
 
 def _reject_constant(name: str) -> Any:

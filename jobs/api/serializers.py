@@ -2,36 +2,28 @@
 
 from __future__ import annotations
 
-from typing import Any
-
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from jobs import submission
+from jobs import queues, services, submission
 from jobs.lifecycle import STATUSES
 from jobs.models import PRIORITY_MAX, PRIORITY_MIN, Job, JobEvent
 
-# Field errors get one stable code per field, whatever DRF check caught them.
-_FIELD_CODES = {
-    "queue": "invalid_queue",
-    "priority": "invalid_priority",
-    "run_at": "invalid_run_at",
-    "max_retries": "invalid_max_retries",
-    "task": "invalid_task",
-    "payload": "invalid_payload",
-}
-_KEEP_CODES = {"required", "null", "unknown_field"}
-
 
 class JobSubmitSerializer(serializers.Serializer):
-    """The body of `POST /api/v1/jobs/`. Unknown fields are refused."""
+    """The body of `POST /api/v1/jobs/` (documentation: jobs.submission checks requests,
+    the same way for both endpoints). Unknown fields are refused."""
 
     task = serializers.CharField(max_length=200, help_text="A registered task name.")
     payload = serializers.JSONField(
         help_text="Any JSON value except null; at most JOBS_MAX_PAYLOAD_BYTES "
         "(default 65536) bytes once serialised compactly."
     )
-    queue = serializers.RegexField(
-        submission.QUEUE_NAME_RE.pattern, required=False, default="default", max_length=100
+    queue = serializers.ChoiceField(
+        choices=list(queues.declared()),
+        required=False,
+        default="default",
+        help_text="A queue declared in JOBS_QUEUES; any other is refused (unknown_queue).",
     )
     priority = serializers.IntegerField(
         required=False,
@@ -55,48 +47,12 @@ class JobSubmitSerializer(serializers.Serializer):
         help_text="Retries after the first attempt; default JOBS_MAX_RETRIES (3).",
     )
 
-    def to_internal_value(self, data: Any) -> dict[str, Any]:
-        errors: dict[str, list[serializers.ErrorDetail]] = {}
-        if isinstance(data, dict):
-            for name in sorted(set(data) - set(self.fields)):
-                errors[name] = [
-                    serializers.ErrorDetail(
-                        f"Unknown field {name!r}; allowed: {', '.join(self.fields)}.",
-                        code="unknown_field",
-                    )
-                ]
-        try:
-            value = super().to_internal_value(data)
-        except serializers.ValidationError as exc:
-            errors = {**_recode(exc.detail), **errors}
-            raise serializers.ValidationError(errors) from exc
-        if errors:
-            raise serializers.ValidationError(errors)
-        return value
-
-
-def _recode(detail: Any) -> dict[str, Any]:
-    if not isinstance(detail, dict):
-        return {"non_field_errors": detail}
-    out = {}
-    for field, errs in detail.items():
-        code = _FIELD_CODES.get(field)
-        if code is None or not isinstance(errs, list):
-            out[field] = errs
-            continue
-        out[field] = [
-            e
-            if getattr(e, "code", None) in _KEEP_CODES
-            else serializers.ErrorDetail(str(e), code=code)
-            for e in errs
-        ]
-    return out
-
 
 class BatchItemSerializer(JobSubmitSerializer):
     """One job of a batch: the single body, with its own idempotency key."""
 
-    idempotency_key = serializers.CharField(
+    idempotency_key = serializers.RegexField(
+        r"^[\x21-\x7e]{1,200}$",
         required=False,
         allow_null=True,
         default=None,
@@ -156,8 +112,14 @@ class JobEventSerializer(serializers.ModelSerializer):
     """One entry of a job's history: a transition, or a stale write the fence refused.
 
     The event that ended a failed attempt carries its exception class and traceback
-    (the last 30 frames, at most 8 KiB); they are null on every other event.
+    (the last 30 frames, at most 8 KiB); they are null on every other event. Who made
+    the change is shown as a role; the actor's identity is for staff (the admin).
     """
+
+    role = serializers.SerializerMethodField(
+        help_text="Who made the change: a worker, the reaper, staff, the client, or the "
+        "service itself (api)."
+    )
 
     class Meta:
         model = JobEvent
@@ -165,7 +127,7 @@ class JobEventSerializer(serializers.ModelSerializer):
             "id",
             "kind",
             "at",
-            "actor",
+            "role",
             "from_status",
             "to_status",
             "lease_version",
@@ -175,6 +137,10 @@ class JobEventSerializer(serializers.ModelSerializer):
             "error_traceback",
         ]
         read_only_fields = fields
+
+    @extend_schema_field(serializers.ChoiceField(choices=services.Role.choices))
+    def get_role(self, event: JobEvent) -> str:
+        return services.actor_role(event.actor)
 
 
 class ErrorItemSerializer(serializers.Serializer):

@@ -6,9 +6,29 @@ from __future__ import annotations
 from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.permissions import AllowAny
+from rest_framework.renderers import JSONRenderer
 
 from jobs.api import schema  # noqa: F401  (registers the token scheme with drf-spectacular)
-from jobs.api.views import JobViewSet
+from jobs.api.views import JobHistoryView, JobViewSet
+
+
+class JSONErrors:
+    """Errors of the schema (YAML) and docs (HTML) views are JSON, like every API error."""
+
+    def finalize_response(self, request, response, *args, **kwargs):
+        if getattr(response, "exception", False):
+            request.accepted_renderer = JSONRenderer()
+            request.accepted_media_type = JSONRenderer.media_type
+        return super().finalize_response(request, response, *args, **kwargs)
+
+
+class SchemaView(JSONErrors, SpectacularAPIView):
+    pass
+
+
+class DocsView(JSONErrors, SpectacularSwaggerView):
+    pass
+
 
 _public = {"authentication_classes": [], "permission_classes": [AllowAny], "throttle_classes": []}
 
@@ -17,9 +37,7 @@ urlpatterns = [
     path("jobs/batch/", JobViewSet.as_view({"post": "create_batch"}), name="job-batch"),
     path("jobs/<int:pk>/", JobViewSet.as_view({"get": "retrieve"}), name="job-detail"),
     path("jobs/<int:pk>/cancel/", JobViewSet.as_view({"post": "cancel"}), name="job-cancel"),
-    path("jobs/<int:pk>/history/", JobViewSet.as_view({"get": "history"}), name="job-history"),
-    path("schema/", SpectacularAPIView.as_view(**_public), name="api-schema"),
-    path(
-        "docs/", SpectacularSwaggerView.as_view(url_name="api-schema", **_public), name="api-docs"
-    ),
+    path("jobs/<int:pk>/history/", JobHistoryView.as_view(), name="job-history"),
+    path("schema/", SchemaView.as_view(**_public), name="api-schema"),
+    path("docs/", DocsView.as_view(url_name="api-schema", **_public), name="api-docs"),
 ]

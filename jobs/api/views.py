@@ -3,19 +3,21 @@ sees and touches only its own jobs; another client's job is a 404, never a 403."
 
 from __future__ import annotations
 
+from datetime import UTC
 from typing import Any
 
 from django.db import transaction
 from django.urls import reverse
+from django.utils.dateparse import parse_datetime
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema
-from rest_framework import exceptions, status, viewsets
-from rest_framework.pagination import CursorPagination
+from rest_framework import exceptions, generics, status, viewsets
+from rest_framework.pagination import Cursor, CursorPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from jobs import services, submission
-from jobs.api.errors import Conflict, exception_handler
+from jobs.api.errors import Conflict, InvalidCursor, exception_handler
 from jobs.api.filters import JobFilter
 from jobs.api.parsers import BatchJSONParser, BoundedJSONParser
 from jobs.api.serializers import (
@@ -30,13 +32,42 @@ from jobs.lifecycle import Status
 from jobs.models import Job, JobEvent
 
 
-class JobCursorPagination(CursorPagination):
-    """Newest first. Cursor pages stay stable while new jobs arrive."""
+class StrictCursorPagination(CursorPagination):
+    """DRF's cursor pagination, refusing (400) a cursor it did not issue: DRF answers
+    404 to some and passes others' position to the database (a 500)."""
 
-    ordering = ("-created_at", "-id")
     page_size = 50
     page_size_query_param = "page_size"
     max_page_size = 500
+
+    def decode_cursor(self, request: Request) -> Cursor | None:
+        try:
+            cursor = super().decode_cursor(request)
+        except exceptions.NotFound:
+            raise InvalidCursor() from None
+        if cursor is None:
+            return None
+        if cursor == Cursor(offset=0, reverse=False, position=None):
+            raise InvalidCursor()  # decodes to nothing: never issued
+        if cursor.position is not None and not self._valid_position(cursor.position):
+            raise InvalidCursor()
+        return cursor
+
+    def _valid_position(self, position: str) -> bool:
+        raise NotImplementedError
+
+
+class JobCursorPagination(StrictCursorPagination):
+    """Newest first. Cursor pages stay stable while new jobs arrive."""
+
+    ordering = ("-created_at", "-id")
+
+    def _valid_position(self, position: str) -> bool:
+        try:
+            parsed = parse_datetime(position)
+            return parsed is not None and parsed.astimezone(UTC) is not None
+        except (ValueError, OverflowError):
+            return False
 
 
 def _errors(*codes: int) -> dict[int, OpenApiResponse]:
@@ -97,15 +128,13 @@ class JobViewSet(viewsets.GenericViewSet):
         ],
     )
     def create(self, request: Request) -> Response:
-        body = JobSubmitSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
         key = request.headers.get("Idempotency-Key")
         # The durable block is the real commit: the Redis push (on_commit) runs
         # when it closes. A failed push has parked the row by then and marked the
         # job object; only then is the row read again (for its new updated_at).
         with transaction.atomic(durable=True):
-            job, created = submission.submit(
-                **body.validated_data, idempotency_key=key, client=request.user
+            job, created = submission.submit_request(
+                request.data, idempotency_key=key, client=request.user
             )
         if not created:
             return Response(JobSerializer(job).data, status=status.HTTP_200_OK)
@@ -128,7 +157,8 @@ class JobViewSet(viewsets.GenericViewSet):
         "per refused job (`jobs.<index>.<field>`) and nothing is written. Each job may carry "
         "its own `idempotency_key`: a replay returns the existing job with `created: false`; "
         "a key reused with a different request is a 409 for the whole batch. Backpressure "
-        "counts the whole batch. One Redis push signals every due job after the commit.",
+        "counts the jobs the batch would create (replays do not count). One Redis push "
+        "signals every due job after the commit.",
         request=BatchSubmitSerializer,
         responses={
             201: OpenApiResponse(BatchResultSerializer, description="At least one job created."),
@@ -152,20 +182,8 @@ class JobViewSet(viewsets.GenericViewSet):
     )
     def create_batch(self, request: Request) -> Response:
         data = request.data
-        if not isinstance(data, dict) or not isinstance(data.get("jobs"), list):
-            raise exceptions.ValidationError(
-                {"jobs": [exceptions.ErrorDetail("A list of jobs is required.", code="required")]}
-            )
-        unknown = sorted(set(data) - {"jobs"})
-        if unknown:
-            raise exceptions.ValidationError(
-                {
-                    name: [exceptions.ErrorDetail("Unknown field; allowed: jobs.", "unknown_field")]
-                    for name in unknown
-                }
-            )
         with transaction.atomic(durable=True):
-            out = submission.submit_many(data["jobs"], client=request.user)
+            out = submission.submit_batch_request(data, client=request.user)
         # As for a single job: a failed push after commit has parked rows by now.
         current = dict(
             Job.objects.filter(pk__in=[o.job_id for o in out if o.created]).values_list(
@@ -226,13 +244,54 @@ class JobViewSet(viewsets.GenericViewSet):
             extra={"status": job.status},
         )
 
+
+class HistoryCursorPagination(StrictCursorPagination):
+    """Oldest first, in the order the history rows were written."""
+
+    ordering = ("id",)
+
+    def _valid_position(self, position: str) -> bool:
+        return position.isascii() and position.isdigit() and int(position) < 2**63
+
+
+class JobHistoryView(generics.ListAPIView):
+    """A job's history, a cursor page at a time. The job list's filters do not apply
+    here: any query parameter but `cursor` and `page_size` is refused (400)."""
+
+    serializer_class = JobEventSerializer
+    pagination_class = HistoryCursorPagination
+    filter_backends: list[Any] = []
+    allowed_params = frozenset({"cursor", "page_size"})
+
+    def get_exception_handler(self) -> Any:
+        return exception_handler
+
+    def get_queryset(self) -> Any:
+        if getattr(self, "swagger_fake_view", False):  # schema generation
+            return JobEvent.objects.none()
+        if not Job.objects.filter(pk=self.kwargs["pk"], client=self.request.user).exists():
+            raise exceptions.NotFound()
+        return JobEvent.objects.filter(job_id=self.kwargs["pk"])
+
     @extend_schema(
-        summary="A job's history",
-        description="Every status change (who, when, which lease, retry count, error) "
-        "and every stale write the fence refused, oldest first.",
-        responses={200: JobEventSerializer(many=True), **_errors(401, 404)},
+        summary="A job's history, oldest first",
+        description="Every status change (which role, when, which lease, retry count, error) "
+        "and every stale write the fence refused, oldest first, in cursor pages. Only "
+        "`cursor` and `page_size` are accepted; any other query parameter is a 400.",
+        responses={200: JobEventSerializer(many=True), **_errors(400, 401, 404)},
     )
-    def history(self, request: Request, pk: int) -> Response:
-        job = self.get_object()
-        events = JobEvent.objects.filter(job_id=job.pk).order_by("id")
-        return Response(JobEventSerializer(events, many=True).data)
+    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        unknown = sorted(set(request.query_params) - self.allowed_params)
+        if unknown:
+            raise exceptions.ValidationError(
+                {
+                    name[:100]: [
+                        exceptions.ErrorDetail(
+                            "Unknown query parameter; history takes only cursor and page_size.",
+                            code="unknown_parameter",
+                        )
+                    ]
+                    for name in unknown
+                }
+            )
+        return super().get(request, *args, **kwargs)

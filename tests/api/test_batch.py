@@ -221,3 +221,26 @@ def test_redis_refusing_connections_parks_the_batch_durably(api, settings, close
         Job.objects.filter(pk__in=[j["id"] for j in out]).values_list("status", flat=True)
     ) == {"enqueue_failed"}
     assert services.repair_enqueue_failed() == [j["id"] for j in out]
+
+
+def test_replaying_a_keyed_batch_near_a_full_queue_is_answered(api, settings):
+    """D24: a replay of jobs that exist is answered (200), not refused (429): only the
+    jobs a batch would create count toward the depth check, as for a single job."""
+    settings.JOBS_MAX_QUEUE_DEPTH = 4
+    jobs = [{"task": "echo", "payload": {"n": n}, "idempotency_key": f"r-{n}"} for n in range(3)]
+    first = post(api, {"jobs": jobs})
+    assert first.status_code == 201
+    assert post(api, {"jobs": [{"task": "echo", "payload": {}}]}).status_code == 201  # full now
+    before = counts()
+    replay = post(api, {"jobs": jobs})
+    assert replay.status_code == 200, replay.content
+    assert [j["id"] for j in replay.json()["jobs"]] == [j["id"] for j in first.json()["jobs"]]
+    assert not any(j["created"] for j in replay.json()["jobs"])
+    assert counts() == before
+    # A key repeated within a batch creates one job: the replay of it counts once.
+    twice = post(api, {"jobs": [jobs[0], jobs[0]]})
+    assert twice.status_code == 200 and not any(j["created"] for j in twice.json()["jobs"])
+    # A replay mixed with one new job: the new one still counts, and the queue is full.
+    mixed = post(api, {"jobs": [*jobs, {"task": "echo", "payload": {}, "idempotency_key": "new"}]})
+    assert mixed.status_code == 429 and mixed.json()["code"] == "queue_full"
+    assert counts() == before

@@ -164,20 +164,23 @@ def test_history_of_a_finished_job(api, me):
     job = make(me, "done", worker="w-1")
     r = api.get(f"/api/v1/jobs/{job.pk}/history/")
     assert r.status_code == 200
-    events = r.json()
+    assert r.json()["next"] is None and r.json()["previous"] is None
+    events = r.json()["results"]
     assert [(e["from_status"], e["to_status"]) for e in events] == [
         (None, "queued"),
         ("queued", "processing"),
         ("processing", "done"),
     ]
-    assert [e["actor"] for e in events] == ["app", "worker:w-1", "worker:w-1"]
+    # Roles, not identities: no host, pid or worker id reaches a client.
+    assert [e["role"] for e in events] == ["api", "worker", "worker"]
+    assert "w-1" not in r.content.decode()
     assert [e["lease_version"] for e in events] == [0, 1, 1]
     assert all(e["kind"] == "transition" and e["at"] for e in events)
     assert set(events[0]) == {
         "id",
         "kind",
         "at",
-        "actor",
+        "role",
         "from_status",
         "to_status",
         "lease_version",
@@ -192,13 +195,15 @@ def test_history_of_a_finished_job(api, me):
 def test_history_records_a_cancel_by_its_client(api, me):
     job = make(me)
     api.post(f"/api/v1/jobs/{job.pk}/cancel/")
-    last = api.get(f"/api/v1/jobs/{job.pk}/history/").json()[-1]
-    assert (last["from_status"], last["to_status"], last["actor"], last["error"]) == (
+    r = api.get(f"/api/v1/jobs/{job.pk}/history/")
+    last = r.json()["results"][-1]
+    assert (last["from_status"], last["to_status"], last["role"], last["error"]) == (
         "queued",
         "failed",
-        "client:alice",
+        "client",
         "cancelled",
     )
+    assert "alice" not in r.content.decode()
 
 
 @pytest.mark.django_db
@@ -208,3 +213,69 @@ def test_wrong_method_is_405(api, me):
     assert r.status_code == 405
     assert r.json()["code"] == "method_not_allowed"
     assert Job.objects.filter(pk=job.pk).exists()
+
+
+@pytest.mark.django_db
+def test_history_pages_oldest_first_with_a_cursor(api, me):
+    job = make(me, "done", worker="w-1")
+    first = api.get(f"/api/v1/jobs/{job.pk}/history/?page_size=2")
+    assert first.status_code == 200
+    page = first.json()
+    assert [e["to_status"] for e in page["results"]] == ["queued", "processing"]
+    assert page["previous"] is None and page["next"]
+    second = api.get(page["next"]).json()
+    assert [e["to_status"] for e in second["results"]] == ["done"]
+    assert second["next"] is None
+    back = api.get(second["previous"]).json()
+    assert [e["to_status"] for e in back["results"]] == ["queued", "processing"]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("query", ["status=done", "status=queued", "task=echo", "queue=x"])
+def test_history_refuses_the_list_filters(api, me, query):
+    """Once applied to the job lookup: ?status=done on a done job answered 404."""
+    job = make(me, "done", worker="w-1")
+    r = api.get(f"/api/v1/jobs/{job.pk}/history/?{query}")
+    assert r.status_code == 400, r.content
+    assert r.json()["code"] == "unknown_parameter"
+    assert list(r.json()["errors"]) == [query.split("=")[0]]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("cursor", ["garbage", "cD1hYmM=", "cD0xZTk5OTk5OTk5OTk5OTk5OTk5OTk="])
+def test_history_refuses_a_cursor_it_did_not_issue(api, me, cursor):
+    job = make(me, "done", worker="w-1")
+    r = api.get(f"/api/v1/jobs/{job.pk}/history/?cursor={cursor}")
+    assert r.status_code == 400 and r.json()["code"] == "invalid_cursor"
+
+
+@pytest.mark.django_db
+def test_history_shows_staff_as_a_role(api, me):
+    from jobs import services
+
+    job = make(me, "failed")
+    assert services.staff_retry([job.pk], actor="staff:bob") == [job.pk]
+    r = api.get(f"/api/v1/jobs/{job.pk}/history/")
+    assert r.json()["results"][-1]["role"] == "staff"
+    assert "bob" not in r.content.decode()
+
+
+@pytest.mark.parametrize(
+    "actor,role",
+    [
+        ("worker:host-1:4242:ab12", "worker"),
+        ("reaper", "reaper"),
+        ("reaper:host-1:77", "reaper"),
+        ("staff:bob", "staff"),
+        ("client:alice", "client"),
+        ("app", "api"),
+        ("", "api"),
+        (None, "api"),
+        ("api:x", "api"),
+        ("someone-else:x", "api"),
+    ],
+)
+def test_actor_role(actor, role):
+    from jobs.services import actor_role
+
+    assert actor_role(actor) == role

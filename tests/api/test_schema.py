@@ -10,6 +10,14 @@ from openapi_spec_validator import validate
 
 from tests.api.conftest import API_DIR, DESELECTED_API_TESTS, EXERCISED, route_template
 
+EXPECTED_OPERATIONS = {
+    ("GET", "/api/v1/jobs/"),
+    ("POST", "/api/v1/jobs/"),
+    ("POST", "/api/v1/jobs/batch/"),
+    ("GET", "/api/v1/jobs/{id}/"),
+    ("POST", "/api/v1/jobs/{id}/cancel/"),
+    ("GET", "/api/v1/jobs/{id}/history/"),
+}
 HTTP_METHODS = {"get", "put", "post", "delete", "patch", "options", "head", "trace"}
 
 
@@ -38,20 +46,22 @@ def test_schema_is_public_and_valid_openapi_3(anon):
 
 def test_schema_describes_the_api(anon):
     schema = fetch_schema(anon)
-    assert operations(schema) == {
-        ("GET", "/api/v1/jobs/"),
-        ("POST", "/api/v1/jobs/"),
-        ("POST", "/api/v1/jobs/batch/"),
-        ("GET", "/api/v1/jobs/{id}/"),
-        ("POST", "/api/v1/jobs/{id}/cancel/"),
-        ("GET", "/api/v1/jobs/{id}/history/"),
-    }
+    assert operations(schema) == EXPECTED_OPERATIONS
     batch = schema["paths"]["/api/v1/jobs/batch/"]["post"]
     assert {"200", "201", "400", "401", "409", "413", "429"} <= set(batch["responses"])
     post = schema["paths"]["/api/v1/jobs/"]["post"]
     assert {p["name"] for p in post["parameters"]} == {"Idempotency-Key"}
     assert {"200", "201", "400", "401", "409", "413", "429"} <= set(post["responses"])
     assert schema["components"]["securitySchemes"]["ClientToken"]["name"] == "Authorization"
+    history = schema["paths"]["/api/v1/jobs/{id}/history/"]["get"]
+    assert {p["name"] for p in history["parameters"]} == {"id", "cursor", "page_size"}
+    page = history["responses"]["200"]["content"]["application/json"]["schema"]["$ref"]
+    assert page == "#/components/schemas/PaginatedJobEventList"
+    event = schema["components"]["schemas"]["JobEvent"]["properties"]
+    assert "actor" not in event
+    assert event["role"]["allOf"] == [{"$ref": "#/components/schemas/RoleEnum"}]
+    roles = schema["components"]["schemas"]["RoleEnum"]["enum"]
+    assert roles == ["worker", "reaper", "staff", "client", "api"]
     submit = schema["components"]["schemas"]["JobSubmit"]
     assert submit["properties"]["priority"]["maximum"] == 100
     assert submit["required"] == ["payload", "task"]

@@ -9,7 +9,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from jobs import metrics
 from jobs.collectors import DepthCollector, ReaperCollector
-from jobs.management.commands.runworker import start_metrics_server
+from jobs.management.commands.runworker import add_metrics_arguments, start_metrics_server
 from jobs.reaper import Reaper
 
 RECOVERY_KINDS = ("lease", "enqueue_failed", "lost_signal", "scheduled", "over_budget")
@@ -33,9 +33,7 @@ class Command(BaseCommand):
         )
         parser.add_argument("--batch", type=int, default=500, help="Rows per statement.")
         parser.add_argument("--once", action="store_true", help="Run one sweep and exit.")
-        parser.add_argument(
-            "--metrics-port", type=int, default=None, help="Serve Prometheus metrics on this port."
-        )
+        add_metrics_arguments(parser)
 
     def handle(self, *args, **opts):
         for name in ("interval", "lease"):
@@ -62,7 +60,7 @@ class Command(BaseCommand):
             REGISTRY.register(ReaperCollector(reaper))
             for kind in RECOVERY_KINDS:  # every kind shows 0 before its first repair
                 metrics.RECOVERED.labels(kind)
-        start_metrics_server(opts["metrics_port"])
+        start_metrics_server(opts["metrics_port"], opts["metrics_host"])
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: reaper.request_stop())
         if settings.LOG_FORMAT != "json":  # else "reaper started" is logged as JSON

@@ -18,14 +18,32 @@ def parse_queues(value: str) -> list[str]:
     return queues
 
 
-def start_metrics_server(port: int | None) -> None:
+def start_metrics_server(port: int | None, host: str | None = None) -> None:
+    """Serve /metrics on host:port; the host defaults to JOBS_METRICS_HOST (127.0.0.1:
+    nothing outside this machine reads a worker's metrics unless told to)."""
     if port:
         from prometheus_client import start_http_server
 
+        host = host or settings.JOBS_METRICS_HOST
         try:
-            start_http_server(port, addr="0.0.0.0")
+            start_http_server(port, addr=host)
         except OSError as exc:
-            raise CommandError(f"cannot serve metrics on port {port}: {exc}") from exc
+            raise CommandError(f"cannot serve metrics on {host}:{port}: {exc}") from exc
+
+
+def add_metrics_arguments(parser) -> None:
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="Serve Prometheus metrics on this port [none].",
+    )
+    parser.add_argument(
+        "--metrics-host",
+        default=None,
+        help="Address the metrics server binds [JOBS_METRICS_HOST, 127.0.0.1]; "
+        "0.0.0.0 for every interface (containers).",
+    )
 
 
 class Command(BaseCommand):
@@ -66,12 +84,7 @@ class Command(BaseCommand):
             help="Seconds the flusher waits to gather more results per write "
             "(0: write whatever finished while the previous write ran) [%(default)s].",
         )
-        parser.add_argument(
-            "--metrics-port",
-            type=int,
-            default=None,
-            help="Serve Prometheus metrics on this port [none].",
-        )
+        add_metrics_arguments(parser)
 
     def handle(self, *args, **opts):
         if opts["concurrency"] < 1:
@@ -80,7 +93,7 @@ class Command(BaseCommand):
             raise CommandError("--flush-interval must be between 0 and 5 seconds")
         if opts["max_jobs"] is not None and opts["max_jobs"] < 1:
             raise CommandError("--max-jobs must be at least 1")
-        start_metrics_server(opts["metrics_port"])
+        start_metrics_server(opts["metrics_port"], opts["metrics_host"])
         worker = Worker(
             parse_queues(opts["queues"]),
             opts["concurrency"],
