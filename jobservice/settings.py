@@ -62,6 +62,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "django_prometheus",
+    "django_tasks",  # the Tasks framework backport; Django 6 has it built in (django.tasks)
     "jobs",
     "demo",
 ]
@@ -140,6 +141,15 @@ JOBS_SLO_SECONDS = env.float("JOBS_SLO_SECONDS", default=25.0)
 # How long the reaper's jobs_depth / jobs_oldest_age_seconds reading is reused across scrapes.
 JOBS_METRICS_CACHE_SECONDS = env.float("JOBS_METRICS_CACHE_SECONDS", default=5.0)
 JOBS_TASK_MODULES = env.list("JOBS_TASK_MODULES", default=[])
+# Django's Tasks framework runs on jobservice (jobs/backends.py). A @task's module must
+# also be in JOBS_TASK_MODULES so that runworker knows it.
+TASKS = {
+    "default": {
+        "BACKEND": "jobs.backends.JobServiceBackend",
+        "QUEUES": env.list("JOBS_TASKS_QUEUES", default=["default"]),
+        "OPTIONS": {},
+    }
+}
 
 # --- API ------------------------------------------------------------------------
 REST_FRAMEWORK = {

@@ -1,0 +1,348 @@
+"""jobservice as a backend for Django's Tasks framework (DEP 14).
+
+    TASKS = {"default": {"BACKEND": "jobs.backends.JobServiceBackend", "QUEUES": ["default"]}}
+
+A task enqueued here is an ordinary job: `enqueue` goes through
+`jobs.submission.submit` (validation, backpressure, idempotency, the caller's
+transaction, the Redis push after commit) and `runworker` runs it with the same
+fencing, heartbeats, retries, reaper and admin as any other job.
+
+The job's task name is the task's import path (e.g. `shop.tasks.send_receipt`):
+each @task of this backend registers one handler under that name in the task
+registry (jobs.tasks), so the admin, the metrics and the logs name the real task,
+and `runworker` runs it as soon as its module is in JOBS_TASK_MODULES.
+The payload holds the arguments: {"args": [...], "kwargs": {...}}.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import contextvars
+import json
+import re
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from django.conf import settings
+from django.core import checks
+from django.db import transaction
+from django.utils import timezone
+from django.utils.module_loading import import_string
+
+from jobs import tasks as registry
+from jobs.lifecycle import Status
+from jobs.models import Job, JobEvent
+from jobs.submission import QUEUE_NAME_RE, InvalidSubmission, submit
+from jobs.tasks_compat import (
+    BaseTaskBackend,
+    Task,
+    TaskContext,
+    TaskError,
+    TaskResult,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+    task_enqueued,
+    task_finished,
+    task_started,
+)
+
+STATUS_MAP = {
+    Status.QUEUED: TaskResultStatus.READY,
+    Status.ENQUEUE_FAILED: TaskResultStatus.READY,
+    Status.PROCESSING: TaskResultStatus.RUNNING,
+    Status.DONE: TaskResultStatus.SUCCESSFUL,
+    Status.FAILED: TaskResultStatus.FAILED,
+}
+WORKER_ACTOR_PREFIX = "worker:"
+
+
+class InvalidTaskArguments(InvalidSubmission, TypeError):
+    """The arguments would not come back the same from JSON; nothing was enqueued."""
+
+
+class AttemptLost(Exception):
+    """Stands in `TaskResult.errors` for an attempt that ended without an exception of
+    the task's own: its lease expired (the worker died or stalled) or staff revoked it."""
+
+
+# --- retry policy ---------------------------------------------------------------------
+
+_MAX_RETRIES_ATTR = "jobservice_max_retries"
+
+
+def retries(max_retries: int) -> Callable[[Callable], Callable]:
+    """Declare a task's retry budget; put it under @task:
+
+        @task
+        @retries(5)
+        def send_receipt(order_id): ...
+
+    Without it the backend's OPTIONS["MAX_RETRIES"] applies, else JOBS_MAX_RETRIES.
+    A task raises jobs.tasks.PermanentError to fail at once without a retry.
+    """
+
+    def mark(fn: Callable) -> Callable:
+        setattr(fn, _MAX_RETRIES_ATTR, max_retries)
+        return fn
+
+    return mark
+
+
+# --- idempotency ----------------------------------------------------------------------
+
+_idempotency_key: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "jobservice_idempotency_key", default=None
+)
+
+
+@contextlib.contextmanager
+def idempotency_key(key: str) -> Iterator[None]:
+    """Enqueue at most once per key: the Task API has no argument for it.
+
+        with idempotency_key(f"receipt-{order.pk}"):
+            send_receipt.enqueue(order.pk)
+
+    A repeat with the same arguments returns the first result; different arguments
+    under the same key raise jobs.submission.IdempotencyConflict.
+    """
+    token = _idempotency_key.set(key)
+    try:
+        yield
+    finally:
+        _idempotency_key.reset(token)
+
+
+# --- arguments ------------------------------------------------------------------------
+
+
+def _arguments(args: Iterable[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The payload, refused unless JSON gives back exactly what the task was called with
+    (tuples aside, which come back as lists as in every Tasks backend)."""
+    payload = {"args": list(args), "kwargs": dict(kwargs)}
+    try:
+        decoded = json.loads(json.dumps(payload, allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise InvalidTaskArguments(
+            f"task arguments must be JSON round-trippable: {exc}",
+            field="payload",
+            code="invalid_payload",
+        ) from exc
+    if decoded != _lists(payload):
+        raise InvalidTaskArguments(
+            "task arguments must be JSON round-trippable (e.g. dict keys must be strings)",
+            field="payload",
+            code="invalid_payload",
+        )
+    return decoded
+
+
+def _lists(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _lists(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_lists(v) for v in value]
+    return value
+
+
+# --- the worker side ------------------------------------------------------------------
+
+_handlers: dict[str, registry.Handler] = {}
+
+
+def _register(path: str) -> None:
+    """One handler per import path, registered once (Task.using() makes new Task
+    objects for the same function; they share it)."""
+    if path in _handlers:
+        return
+    _handlers[path] = handler = _handler_for(path)
+    registry.task(path)(handler)
+
+
+def _handler_for(path: str) -> registry.Handler:
+    def run(payload: dict[str, Any], ctx: registry.JobContext) -> Any:
+        from jobs.worker import check_result  # the worker's own rule; not loaded by the API
+
+        task = import_string(path)
+        backend = task.get_backend()
+        result = backend._result(Job.objects.get(pk=ctx.job_id), task)
+        object.__setattr__(result, "status", TaskResultStatus.RUNNING)
+        task_started.send(type(backend), task_result=result)
+        args, kwargs = payload.get("args", []), payload.get("kwargs", {})
+        try:
+            if task.takes_context:
+                value = task.call(TaskContext(task_result=result), *args, **kwargs)
+            else:
+                value = task.call(*args, **kwargs)
+            value = check_result(value)  # a value jsonb cannot hold fails the task for good
+        except Exception as exc:
+            final = isinstance(exc, registry.PermanentError) or ctx.attempt > _job_max_retries(
+                ctx.job_id
+            )
+            if final:  # no retry follows: the task is finished, as FAILED
+                object.__setattr__(result, "status", TaskResultStatus.FAILED)
+                object.__setattr__(result, "finished_at", timezone.now())
+                result.errors.append(
+                    TaskError(
+                        exception_class_path=_class_path(type(exc)),
+                        traceback=_traceback(exc),
+                    )
+                )
+                task_finished.send(type(backend), task_result=result)
+            raise
+        object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
+        object.__setattr__(result, "finished_at", timezone.now())
+        object.__setattr__(result, "_return_value", value)
+        task_finished.send(type(backend), task_result=result)
+        return value
+
+    run.__name__ = run.__qualname__ = f"run[{path}]"
+    return run
+
+
+def _job_max_retries(job_id: int) -> int:
+    return Job.objects.values_list("max_retries", flat=True).get(pk=job_id)
+
+
+def _class_path(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _traceback(exc: BaseException) -> str:
+    import traceback
+
+    return "".join(traceback.format_exception(exc))
+
+
+# --- errors from the history ----------------------------------------------------------
+
+_ERROR_TEXT_RE = re.compile(r"^([A-Za-z_][\w.]*): ")
+
+
+def _errors_from_history(events: list[JobEvent]) -> list[TaskError]:
+    """One TaskError per attempt that ended with an error, oldest first.
+
+    TRANSITIONAL, simplify after the merge that adds `error_class` and
+    `error_traceback` to JobEvent: read those two columns and drop the rest.
+    Until then only the error text exists ("ValueError: boom", the worker's
+    describe()), so the class path is recovered from the class name (exact for
+    built-in exceptions) and the traceback is that text.
+    """
+    out = []
+    for event in events:
+        if event.kind != JobEvent.TRANSITION or event.from_status != Status.PROCESSING:
+            continue
+        if not event.error:
+            continue
+        class_path = getattr(event, "error_class", None)
+        traceback_text = getattr(event, "error_traceback", None)
+        if class_path is None:
+            match = _ERROR_TEXT_RE.match(event.error)
+            if match is None:
+                class_path = _class_path(AttemptLost)
+            else:
+                name = match.group(1)
+                found = getattr(builtins, name, None)
+                is_builtin = isinstance(found, type) and issubclass(found, BaseException)
+                class_path = f"builtins.{name}" if is_builtin else name
+        out.append(
+            TaskError(exception_class_path=class_path, traceback=traceback_text or event.error)
+        )
+    return out
+
+
+# --- the backend ----------------------------------------------------------------------
+
+
+class JobServiceBackend(BaseTaskBackend):
+    """Tasks as jobservice jobs: durable, fenced, retried, reaped."""
+
+    supports_defer = True
+    supports_async_task = True
+    supports_get_result = True
+    supports_priority = True
+
+    def validate_task(self, task: Task) -> None:
+        super().validate_task(task)
+        _register(task.module_path)
+
+    def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
+        """Submit the task as a job in the caller's transaction; task_enqueued is sent
+        when that transaction commits (never for a task that was rolled back)."""
+        self.validate_task(task)
+        payload = _arguments(args, kwargs)
+        job, _ = submit(
+            task.module_path,
+            payload,
+            queue=task.queue_name,
+            priority=task.priority,
+            run_at=task.run_after,
+            max_retries=self._max_retries(task),
+            idempotency_key=_idempotency_key.get(),
+        )
+        result = self._result(job, task, events=[])
+        transaction.on_commit(lambda: task_enqueued.send(type(self), task_result=result))
+        return result
+
+    def get_result(self, result_id: str) -> TaskResult:
+        try:
+            job = Job.objects.get(pk=int(result_id))
+        except (ValueError, TypeError, Job.DoesNotExist) as exc:
+            raise TaskResultDoesNotExist(result_id) from exc
+        try:
+            task = import_string(job.task)
+        except ImportError as exc:
+            raise TaskResultDoesNotExist(result_id) from exc
+        if not isinstance(task, Task):  # an ordinary job, not a task of this framework
+            raise TaskResultDoesNotExist(result_id)
+        return self._result(job, task)
+
+    def check(self, **kwargs: Any) -> Iterable[checks.CheckMessage]:
+        declared = getattr(settings, "JOBS_QUEUES", None)
+        for queue in sorted(self.queues):
+            if not QUEUE_NAME_RE.match(queue):
+                yield checks.Error(
+                    f"TASKS[{self.alias!r}]['QUEUES'] holds {queue!r}, not a valid queue name",
+                    hint="1-100 characters of letters, digits, '_', '.', ':' or '-'.",
+                    id="jobs.E101",
+                )
+            elif declared is not None and queue not in declared:
+                yield checks.Error(
+                    f"TASKS[{self.alias!r}]['QUEUES'] holds {queue!r}, not in JOBS_QUEUES",
+                    hint="Declare the queue in JOBS_QUEUES or remove it from QUEUES.",
+                    id="jobs.E102",
+                )
+
+    def _max_retries(self, task: Task) -> int | None:
+        declared = getattr(task.func, _MAX_RETRIES_ATTR, None)
+        if declared is not None:
+            return declared
+        return self.options.get("MAX_RETRIES")
+
+    def _result(self, job: Job, task: Task, events: list[JobEvent] | None = None) -> TaskResult:
+        """The TaskResult of a job, its attempts read from the history."""
+        if events is None:
+            events = list(JobEvent.objects.filter(job_id=job.pk).order_by("id"))
+        claims = [
+            e for e in events if e.to_status == Status.PROCESSING and e.kind == JobEvent.TRANSITION
+        ]
+        if task.backend != self.alias:
+            task = task.using(backend=self.alias)
+        payload = job.payload if isinstance(job.payload, dict) else json.loads(job.payload)
+        result = TaskResult(
+            task=task,
+            id=str(job.pk),
+            status=STATUS_MAP[Status(job.status)],
+            enqueued_at=job.created_at,
+            started_at=claims[0].at if claims else None,
+            finished_at=job.finished_at,
+            last_attempted_at=claims[-1].at if claims else None,
+            args=payload.get("args", []),
+            kwargs=payload.get("kwargs", {}),
+            backend=self.alias,
+            errors=_errors_from_history(events),
+            worker_ids=[e.actor.removeprefix(WORKER_ACTOR_PREFIX) for e in claims],
+        )
+        if job.status == Status.DONE:
+            object.__setattr__(result, "_return_value", job.result)
+        return result
