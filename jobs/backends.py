@@ -21,6 +21,7 @@ import contextlib
 import contextvars
 import json
 import re
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -219,14 +220,15 @@ def _traceback(exc: BaseException) -> str:
 _ERROR_TEXT_RE = re.compile(r"^([A-Za-z_][\w.]*): ")
 
 
-def _errors_from_history(events: list[JobEvent]) -> list[TaskError]:
+def _errors_from_history(events: list[JobEvent], task: Task) -> list[TaskError]:
     """One TaskError per attempt that ended with an error, oldest first.
 
     TRANSITIONAL, simplify after the merge that adds `error_class` and
     `error_traceback` to JobEvent: read those two columns and drop the rest.
     Until then only the error text exists ("ValueError: boom", the worker's
-    describe()), so the class path is recovered from the class name (exact for
-    built-in exceptions) and the traceback is that text.
+    describe()), so the class path is recovered from the class name, looked up
+    among the built-ins and then in the task's module (exact for both), else left
+    bare; the traceback is that text.
     """
     out = []
     for event in events:
@@ -237,18 +239,25 @@ def _errors_from_history(events: list[JobEvent]) -> list[TaskError]:
         class_path = getattr(event, "error_class", None)
         traceback_text = getattr(event, "error_traceback", None)
         if class_path is None:
-            match = _ERROR_TEXT_RE.match(event.error)
-            if match is None:
-                class_path = _class_path(AttemptLost)
-            else:
-                name = match.group(1)
-                found = getattr(builtins, name, None)
-                is_builtin = isinstance(found, type) and issubclass(found, BaseException)
-                class_path = f"builtins.{name}" if is_builtin else name
+            class_path = _class_path_from_text(event.error, task)
         out.append(
             TaskError(exception_class_path=class_path, traceback=traceback_text or event.error)
         )
     return out
+
+
+def _class_path_from_text(error: str, task: Task) -> str:
+    """TRANSITIONAL (see _errors_from_history)."""
+    match = _ERROR_TEXT_RE.match(error)
+    if match is None:  # the reaper's or staff's words, not an exception of the task
+        return _class_path(AttemptLost)
+    name = match.group(1)
+    module = sys.modules.get(task.func.__module__)
+    for namespace in (builtins, module):
+        found = getattr(namespace, name, None)
+        if isinstance(found, type) and issubclass(found, BaseException):
+            return _class_path(found)
+    return name
 
 
 # --- the backend ----------------------------------------------------------------------
@@ -340,7 +349,7 @@ class JobServiceBackend(BaseTaskBackend):
             args=payload.get("args", []),
             kwargs=payload.get("kwargs", {}),
             backend=self.alias,
-            errors=_errors_from_history(events),
+            errors=_errors_from_history(events, task),
             worker_ids=[e.actor.removeprefix(WORKER_ACTOR_PREFIX) for e in claims],
         )
         if job.status == Status.DONE:
