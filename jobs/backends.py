@@ -294,17 +294,16 @@ class JobServiceBackend(BaseTaskBackend):
         return result
 
     def get_result(self, result_id: str) -> TaskResult:
+        """The job's TaskResult. Only paths registered by @task are imported, never a
+        string merely read from the table."""
         try:
             job = Job.objects.get(pk=int(result_id))
         except (ValueError, TypeError, Job.DoesNotExist) as exc:
             raise TaskResultDoesNotExist(result_id) from exc
-        try:
-            task = import_string(job.task)
-        except ImportError as exc:
-            raise TaskResultDoesNotExist(result_id) from exc
-        if not isinstance(task, Task):  # an ordinary job, not a task of this framework
+        registry.load()  # JOBS_TASK_MODULES: their @task functions register themselves
+        if job.task not in _handlers:  # an ordinary job, or a task this process never saw
             raise TaskResultDoesNotExist(result_id)
-        return self._result(job, task)
+        return self._result(job, import_string(job.task))
 
     def check(self, **kwargs: Any) -> Iterable[checks.CheckMessage]:
         declared = getattr(settings, "JOBS_QUEUES", None)

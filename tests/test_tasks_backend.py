@@ -194,7 +194,7 @@ def test_aenqueue_and_aget_result():
 def test_get_result_of_unknown_or_foreign_ids_raises():
     backend = task_backends["default"]
     plain, _ = services.submit("echo", {"x": 1})  # an ordinary job, not a Task's
-    for result_id in ("999999999", "not-a-number", str(plain.pk)):
+    for result_id in ("999999999", "not-a-number", "9" * 20, "-1", str(plain.pk)):
         with pytest.raises(TaskResultDoesNotExist):
             backend.get_result(result_id)
 
