@@ -166,7 +166,8 @@ def _handler_for(path: str) -> registry.Handler:
 
         task = import_string(path)
         backend = task.get_backend()
-        result = backend._result(Job.objects.get(pk=ctx.job_id), task)
+        job = Job.objects.get(pk=ctx.job_id)
+        result = backend._result(job, task)
         object.__setattr__(result, "status", TaskResultStatus.RUNNING)
         task_started.send(type(backend), task_result=result)
         args, kwargs = payload.get("args", []), payload.get("kwargs", {})
@@ -177,9 +178,7 @@ def _handler_for(path: str) -> registry.Handler:
                 value = task.call(*args, **kwargs)
             value = check_result(value)  # a value jsonb cannot hold fails the task for good
         except Exception as exc:
-            final = isinstance(exc, registry.PermanentError) or ctx.attempt > _job_max_retries(
-                ctx.job_id
-            )
+            final = isinstance(exc, registry.PermanentError) or ctx.attempt > job.max_retries
             if final:  # no retry follows: the task is finished, as FAILED
                 object.__setattr__(result, "status", TaskResultStatus.FAILED)
                 object.__setattr__(result, "finished_at", timezone.now())
@@ -199,10 +198,6 @@ def _handler_for(path: str) -> registry.Handler:
 
     run.__name__ = run.__qualname__ = f"run[{path}]"
     return run
-
-
-def _job_max_retries(job_id: int) -> int:
-    return Job.objects.values_list("max_retries", flat=True).get(pk=job_id)
 
 
 def _class_path(cls: type) -> str:

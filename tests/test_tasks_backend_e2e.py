@@ -195,6 +195,17 @@ def test_worker_killed_mid_task_completes_once_via_the_reaper(stack, signal_log,
     assert Job.objects.get(pk=job_id).lease_version == 3  # claim, reap, claim
 
 
+def test_task_longer_than_its_lease_keeps_it_by_heartbeats(stack, signal_log):
+    lease = {"JOBS_LEASE_SECONDS": "1"}
+    worker(stack, signal_log, **lease)
+    stack.reaper("--interval", "0.5", **lease)
+    result = app.nap.enqueue(3.0)
+    wait_until(lambda: finished(result), 30, message="nap finished")
+    assert result.status == TaskResultStatus.SUCCESSFUL and result.return_value == 3.0
+    assert result.attempts == 1 and result.errors == []
+    assert Job.objects.get(pk=int(result.id)).lease_version == 1  # never reaped
+
+
 def test_rolled_back_enqueue_never_runs(stack, signal_log, tmp_path):
     log = tmp_path / "ran.log"
     worker(stack, signal_log)

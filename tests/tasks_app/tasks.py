@@ -80,3 +80,9 @@ def slow_first_attempt(context: TaskContext, marker: str, seconds: float) -> dic
         Path(marker).write_text(str(os.getpid()))
         time.sleep(seconds)
     return {"attempt": context.attempt, "pid": os.getpid()}
+
+
+@task
+def nap(seconds: float) -> float:
+    time.sleep(seconds)
+    return seconds
