@@ -22,12 +22,13 @@ import contextvars
 import json
 import re
 import sys
+import traceback
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from django.conf import settings
 from django.core import checks
-from django.db import transaction
+from django.db import InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
@@ -162,42 +163,68 @@ def _register(path: str) -> None:
 
 def _handler_for(path: str) -> registry.Handler:
     def run(payload: dict[str, Any], ctx: registry.JobContext) -> Any:
-        from jobs.worker import check_result  # the worker's own rule; not loaded by the API
-
         task = import_string(path)
+        if not isinstance(task, Task):
+            raise registry.PermanentError(f"{path} is no longer a task")
         backend = task.get_backend()
-        job = Job.objects.get(pk=ctx.job_id)
+        job = _read_job(ctx.job_id)
         result = backend._result(job, task)
         object.__setattr__(result, "status", TaskResultStatus.RUNNING)
         task_started.send(type(backend), task_result=result)
-        args, kwargs = payload.get("args", []), payload.get("kwargs", {})
-        try:
-            if task.takes_context:
-                value = task.call(TaskContext(task_result=result), *args, **kwargs)
-            else:
-                value = task.call(*args, **kwargs)
-            value = check_result(value)  # a value jsonb cannot hold fails the task for good
-        except Exception as exc:
-            final = isinstance(exc, registry.PermanentError) or ctx.attempt > job.max_retries
-            if final:  # no retry follows: the task is finished, as FAILED
-                object.__setattr__(result, "status", TaskResultStatus.FAILED)
-                object.__setattr__(result, "finished_at", timezone.now())
-                result.errors.append(
-                    TaskError(
-                        exception_class_path=_class_path(type(exc)),
-                        traceback=_traceback(exc),
-                    )
-                )
-                task_finished.send(type(backend), task_result=result)
-            raise
-        object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
-        object.__setattr__(result, "finished_at", timezone.now())
-        object.__setattr__(result, "_return_value", value)
-        task_finished.send(type(backend), task_result=result)
-        return value
+        return _call(task, backend, job, result, payload, ctx)
 
     run.__name__ = run.__qualname__ = f"run[{path}]"
     return run
+
+
+def _read_job(job_id: int) -> Job:
+    """The job, on a fresh session if this handler thread's one is gone (ended while
+    idle by a restarted or failed-over PostgreSQL, or broken by the previous task):
+    handler threads keep their session between jobs, and a dead one must not cost
+    this task an attempt."""
+    try:
+        return Job.objects.get(pk=job_id)
+    except (OperationalError, InterfaceError):
+        connection.close()
+        return Job.objects.get(pk=job_id)
+
+
+def _call(
+    task: Task,
+    backend: BaseTaskBackend,
+    job: Job,
+    result: TaskResult,
+    payload: dict[str, Any],
+    ctx: registry.JobContext,
+) -> Any:
+    """Run the task function for one attempt; task_finished when no retry follows."""
+    from jobs.worker import check_result  # the worker's own rule; not loaded by the API
+
+    args, kwargs = payload.get("args", []), payload.get("kwargs", {})
+    try:
+        if task.takes_context:
+            value = task.call(TaskContext(task_result=result), *args, **kwargs)
+        else:
+            value = task.call(*args, **kwargs)
+        value = check_result(value)  # a value jsonb cannot hold fails the task for good
+    except Exception as exc:
+        final = isinstance(exc, registry.PermanentError) or ctx.attempt > job.max_retries
+        if final:  # no retry follows: the task is finished, as FAILED
+            object.__setattr__(result, "status", TaskResultStatus.FAILED)
+            object.__setattr__(result, "finished_at", timezone.now())
+            result.errors.append(
+                TaskError(
+                    exception_class_path=_class_path(type(exc)),
+                    traceback=_traceback(exc),
+                )
+            )
+            task_finished.send(type(backend), task_result=result)
+        raise
+    object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
+    object.__setattr__(result, "finished_at", timezone.now())
+    object.__setattr__(result, "_return_value", value)
+    task_finished.send(type(backend), task_result=result)
+    return value
 
 
 def _class_path(cls: type) -> str:
@@ -205,8 +232,6 @@ def _class_path(cls: type) -> str:
 
 
 def _traceback(exc: BaseException) -> str:
-    import traceback
-
     return "".join(traceback.format_exception(exc))
 
 

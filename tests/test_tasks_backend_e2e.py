@@ -9,7 +9,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 from django.test import override_settings
 from django.utils import timezone
 
@@ -204,6 +204,23 @@ def test_task_longer_than_its_lease_keeps_it_by_heartbeats(stack, signal_log):
     assert result.status == TaskResultStatus.SUCCESSFUL and result.return_value == 3.0
     assert result.attempts == 1 and result.errors == []
     assert Job.objects.get(pk=int(result.id)).lease_version == 1  # never reaped
+
+
+def test_task_after_its_database_session_was_terminated_runs_first_time(stack, signal_log):
+    """A handler thread whose session PostgreSQL ended gets a new one for the next task."""
+    worker(stack, signal_log, "--concurrency", "1")
+    before = app.add.enqueue(1, 1)
+    wait_until(lambda: finished(before), 20, message="first task ran")
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        assert cur.fetchone()[0] >= 1
+    after = app.add.enqueue(2, 2)
+    wait_until(lambda: finished(after), 20, message="second task ran")
+    assert after.status == TaskResultStatus.SUCCESSFUL and after.return_value == 4
+    assert after.attempts == 1 and after.errors == []
 
 
 def test_rolled_back_enqueue_never_runs(stack, signal_log, tmp_path):
