@@ -300,7 +300,7 @@ class JobServiceBackend(BaseTaskBackend):
         when that transaction commits (never for a task that was rolled back)."""
         self.validate_task(task)
         payload = _arguments(args, kwargs)
-        job, _ = submit(
+        job, created = submit(
             task.module_path,
             payload,
             queue=task.queue_name,
@@ -309,6 +309,8 @@ class JobServiceBackend(BaseTaskBackend):
             max_retries=self._max_retries(task),
             idempotency_key=_idempotency_key.get(),
         )
+        if not created:  # an idempotent replay: the first enqueue's result, as it is now
+            return self._result(job, task)
         result = self._result(job, task, events=[])
         transaction.on_commit(lambda: task_enqueued.send(type(self), task_result=result))
         return result

@@ -138,16 +138,28 @@ def test_backpressure_applies(settings):
     assert Job.objects.count() == 3
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 def test_idempotency_key_enqueues_once():
-    with idempotency_key("receipt-42"):
-        first = app.add.enqueue(4, 2)
-        again = app.add.enqueue(4, 2)
-        with pytest.raises(IdempotencyConflict):
-            app.add.enqueue(4, 3)
-    other = app.add.enqueue(4, 2)  # outside the block: no key
+    heard = []
+
+    def listen(sender, task_result, **kwargs):
+        heard.append(task_result.id)
+
+    task_enqueued.connect(listen)
+    try:
+        with idempotency_key("receipt-42"):
+            first = app.add.enqueue(4, 2)
+            services.claim("w-1", int(first.id))
+            again = app.add.enqueue(4, 2)
+            with pytest.raises(IdempotencyConflict):
+                app.add.enqueue(4, 3)
+        other = app.add.enqueue(4, 2)  # outside the block: no key
+    finally:
+        task_enqueued.disconnect(listen)
     assert first.id == again.id != other.id
     assert Job.objects.count() == 2
+    assert heard == [first.id, other.id]  # a replay enqueues nothing, so says nothing
+    assert (again.status, again.worker_ids) == (TaskResultStatus.RUNNING, ["w-1"])
 
 
 @pytest.mark.django_db(transaction=True)
