@@ -330,7 +330,7 @@ class JobServiceBackend(BaseTaskBackend):
     def check(self, **kwargs: Any) -> Iterable[checks.CheckMessage]:
         declared = getattr(settings, "JOBS_QUEUES", None)
         for queue in sorted(self.queues):
-            if not QUEUE_NAME_RE.match(queue):
+            if not QUEUE_NAME_RE.fullmatch(queue):
                 yield checks.Error(
                     f"TASKS[{self.alias!r}]['QUEUES'] holds {queue!r}, not a valid queue name",
                     hint="1-100 characters of letters, digits, '_', '.', ':' or '-'.",

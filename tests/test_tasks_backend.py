@@ -33,6 +33,8 @@ from tests.tasks_app import tasks as app
 TWO_QUEUES = {
     "default": {"BACKEND": "jobs.backends.JobServiceBackend", "QUEUES": ["default", "emails"]}
 }
+# The deployment's own allowlist of queues (JOBS_QUEUES), declaring both.
+BOTH_DECLARED = {"default": {}, "emails": {}}
 
 
 def redis_queue(name: str = "default") -> list[str]:
@@ -74,7 +76,9 @@ def test_task_priority_comes_from_the_decorator_and_the_retry_policy_sets_max_re
 
 @pytest.mark.django_db
 def test_backend_options_set_the_default_retry_budget():
-    options = {"default": {**TWO_QUEUES["default"], "OPTIONS": {"MAX_RETRIES": 7}}}
+    options = {
+        "default": {"BACKEND": "jobs.backends.JobServiceBackend", "OPTIONS": {"MAX_RETRIES": 7}}
+    }
     with override_settings(TASKS=options):
         assert Job.objects.get(pk=int(app.add.enqueue(1, 2).id)).max_retries == 7
         assert Job.objects.get(pk=int(app.always_fails.enqueue("x").id)).max_retries == 2
@@ -109,7 +113,7 @@ def test_tuples_come_back_as_lists():
 
 @pytest.mark.django_db
 def test_queue_names_are_checked_against_the_backends_queues():
-    with override_settings(TASKS=TWO_QUEUES):
+    with override_settings(TASKS=TWO_QUEUES, JOBS_QUEUES=BOTH_DECLARED):
         result = app.add.using(queue_name="emails").enqueue(1, 1)
         assert Job.objects.get(pk=int(result.id)).queue == "emails"
         with pytest.raises(InvalidTaskError, match="Queue 'reports' is not valid"):
@@ -250,13 +254,13 @@ def test_enqueue_failed_reads_as_ready_and_done_carries_the_return_value():
 
 def test_check_refuses_bad_queue_names():
     bad = {"default": {"BACKEND": "jobs.backends.JobServiceBackend", "QUEUES": ["ok", "no way"]}}
-    with override_settings(TASKS=bad):
+    with override_settings(TASKS=bad, JOBS_QUEUES={"ok": {}}):
         errors = list(task_backends["default"].check())
     assert [e.id for e in errors] == ["jobs.E101"]
     assert "'no way'" in errors[0].msg
-    with override_settings(TASKS=TWO_QUEUES):
+    with override_settings(TASKS=TWO_QUEUES, JOBS_QUEUES=BOTH_DECLARED):
         assert list(task_backends["default"].check()) == []
-    with override_settings(TASKS=TWO_QUEUES, JOBS_QUEUES=["default"]):
+    with override_settings(TASKS=TWO_QUEUES, JOBS_QUEUES={"default": {}}):
         assert [e.id for e in task_backends["default"].check()] == ["jobs.E102"]
     assert not any(e.id.startswith("jobs.E10") for e in checks.run_checks())
 

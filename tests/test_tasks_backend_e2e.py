@@ -156,19 +156,20 @@ def test_run_after_and_queue_names(stack, signal_log, tmp_path):
     two_queues = {
         "default": {"BACKEND": "jobs.backends.JobServiceBackend", "QUEUES": ["default", "emails"]}
     }
-    with override_settings(TASKS=two_queues):
+    declared = {"default": {}, "emails": {}}  # the deployment's allowlist (JOBS_QUEUES)
+    with override_settings(TASKS=two_queues, JOBS_QUEUES=declared):
         later = timezone.now() + timedelta(seconds=2)
         deferred = app.record.using(priority=100, run_after=later).enqueue(log, "deferred")
         now = app.record.enqueue(log, "now")
         email = app.record.using(queue_name="emails").enqueue(log, "email")
-    worker(stack, signal_log, "--queues", "default")
+    worker(stack, signal_log, "--queues", "default", JOBS_QUEUES=json.dumps(declared))
     wait_until(lambda: finished(deferred, now), 30, message="default queue drained")
 
     assert Path(log).read_text().split() == ["now", "deferred"]
     assert deferred.started_at >= later > now.finished_at
     email.refresh()
     assert email.status == TaskResultStatus.READY and email.worker_ids == []
-    worker(stack, signal_log, "--queues", "emails")
+    worker(stack, signal_log, "--queues", "emails", JOBS_QUEUES=json.dumps(declared))
     wait_until(lambda: finished(email), 20, message="emails queue drained")
     assert email.return_value == "email"
 
