@@ -64,6 +64,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "django_prometheus",
+    "django_tasks",  # the Tasks framework backport; Django 6 has it built in (django.tasks)
     "jobs",
     "demo",
     # Your own apps with models (e.g. the transactional tasks' tables): JOBS_EXTRA_APPS=myapp
@@ -158,6 +159,15 @@ JOBS_QUEUES = queues.parse(env.str("JOBS_QUEUES", default="") or queues.DEFAULT)
 # Where runworker/runreaper --metrics-port listen: this machine only unless told otherwise
 # (docker-compose sets 0.0.0.0 so Prometheus can reach the containers).
 JOBS_METRICS_HOST = env.str("JOBS_METRICS_HOST", default="127.0.0.1")
+# Django's Tasks framework runs on jobservice (jobs/backends.py). A @task's module must
+# also be in JOBS_TASK_MODULES so that runworker knows it.
+TASKS = {
+    "default": {
+        "BACKEND": "jobs.backends.JobServiceBackend",
+        "QUEUES": env.list("JOBS_TASKS_QUEUES", default=["default"]),
+        "OPTIONS": {},
+    }
+}
 
 # --- API ------------------------------------------------------------------------
 REST_FRAMEWORK = {

@@ -1,0 +1,349 @@
+"""jobservice as a backend for Django's Tasks framework (DEP 14).
+
+    TASKS = {"default": {"BACKEND": "jobs.backends.JobServiceBackend", "QUEUES": ["default"]}}
+
+A task enqueued here is an ordinary job: `enqueue` goes through
+`jobs.submission.submit` (validation, backpressure, idempotency, the caller's
+transaction, the Redis push after commit) and `runworker` runs it with the same
+fencing, heartbeats, retries, reaper and admin as any other job.
+
+The job's task name is the task's import path (e.g. `shop.tasks.send_receipt`):
+each @task of this backend registers one handler under that name in the task
+registry (jobs.tasks), so the admin, the metrics and the logs name the real task,
+and `runworker` runs it as soon as its module is in JOBS_TASK_MODULES.
+The payload holds the arguments: {"args": [...], "kwargs": {...}}.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import json
+import traceback
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from django.conf import settings
+from django.core import checks
+from django.db import InterfaceError, OperationalError, connection, transaction
+from django.utils import timezone
+from django.utils.module_loading import import_string
+
+from jobs import tasks as registry
+from jobs.lifecycle import Status
+from jobs.models import Job, JobEvent
+from jobs.submission import QUEUE_NAME_RE, InvalidSubmission, submit
+from jobs.tasks_compat import (
+    BaseTaskBackend,
+    Task,
+    TaskContext,
+    TaskError,
+    TaskResult,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+    task_enqueued,
+    task_finished,
+    task_started,
+)
+
+STATUS_MAP = {
+    Status.QUEUED: TaskResultStatus.READY,
+    Status.ENQUEUE_FAILED: TaskResultStatus.READY,
+    Status.PROCESSING: TaskResultStatus.RUNNING,
+    Status.DONE: TaskResultStatus.SUCCESSFUL,
+    Status.FAILED: TaskResultStatus.FAILED,
+}
+WORKER_ACTOR_PREFIX = "worker:"
+
+
+class InvalidTaskArguments(InvalidSubmission, TypeError):
+    """The arguments would not come back the same from JSON; nothing was enqueued."""
+
+
+class AttemptLost(Exception):
+    """Stands in `TaskResult.errors` for an attempt that ended without an exception of
+    the task's own: its lease expired (the worker died or stalled) or staff revoked it."""
+
+
+# --- retry policy ---------------------------------------------------------------------
+
+_MAX_RETRIES_ATTR = "jobservice_max_retries"
+
+
+def retries(max_retries: int) -> Callable[[Callable], Callable]:
+    """Declare a task's retry budget; put it under @task:
+
+        @task
+        @retries(5)
+        def send_receipt(order_id): ...
+
+    Without it the backend's OPTIONS["MAX_RETRIES"] applies, else JOBS_MAX_RETRIES.
+    A task raises jobs.tasks.PermanentError to fail at once without a retry.
+    """
+
+    def mark(fn: Callable) -> Callable:
+        setattr(fn, _MAX_RETRIES_ATTR, max_retries)
+        return fn
+
+    return mark
+
+
+# --- idempotency ----------------------------------------------------------------------
+
+_idempotency_key: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "jobservice_idempotency_key", default=None
+)
+
+
+@contextlib.contextmanager
+def idempotency_key(key: str) -> Iterator[None]:
+    """Enqueue at most once per key: the Task API has no argument for it.
+
+        with idempotency_key(f"receipt-{order.pk}"):
+            send_receipt.enqueue(order.pk)
+
+    A repeat with the same arguments returns the first result; different arguments
+    under the same key raise jobs.submission.IdempotencyConflict.
+    """
+    token = _idempotency_key.set(key)
+    try:
+        yield
+    finally:
+        _idempotency_key.reset(token)
+
+
+# --- arguments ------------------------------------------------------------------------
+
+
+def _arguments(args: Iterable[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The payload, refused unless JSON gives back exactly what the task was called with
+    (tuples aside, which come back as lists as in every Tasks backend)."""
+    payload = {"args": list(args), "kwargs": dict(kwargs)}
+    try:
+        decoded = json.loads(json.dumps(payload, allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise InvalidTaskArguments(
+            f"task arguments must be JSON round-trippable: {exc}",
+            field="payload",
+            code="invalid_payload",
+        ) from exc
+    if decoded != _lists(payload):
+        raise InvalidTaskArguments(
+            "task arguments must be JSON round-trippable (e.g. dict keys must be strings)",
+            field="payload",
+            code="invalid_payload",
+        )
+    return decoded
+
+
+def _lists(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _lists(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_lists(v) for v in value]
+    return value
+
+
+# --- the worker side ------------------------------------------------------------------
+
+_handlers: dict[str, registry.Handler] = {}
+
+
+def _register(path: str) -> None:
+    """One handler per import path, registered once (Task.using() makes new Task
+    objects for the same function; they share it)."""
+    if path in _handlers:
+        return
+    _handlers[path] = handler = _handler_for(path)
+    registry.task(path)(handler)
+
+
+def _handler_for(path: str) -> registry.Handler:
+    def run(payload: dict[str, Any], ctx: registry.JobContext) -> Any:
+        task = import_string(path)
+        if not isinstance(task, Task):
+            raise registry.PermanentError(f"{path} is no longer a task")
+        backend = task.get_backend()
+        job = _read_job(ctx.job_id)
+        result = backend._result(job, task)
+        object.__setattr__(result, "status", TaskResultStatus.RUNNING)
+        task_started.send(type(backend), task_result=result)
+        return _call(task, backend, job, result, payload, ctx)
+
+    run.__name__ = run.__qualname__ = f"run[{path}]"
+    return run
+
+
+def _read_job(job_id: int) -> Job:
+    """The job, on a fresh session if this handler thread's one is gone (ended while
+    idle by a restarted or failed-over PostgreSQL, or broken by the previous task):
+    handler threads keep their session between jobs, and a dead one must not cost
+    this task an attempt."""
+    try:
+        return Job.objects.get(pk=job_id)
+    except (OperationalError, InterfaceError):
+        connection.close()
+        return Job.objects.get(pk=job_id)
+
+
+def _call(
+    task: Task,
+    backend: BaseTaskBackend,
+    job: Job,
+    result: TaskResult,
+    payload: dict[str, Any],
+    ctx: registry.JobContext,
+) -> Any:
+    """Run the task function for one attempt; task_finished when no retry follows."""
+    from jobs.worker import check_result  # the worker's own rule; not loaded by the API
+
+    args, kwargs = payload.get("args", []), payload.get("kwargs", {})
+    try:
+        if task.takes_context:
+            value = task.call(TaskContext(task_result=result), *args, **kwargs)
+        else:
+            value = task.call(*args, **kwargs)
+        value = check_result(value)  # a value jsonb cannot hold fails the task for good
+    except Exception as exc:
+        final = isinstance(exc, registry.PermanentError) or ctx.attempt > job.max_retries
+        if final:  # no retry follows: the task is finished, as FAILED
+            object.__setattr__(result, "status", TaskResultStatus.FAILED)
+            object.__setattr__(result, "finished_at", timezone.now())
+            result.errors.append(
+                TaskError(
+                    exception_class_path=_class_path(type(exc)),
+                    traceback=_traceback(exc),
+                )
+            )
+            task_finished.send(type(backend), task_result=result)
+        raise
+    object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
+    object.__setattr__(result, "finished_at", timezone.now())
+    object.__setattr__(result, "_return_value", value)
+    task_finished.send(type(backend), task_result=result)
+    return value
+
+
+def _class_path(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _traceback(exc: BaseException) -> str:
+    return "".join(traceback.format_exception(exc))
+
+
+# --- errors from the history ----------------------------------------------------------
+
+def _errors_from_history(events: list[JobEvent]) -> list[TaskError]:
+    """One TaskError per attempt that ended with an error, oldest first: the exception's
+    class path and traceback as the worker stored them with the attempt (D29). An attempt
+    that ended without an exception of the task (a lease expiry, its worker gone, staff)
+    reads as AttemptLost, with the recorded error as its text."""
+    return [
+        TaskError(
+            exception_class_path=event.error_class or _class_path(AttemptLost),
+            traceback=event.error_traceback or event.error,
+        )
+        for event in events
+        if event.kind == JobEvent.TRANSITION
+        and event.from_status == Status.PROCESSING
+        and event.error
+    ]
+
+
+# --- the backend ----------------------------------------------------------------------
+
+
+class JobServiceBackend(BaseTaskBackend):
+    """Tasks as jobservice jobs: durable, fenced, retried, reaped."""
+
+    supports_defer = True
+    supports_async_task = True
+    supports_get_result = True
+    supports_priority = True
+
+    def validate_task(self, task: Task) -> None:
+        super().validate_task(task)
+        _register(task.module_path)
+
+    def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
+        """Submit the task as a job in the caller's transaction; task_enqueued is sent
+        when that transaction commits (never for a task that was rolled back)."""
+        self.validate_task(task)
+        payload = _arguments(args, kwargs)
+        job, created = submit(
+            task.module_path,
+            payload,
+            queue=task.queue_name,
+            priority=task.priority,
+            run_at=task.run_after,
+            max_retries=self._max_retries(task),
+            idempotency_key=_idempotency_key.get(),
+        )
+        if not created:  # an idempotent replay: the first enqueue's result, as it is now
+            return self._result(job, task)
+        result = self._result(job, task, events=[])
+        transaction.on_commit(lambda: task_enqueued.send(type(self), task_result=result))
+        return result
+
+    def get_result(self, result_id: str) -> TaskResult:
+        """The job's TaskResult. Only paths registered by @task are imported, never a
+        string merely read from the table."""
+        try:
+            job = Job.objects.get(pk=int(result_id))
+        except (ValueError, TypeError, Job.DoesNotExist) as exc:
+            raise TaskResultDoesNotExist(result_id) from exc
+        registry.load()  # JOBS_TASK_MODULES: their @task functions register themselves
+        if job.task not in _handlers:  # an ordinary job, or a task this process never saw
+            raise TaskResultDoesNotExist(result_id)
+        return self._result(job, import_string(job.task))
+
+    def check(self, **kwargs: Any) -> Iterable[checks.CheckMessage]:
+        declared = settings.JOBS_QUEUES
+        for queue in sorted(self.queues):
+            if not QUEUE_NAME_RE.fullmatch(queue):
+                yield checks.Error(
+                    f"TASKS[{self.alias!r}]['QUEUES'] holds {queue!r}, not a valid queue name",
+                    hint="1-100 characters of letters, digits, '_', '.', ':' or '-'.",
+                    id="jobs.E101",
+                )
+            elif queue not in declared:
+                yield checks.Error(
+                    f"TASKS[{self.alias!r}]['QUEUES'] holds {queue!r}, not in JOBS_QUEUES",
+                    hint="Declare the queue in JOBS_QUEUES or remove it from QUEUES.",
+                    id="jobs.E102",
+                )
+
+    def _max_retries(self, task: Task) -> int | None:
+        declared = getattr(task.func, _MAX_RETRIES_ATTR, None)
+        if declared is not None:
+            return declared
+        return self.options.get("MAX_RETRIES")
+
+    def _result(self, job: Job, task: Task, events: list[JobEvent] | None = None) -> TaskResult:
+        """The TaskResult of a job, its attempts read from the history."""
+        if events is None:
+            events = list(JobEvent.objects.filter(job_id=job.pk).order_by("id"))
+        claims = [
+            e for e in events if e.to_status == Status.PROCESSING and e.kind == JobEvent.TRANSITION
+        ]
+        if task.backend != self.alias:
+            task = task.using(backend=self.alias)
+        payload = job.payload if isinstance(job.payload, dict) else json.loads(job.payload)
+        result = TaskResult(
+            task=task,
+            id=str(job.pk),
+            status=STATUS_MAP[Status(job.status)],
+            enqueued_at=job.created_at,
+            started_at=claims[0].at if claims else None,
+            finished_at=job.finished_at,
+            last_attempted_at=claims[-1].at if claims else None,
+            args=payload.get("args", []),
+            kwargs=payload.get("kwargs", {}),
+            backend=self.alias,
+            errors=_errors_from_history(events),
+            worker_ids=[e.actor.removeprefix(WORKER_ACTOR_PREFIX) for e in claims],
+        )
+        if job.status == Status.DONE:
+            object.__setattr__(result, "_return_value", job.result)
+        return result

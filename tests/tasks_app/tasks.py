@@ -1,0 +1,88 @@
+"""@task functions of the sample app, written against the Django Tasks API only
+(plus jobservice's retry policy). The tests enqueue them and `runworker` runs them."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+
+from jobs.backends import retries
+from jobs.tasks import PermanentError
+from jobs.tasks_compat import TaskContext, task
+from tests.tasks_app import signals  # noqa: F401  (the receivers)
+
+
+@task
+def add(a: int, b: int) -> int:
+    return a + b
+
+
+@task(priority=10)
+def echo(*args, **kwargs) -> dict:
+    return {"args": list(args), "kwargs": kwargs}
+
+
+@task
+async def async_add(a: int, b: int) -> dict:
+    await asyncio.sleep(0.01)
+    loop = asyncio.get_running_loop()
+    return {"sum": a + b, "ran_in_loop": loop.is_running()}
+
+
+@task(takes_context=True)
+def whoami(context: TaskContext, note: str) -> dict:
+    r = context.task_result
+    return {
+        "id": r.id,
+        "attempt": context.attempt,
+        "worker_ids": r.worker_ids,
+        "note": note,
+    }
+
+
+@task
+@retries(1)
+def flaky_once(marker: str) -> str:
+    """Fails its first attempt (ValueError), succeeds on the retry."""
+    path = Path(marker)
+    if not path.exists():
+        path.write_text("failed once")
+        raise ValueError("first attempt fails")
+    return "second attempt"
+
+
+@task
+@retries(2)
+def always_fails(message: str) -> None:
+    raise KeyError(message)
+
+
+@task
+def refuses(message: str) -> None:
+    raise PermanentError(message)
+
+
+@task
+def record(log: str, label: str) -> str:
+    """Appends `label` to the file `log`: the order tasks ran in."""
+    with open(log, "a") as f:
+        f.write(label + "\n")
+    return label
+
+
+@task(takes_context=True)
+def slow_first_attempt(context: TaskContext, marker: str, seconds: float) -> dict:
+    """The first attempt writes `marker` (its pid) and sleeps `seconds`; a later one
+    returns at once. Killing the first worker leaves the rest to the reaper."""
+    if context.attempt == 1:
+        Path(marker).write_text(str(os.getpid()))
+        time.sleep(seconds)
+    return {"attempt": context.attempt, "pid": os.getpid()}
+
+
+@task
+def nap(seconds: float) -> float:
+    time.sleep(seconds)
+    return seconds

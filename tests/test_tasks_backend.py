@@ -1,0 +1,284 @@
+"""jobservice as the Django Tasks backend, in this process against the real PostgreSQL
+and Redis: enqueue, refusals, get_result, transactions, signals, the admin.
+Running the tasks through runworker is in test_tasks_backend_e2e.py."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.contrib.auth.models import User
+from django.core import checks
+from django.db import connections, transaction
+from django.test import override_settings
+from django.urls import reverse
+from django.utils import timezone
+
+from jobs import services
+from jobs.backends import InvalidTaskArguments, JobServiceBackend, idempotency_key
+from jobs.models import Job
+from jobs.submission import IdempotencyConflict, QueueFull, clear_depth_cache
+from jobs.tasks_compat import (
+    InvalidTaskError,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+    task_backends,
+    task_enqueued,
+)
+from jobs.transport import get_transport
+from tests.tasks_app import tasks as app
+
+TWO_QUEUES = {
+    "default": {"BACKEND": "jobs.backends.JobServiceBackend", "QUEUES": ["default", "emails"]}
+}
+# The deployment's own allowlist of queues (JOBS_QUEUES), declaring both.
+BOTH_DECLARED = {"default": {}, "emails": {}}
+
+
+def redis_queue(name: str = "default") -> list[str]:
+    t = get_transport()
+    return [i.decode() for i in t._client.lrange(f"{t.prefix}q:{name}", 0, -1)]
+
+
+def test_backend_declares_what_it_supports():
+    backend = task_backends["default"]
+    assert isinstance(backend, JobServiceBackend)
+    assert backend.supports_defer and backend.supports_async_task
+    assert backend.supports_get_result and backend.supports_priority
+
+
+@pytest.mark.django_db
+def test_enqueue_creates_a_queued_job_named_by_the_import_path():
+    run_after = timezone.now() + timedelta(minutes=5)
+    result = app.add.using(priority=-7, run_after=run_after).enqueue(2, b=3)
+    job = Job.objects.get(pk=int(result.id))
+    assert job.task == "tests.tasks_app.tasks.add"
+    assert job.payload == {"args": [2], "kwargs": {"b": 3}}
+    assert (job.status, job.queue, job.priority, job.run_at) == ("queued", "default", -7, run_after)
+    assert result.status == TaskResultStatus.READY
+    assert (result.args, result.kwargs, result.backend) == ([2], {"b": 3}, "default")
+    assert result.enqueued_at == job.created_at
+    assert result.task.func is app.add.func
+    assert (result.worker_ids, result.errors, result.started_at) == ([], [], None)
+    with pytest.raises(ValueError, match="not finished"):
+        _ = result.return_value
+
+
+@pytest.mark.django_db
+def test_task_priority_comes_from_the_decorator_and_the_retry_policy_sets_max_retries(settings):
+    echo = Job.objects.get(pk=int(app.echo.enqueue().id))
+    assert echo.priority == 10
+    assert echo.max_retries == settings.JOBS_MAX_RETRIES
+    assert Job.objects.get(pk=int(app.flaky_once.enqueue("x").id)).max_retries == 1
+
+
+@pytest.mark.django_db
+def test_backend_options_set_the_default_retry_budget():
+    options = {
+        "default": {"BACKEND": "jobs.backends.JobServiceBackend", "OPTIONS": {"MAX_RETRIES": 7}}
+    }
+    with override_settings(TASKS=options):
+        assert Job.objects.get(pk=int(app.add.enqueue(1, 2).id)).max_retries == 7
+        assert Job.objects.get(pk=int(app.always_fails.enqueue("x").id)).max_retries == 2
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "args, kwargs",
+    [
+        ((timezone.now(),), {}),  # not JSON at all
+        ((b"bytes",), {}),
+        ((), {"n": float("nan")}),  # JSON, but not what jsonb stores
+        (({1: "int key"},), {}),  # comes back with a string key
+        ((), {"s": {1, 2}}),
+    ],
+)
+def test_arguments_that_do_not_round_trip_through_json_are_refused(args, kwargs):
+    with pytest.raises(InvalidTaskArguments, match="JSON round-trippable") as caught:
+        app.echo.enqueue(*args, **kwargs)
+    assert isinstance(caught.value, TypeError)  # what a framework caller may catch
+    assert not Job.objects.exists()
+
+
+@pytest.mark.django_db
+def test_tuples_come_back_as_lists():
+    result = app.echo.enqueue((1, 2), pair=(3, 4))
+    assert Job.objects.get(pk=int(result.id)).payload == {
+        "args": [[1, 2]],
+        "kwargs": {"pair": [3, 4]},
+    }
+
+
+@pytest.mark.django_db
+def test_queue_names_are_checked_against_the_backends_queues():
+    with override_settings(TASKS=TWO_QUEUES, JOBS_QUEUES=BOTH_DECLARED):
+        result = app.add.using(queue_name="emails").enqueue(1, 1)
+        assert Job.objects.get(pk=int(result.id)).queue == "emails"
+        with pytest.raises(InvalidTaskError, match="Queue 'reports' is not valid"):
+            app.add.using(queue_name="reports").enqueue(1, 1)
+    with pytest.raises(InvalidTaskError, match="Queue 'emails' is not valid"):
+        app.add.using(queue_name="emails")
+    assert Job.objects.count() == 1
+
+
+@pytest.mark.django_db
+def test_priority_out_of_range_is_refused():
+    with pytest.raises(InvalidTaskError, match="priority"):
+        app.add.using(priority=101)
+
+
+@pytest.mark.django_db
+def test_backpressure_applies(settings):
+    settings.JOBS_MAX_QUEUE_DEPTH = 2
+    clear_depth_cache()
+    for _ in range(3):
+        app.add.enqueue(1, 1)
+    clear_depth_cache()
+    with pytest.raises(QueueFull):
+        app.add.enqueue(1, 1)
+    clear_depth_cache()
+    assert Job.objects.count() == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_idempotency_key_enqueues_once():
+    heard = []
+
+    def listen(sender, task_result, **kwargs):
+        heard.append(task_result.id)
+
+    task_enqueued.connect(listen)
+    try:
+        with idempotency_key("receipt-42"):
+            first = app.add.enqueue(4, 2)
+            services.claim("w-1", int(first.id))
+            again = app.add.enqueue(4, 2)
+            with pytest.raises(IdempotencyConflict):
+                app.add.enqueue(4, 3)
+        other = app.add.enqueue(4, 2)  # outside the block: no key
+    finally:
+        task_enqueued.disconnect(listen)
+    assert first.id == again.id != other.id
+    assert Job.objects.count() == 2
+    assert heard == [first.id, other.id]  # a replay enqueues nothing, so says nothing
+    assert (again.status, again.worker_ids) == (TaskResultStatus.RUNNING, ["w-1"])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_rolled_back_enqueue_leaves_no_job_no_push_no_signal():
+    heard = []
+
+    def listen(sender, task_result, **kwargs):
+        heard.append(task_result.id)
+
+    task_enqueued.connect(listen)
+    try:
+        with pytest.raises(RuntimeError), transaction.atomic():
+            result = app.add.enqueue(1, 2)
+            assert Job.objects.filter(pk=int(result.id)).exists()
+            raise RuntimeError("the caller's change fails")
+        assert not Job.objects.exists()
+        assert redis_queue() == []
+        assert heard == []
+
+        with transaction.atomic():
+            kept = app.add.enqueue(1, 2)
+            assert redis_queue() == [] and heard == []  # both wait for the commit
+        assert redis_queue() == [kept.id]
+        assert heard == [kept.id]
+    finally:
+        task_enqueued.disconnect(listen)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_aenqueue_and_aget_result():
+    async def go():
+        result = await app.async_add.aenqueue(1, 2)
+        fetched = await app.async_add.aget_result(result.id)
+        # The shared thread sync_to_async ran them in keeps a connection: close it.
+        await sync_to_async(connections.close_all, thread_sensitive=True)()
+        return result, fetched
+
+    result, fetched = asyncio.run(go())
+    assert fetched.id == result.id and fetched.status == TaskResultStatus.READY
+    assert Job.objects.get(pk=int(result.id)).task == "tests.tasks_app.tasks.async_add"
+
+
+@pytest.mark.django_db
+def test_get_result_of_unknown_or_foreign_ids_raises():
+    backend = task_backends["default"]
+    plain, _ = services.submit("echo", {"x": 1})  # an ordinary job, not a Task's
+    for result_id in ("999999999", "not-a-number", "9" * 20, "-1", str(plain.pk)):
+        with pytest.raises(TaskResultDoesNotExist):
+            backend.get_result(result_id)
+
+
+@pytest.mark.django_db
+def test_status_mapping_and_history_fields(sql):
+    result = app.always_fails.enqueue("boom")
+    job_id = int(result.id)
+    lease = services.claim("w-1", job_id)
+    assert app.always_fails.get_result(result.id).status == TaskResultStatus.RUNNING
+    # As the worker writes a failed attempt: text, exception class and traceback.
+    tb = "Traceback (most recent call last):\n  ...\nKeyError: 'boom'\n"
+    services.fail([(lease, "KeyError: 'boom'", False, "builtins.KeyError", tb)])
+    sql("UPDATE jobs_job SET run_at = now() WHERE id = %s", [job_id])
+    lease = services.claim("w-2", job_id)
+    services.fail([(lease, "KeyError: 'boom'", True, "builtins.KeyError", tb)])
+
+    fetched = app.always_fails.get_result(result.id)
+    job = Job.objects.get(pk=job_id)
+    assert fetched.status == TaskResultStatus.FAILED
+    assert fetched.worker_ids == ["w-1", "w-2"] and fetched.attempts == 2
+    assert fetched.finished_at == job.finished_at is not None
+    # one test transaction: now() is the same instant throughout
+    assert fetched.started_at <= fetched.last_attempted_at <= fetched.finished_at
+    assert [e.exception_class_path for e in fetched.errors] == ["builtins.KeyError"] * 2
+    assert fetched.errors[0].exception_class is KeyError
+    assert "boom" in fetched.errors[-1].traceback
+    with pytest.raises(ValueError, match="failed"):
+        _ = fetched.return_value
+
+
+@pytest.mark.django_db
+def test_enqueue_failed_reads_as_ready_and_done_carries_the_return_value():
+    result = app.add.enqueue(2, 2)
+    services.mark_enqueue_failed([int(result.id)], reason="redis down")
+    assert result.task.get_result(result.id).status == TaskResultStatus.READY
+    services.repair_enqueue_failed(job_ids=[int(result.id)])
+    lease = services.claim("w-1", int(result.id))
+    services.complete([(lease, 4)])
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL and result.return_value == 4
+
+
+def test_check_refuses_bad_queue_names():
+    bad = {"default": {"BACKEND": "jobs.backends.JobServiceBackend", "QUEUES": ["ok", "no way"]}}
+    with override_settings(TASKS=bad, JOBS_QUEUES={"ok": {}}):
+        errors = list(task_backends["default"].check())
+    assert [e.id for e in errors] == ["jobs.E101"]
+    assert "'no way'" in errors[0].msg
+    with override_settings(TASKS=TWO_QUEUES, JOBS_QUEUES=BOTH_DECLARED):
+        assert list(task_backends["default"].check()) == []
+    with override_settings(TASKS=TWO_QUEUES, JOBS_QUEUES={"default": {}}):
+        assert [e.id for e in task_backends["default"].check()] == ["jobs.E102"]
+    assert not any(e.id.startswith("jobs.E10") for e in checks.run_checks())
+
+
+@pytest.mark.django_db
+def test_admin_lists_and_shows_task_jobs_by_import_path(client):
+    user = User.objects.create_user("staff", is_staff=True, password="x")
+    from django.contrib.auth.models import Permission
+
+    user.user_permissions.add(Permission.objects.get(codename="view_job"))
+    client.force_login(user)
+    result = app.add.enqueue(20, 22)
+    listing = client.get(reverse("admin:jobs_job_changelist"))
+    assert listing.status_code == 200
+    assert "tests.tasks_app.tasks.add" in listing.content.decode()
+    detail = client.get(reverse("admin:jobs_job_change", args=[int(result.id)]))
+    assert detail.status_code == 200
+    page = detail.content.decode()
+    assert "tests.tasks_app.tasks.add" in page and "22" in page
