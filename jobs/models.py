@@ -88,6 +88,12 @@ class Job(models.Model):
     updated_by = models.CharField(
         max_length=250, null=True, blank=True, help_text="Actor of the latest write."
     )
+    # What the running handler last reported ({"done", "total", "message", "updated_at"}),
+    # written with the fenced heartbeat; cleared by the claim of a new attempt.
+    progress = models.JSONField(null=True, blank=True)
+    # A cancel asked of a processing job: the worker stops the handler at its next
+    # heartbeat; a requeue with a request pending ends the job instead (lifecycle).
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "jobs_job"
@@ -97,6 +103,7 @@ class Job(models.Model):
             ("repair_job", "Can repair enqueue_failed jobs"),
             ("revoke_job", "Can revoke the lease of processing jobs"),
             ("cancel_job", "Can cancel jobs that have not started"),
+            ("cancel_running_job", "Can ask running jobs to stop (cancel running)"),
         ]
         constraints = [
             models.CheckConstraint(name="job_status_valid", condition=Q(status__in=STATUSES)),
@@ -173,11 +180,13 @@ class Job(models.Model):
 
 
 class JobEvent(models.Model):
-    """Append-only history: one row per transition (written by a database trigger)
-    and one per rejected stale write (written by the worker that was fenced off)."""
+    """Append-only history: one row per transition (written by a database trigger),
+    one per rejected stale write (written by the worker that was fenced off) and one
+    per cancel request for a running job (written with the request)."""
 
     TRANSITION = "transition"
     FENCE_REJECTED = "fence_rejected"
+    CANCEL_REQUESTED = "cancel_requested"
 
     id = models.BigAutoField(primary_key=True)
     job = models.ForeignKey(
