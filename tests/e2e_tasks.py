@@ -89,3 +89,22 @@ def card_declined(payload: Any, ctx: JobContext) -> Any:
 def value_error(payload: Any, ctx: JobContext) -> Any:
     """Fails with a retryable error on every attempt."""
     raise ValueError(f"attempt {ctx.attempt} broke")
+
+
+@task("e2e.progress")
+def progress(payload: Any, ctx: JobContext) -> Any:
+    """Reports progress `steps` times over `seconds`, its lease version in the message;
+    stops early (and is cancelled) when told to."""
+    steps, seconds = int(payload["steps"]), float(payload["seconds"])
+    for i in range(1, steps + 1):
+        if not ctx.sleep(seconds / steps):
+            return {"stopped_at": i}
+        ctx.progress(i, steps, f"lv{ctx.lease_version} step {i}")
+    return {"steps": steps}
+
+
+@task("e2e.ignore_cancel")
+def ignore_cancel(payload: Any, ctx: JobContext) -> Any:
+    """Sleeps without ever looking at ctx.stop: a cancel request comes too late for it."""
+    time.sleep(float(payload["seconds"]))
+    return {"ignored": True}
