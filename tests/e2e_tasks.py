@@ -108,3 +108,14 @@ def ignore_cancel(payload: Any, ctx: JobContext) -> Any:
     """Sleeps without ever looking at ctx.stop: a cancel request comes too late for it."""
     time.sleep(float(payload["seconds"]))
     return {"ignored": True}
+
+
+@task("e2e.tx_then_wait", transactional=True)
+def tx_then_wait(payload: Any, ctx: JobContext) -> Any:
+    """Transactional: writes an Effect row, then works until told to stop and returns."""
+    from demo.models import Effect
+
+    Effect.objects.create(job_id=ctx.job_id, lease_version=ctx.lease_version,
+                          worker_id=ctx.worker_id)  # fmt: skip
+    ctx.sleep(float(payload["seconds"]))
+    return {"cancelled": ctx.cancelled}

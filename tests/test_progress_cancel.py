@@ -93,6 +93,19 @@ def test_context_keeps_only_the_latest_report_and_refuses_bad_numbers():
     assert progress(lease.job_id)["message"] == "nul and lone ?"
 
 
+def test_a_cancel_counts_as_seen_only_once_the_handler_looks():
+    ctx = JobContext(1, 1, 1, W, "default", "t")
+    assert not ctx.stop.is_set() and not ctx.cancelled
+    ctx.request_cancel()
+    assert not ctx.cancel_seen  # set, but nobody looked: a finished handler ends done
+    assert ctx.stop.wait(0)
+    assert ctx.cancel_seen
+    other = JobContext(2, 1, 1, W, "default", "t")
+    other.request_cancel()
+    assert other.cancelled and other.cancel_seen
+    assert not other.sleep(0)  # ctx.sleep wakes at once once stopped
+
+
 # --- cancel requests ------------------------------------------------------------------
 
 

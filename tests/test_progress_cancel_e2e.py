@@ -146,6 +146,19 @@ def test_a_handler_that_ignores_the_cancel_ends_done_and_the_api_says_too_late(s
     assert body["cancel_too_late"] is True and body["cancel_requested_at"]
 
 
+def test_a_cancelled_transactional_handler_rolls_back_its_writes(stack, api):
+    from demo.models import Effect
+
+    pk = submit(api, "e2e.tx_then_wait", {"seconds": 30})
+    stack.worker("--concurrency", "1", JOBS_TASK_MODULES=TASKS, JOBS_LEASE_SECONDS="3")
+    wait_until(lambda: job_row(pk)["status"] == "processing", 20, message="claimed")
+    assert api.post(f"/api/v1/jobs/{pk}/cancel/").status_code == 202
+    wait_until(lambda: job_row(pk)["status"] == "failed", 15, message="cancelled")
+    row = job_row(pk)
+    assert (row["error"], row["result"], row["retry_count"]) == ("cancelled", None, 0)
+    assert not Effect.objects.filter(job_id=pk).exists()  # its write rolled back
+
+
 def test_a_cancel_survives_kill_9_and_the_reaper_never_runs_the_job_again(stack, api):
     pk = submit(api, "sleep", {"seconds": 30})
     first = stack.worker("--concurrency", "1", JOBS_LEASE_SECONDS="3")
