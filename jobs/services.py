@@ -252,7 +252,6 @@ def submit(
     # Counted when the caller's transaction commits: a rolled-back job never existed.
     transaction.on_commit(metrics.SUBMITTED.labels(queue, task).inc)
     if due:
-
         def parked(ids: list[int]) -> None:
             if job.pk in ids:  # callers reading the job after commit see the parked state
                 job.status = ENQUEUE_FAILED
