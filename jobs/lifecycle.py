@@ -30,7 +30,7 @@ TRANSITIONS: frozenset[tuple[Status, Status]] = frozenset(
         (Status.QUEUED, Status.PROCESSING),  # worker: claim
         (Status.PROCESSING, Status.DONE),  # worker: fenced final write
         (Status.PROCESSING, Status.QUEUED),  # retry, lease expired, release, revoke
-        (Status.PROCESSING, Status.FAILED),  # budget exhausted, permanent error
+        (Status.PROCESSING, Status.FAILED),  # budget exhausted, permanent error, cancelled
         (Status.QUEUED, Status.FAILED),  # over budget, cancel
         (Status.ENQUEUE_FAILED, Status.FAILED),  # over budget, cancel
         (Status.FAILED, Status.QUEUED),  # staff only: manual retry

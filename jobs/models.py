@@ -128,6 +128,13 @@ class Job(models.Model):
                 condition=(Q(status__in=sorted(TERMINAL)) & Q(finished_at__isnull=False))
                 | (~Q(status__in=sorted(TERMINAL)) & Q(finished_at__isnull=True)),
             ),
+            # A cancel request lives only on a running (or finished) job: a job that
+            # waits for an attempt with one pending would be claimed and run.
+            models.CheckConstraint(
+                name="job_waiting_has_no_cancel_request",
+                condition=~Q(status__in=[Status.QUEUED.value, Status.ENQUEUE_FAILED.value])
+                | Q(cancel_requested_at__isnull=True),
+            ),
             models.CheckConstraint(name="job_retry_count_nonneg", condition=Q(retry_count__gte=0)),
             models.CheckConstraint(
                 name="job_lease_version_nonneg", condition=Q(lease_version__gte=0)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from django.db import IntegrityError, transaction
 
 from jobs import services
 from jobs.models import Job, JobEvent
@@ -192,6 +193,15 @@ def test_a_released_or_revoked_job_with_a_pending_cancel_ends_cancelled():
     revoked = _requested()
     assert services.revoke([revoked.job_id], actor="staff:s") == [revoked.job_id]
     _ended_cancelled(revoked.job_id, "staff:s")
+
+
+def test_a_waiting_job_cannot_carry_a_cancel_request():
+    """The database refuses the state the claim must never see, whoever writes it."""
+    for status in ("queued", "enqueue_failed"):
+        job = JobFactory.create(status=status)
+        with pytest.raises(IntegrityError, match="job_waiting_has_no_cancel_request"):
+            with transaction.atomic():
+                raw("UPDATE jobs_job SET cancel_requested_at = now() WHERE id = %s", [job.pk])
 
 
 def test_a_job_without_a_request_is_still_retried():
