@@ -40,6 +40,7 @@ from jobs import selectors, services
 from jobs import tasks as task_registry
 from jobs.lifecycle import Status
 from jobs.models import Client, Job, JobEvent
+from jobs.selectors import progress_of
 
 BADGE_COLOURS = {
     Status.QUEUED: "#1f6feb",
@@ -295,6 +296,23 @@ REVOKE = StaffAction(
     ),
     service=services.revoke,
 )
+CANCEL_RUNNING = StaffAction(
+    name="cancel_running_jobs",
+    permission="cancel_running",
+    label="Cancel running jobs (ask the handler to stop)",
+    button="Cancel running",
+    verb="asked to stop",
+    eligible=(Status.PROCESSING,),
+    skip_reason="not processing",
+    explanation=(
+        "Each processing job gets a cancel request: its worker tells the handler at its "
+        "next heartbeat (within a third of the lease). A handler that stops ends failed "
+        'with the error "cancelled"; one that finishes anyway ends done (the cancel came '
+        "too late). A retry or an expired lease never runs it again. The lease is not "
+        "revoked. Jobs that are not processing are left alone."
+    ),
+    service=services.staff_cancel_running,
+)
 CANCEL = StaffAction(
     name="cancel_jobs",
     permission="cancel",
@@ -310,7 +328,7 @@ CANCEL = StaffAction(
     ),
     service=services.cancel,
 )
-STAFF_ACTIONS: tuple[StaffAction, ...] = (RETRY, REPAIR, REVOKE, CANCEL)
+STAFF_ACTIONS: tuple[StaffAction, ...] = (RETRY, REPAIR, REVOKE, CANCEL_RUNNING, CANCEL)
 
 
 def staff_actor(request: HttpRequest) -> str:
@@ -392,6 +410,7 @@ class JobAdmin(admin.ModelAdmin):
     list_display = (
         "id",
         "status_badge",
+        "progress_bar",
         "task",
         "queue",
         "priority",
@@ -426,6 +445,7 @@ class JobAdmin(admin.ModelAdmin):
             "Lease",
             {"fields": ("lease_version", "owned_by", "claimed", "heartbeat", "heartbeat_age")},
         ),
+        ("Progress", {"fields": ("progress_detail", "cancel_requested")}),
         ("Retries", {"fields": ("retries", "max_retries", "run", "error_text")}),
         ("Times", {"fields": ("created", "updated", "finished", "in_state", "updated_by")}),
         ("Payload", {"fields": ("payload_pretty",)}),
@@ -458,6 +478,9 @@ class JobAdmin(admin.ModelAdmin):
 
     def has_cancel_permission(self, request) -> bool:
         return request.user.has_perm("jobs.cancel_job")
+
+    def has_cancel_running_permission(self, request) -> bool:
+        return request.user.has_perm("jobs.cancel_running_job")
 
     def get_queryset(self, request):
         # Ages from the database clock, like every other time in the system.
@@ -523,6 +546,48 @@ class JobAdmin(admin.ModelAdmin):
             obj.error[:LAST_ERROR_TITLE_CHARS],
             truncate(obj.error, LAST_ERROR_CHARS),
         )
+
+    @admin.display(description="progress")
+    def progress_bar(self, obj: Job) -> str:
+        """A bar for processing jobs that reported a total; the count alone otherwise."""
+        if obj.status != Status.PROCESSING:
+            return ""
+        report = progress_of(obj)
+        if report is None:
+            return "—"
+        if report["fraction"] is None:
+            return f"{report['done']:g}"
+        return format_html(
+            '<progress class="job-progress" value="{}" max="1" title="{}"></progress> {}%',
+            report["fraction"],
+            report["message"],
+            round(report["fraction"] * 100),
+        )
+
+    @admin.display(description="progress")
+    def progress_detail(self, obj: Job) -> str:
+        report = progress_of(obj)
+        if report is None:
+            return "—"
+        total = "?" if report["total"] is None else f"{report['total']:g}"
+        share = "" if report["fraction"] is None else f" ({report['fraction']:.0%})"
+        return format_html(
+            '<div class="job-progress-count">{} of {}{}</div>'
+            '<div class="job-progress-message">{}</div>'
+            '<div class="job-progress-at">reported at {}</div>',
+            f"{report['done']:g}",
+            total,
+            share,
+            report["message"] or "—",
+            report["updated_at"] or "—",
+        )
+
+    @admin.display(description="cancel requested at")
+    def cancel_requested(self, obj: Job) -> str:
+        if obj.cancel_requested_at is None:
+            return "—"
+        late = " — the handler finished anyway (too late)" if obj.status == Status.DONE else ""
+        return iso_time(obj.cancel_requested_at) + late
 
     @admin.display(description="age", ordering="id")  # submission order, on the pk index
     def age(self, obj: Job) -> str:

@@ -30,7 +30,7 @@ TRANSITIONS: frozenset[tuple[Status, Status]] = frozenset(
         (Status.QUEUED, Status.PROCESSING),  # worker: claim
         (Status.PROCESSING, Status.DONE),  # worker: fenced final write
         (Status.PROCESSING, Status.QUEUED),  # retry, lease expired, release, revoke
-        (Status.PROCESSING, Status.FAILED),  # budget exhausted, permanent error
+        (Status.PROCESSING, Status.FAILED),  # budget exhausted, permanent error, cancelled
         (Status.QUEUED, Status.FAILED),  # over budget, cancel
         (Status.ENQUEUE_FAILED, Status.FAILED),  # over budget, cancel
         (Status.FAILED, Status.QUEUED),  # staff only: manual retry
@@ -41,8 +41,8 @@ LEASE_BUMPING: frozenset[tuple[Status, Status]] = frozenset(
     {(Status.QUEUED, Status.PROCESSING), (Status.PROCESSING, Status.QUEUED)}
 )
 INITIAL: Status = Status.QUEUED
-
-
+# The error of a job that ended because someone cancelled it.
+CANCELLED = "cancelled"
 
 
 def due_sql(alias: str = "") -> str:
@@ -76,7 +76,11 @@ def guard_trigger_sql(table: str, history_table: str) -> str:
     BEFORE INSERT/UPDATE/DELETE on the jobs table:
     - a new row starts in the initial state with lease_version 0, and is due
       (`due_at`, where the SLO clock starts) at the later of its creation and run_at;
-    - a claim clears the previous attempt's error class and traceback;
+    - a claim clears the previous attempt's error class, traceback and progress;
+    - a processing job with a cancel request pending (`cancel_requested_at`) that
+      is put back to queued (retry, expired lease, revoke, release) ends failed
+      with error "cancelled" instead: a cancel request outlives its attempt, and
+      every requeue path, present or future, honours it;
     - a status change must be in TRANSITIONS;
     - lease_version never decreases, and grows on every LEASE_BUMPING transition;
     - a processing row keeps its owner unless the lease grows;
@@ -113,6 +117,12 @@ BEGIN
       OLD.id, OLD.lease_version, NEW.lease_version
       USING ERRCODE = 'check_violation', CONSTRAINT = '{table}_lease_monotonic';
   END IF;
+  IF OLD.status = '{Status.PROCESSING}' AND NEW.status = '{Status.QUEUED}'
+     AND NEW.cancel_requested_at IS NOT NULL THEN
+    NEW.status := '{Status.FAILED}';
+    NEW.error := '{CANCELLED}';
+    NEW.finished_at := statement_timestamp();
+  END IF;
   IF NEW.status <> OLD.status THEN
     IF (OLD.status || '>' || NEW.status) NOT IN ({_sql_pairs(TRANSITIONS)}) THEN
       RAISE EXCEPTION 'illegal job transition on job %: % -> %', OLD.id, OLD.status, NEW.status
@@ -125,9 +135,10 @@ BEGIN
         USING ERRCODE = 'check_violation', CONSTRAINT = '{table}_lease_bump';
     END IF;
     IF NEW.status = '{Status.PROCESSING}' THEN
-      -- A new attempt starts without the last one's error detail.
+      -- A new attempt starts without the last one's error detail or progress.
       NEW.error_class := NULL;
       NEW.error_traceback := NULL;
+      NEW.progress := NULL;
     END IF;
   ELSIF NEW.status = '{Status.PROCESSING}'
         AND NEW.owned_by IS NOT NULL AND NEW.owned_by IS DISTINCT FROM OLD.owned_by

@@ -88,6 +88,12 @@ class Job(models.Model):
     updated_by = models.CharField(
         max_length=250, null=True, blank=True, help_text="Actor of the latest write."
     )
+    # What the running handler last reported ({"done", "total", "message", "updated_at"}),
+    # written with the fenced heartbeat; cleared by the claim of a new attempt.
+    progress = models.JSONField(null=True, blank=True)
+    # A cancel asked of a processing job: the worker stops the handler at its next
+    # heartbeat; a requeue with a request pending ends the job instead (lifecycle).
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "jobs_job"
@@ -97,6 +103,7 @@ class Job(models.Model):
             ("repair_job", "Can repair enqueue_failed jobs"),
             ("revoke_job", "Can revoke the lease of processing jobs"),
             ("cancel_job", "Can cancel jobs that have not started"),
+            ("cancel_running_job", "Can ask running jobs to stop (cancel running)"),
         ]
         constraints = [
             models.CheckConstraint(name="job_status_valid", condition=Q(status__in=STATUSES)),
@@ -120,6 +127,13 @@ class Job(models.Model):
                 name="job_terminal_is_finished",
                 condition=(Q(status__in=sorted(TERMINAL)) & Q(finished_at__isnull=False))
                 | (~Q(status__in=sorted(TERMINAL)) & Q(finished_at__isnull=True)),
+            ),
+            # A cancel request lives only on a running (or finished) job: a job that
+            # waits for an attempt with one pending would be claimed and run.
+            models.CheckConstraint(
+                name="job_waiting_has_no_cancel_request",
+                condition=~Q(status__in=[Status.QUEUED.value, Status.ENQUEUE_FAILED.value])
+                | Q(cancel_requested_at__isnull=True),
             ),
             models.CheckConstraint(name="job_retry_count_nonneg", condition=Q(retry_count__gte=0)),
             models.CheckConstraint(
@@ -173,11 +187,13 @@ class Job(models.Model):
 
 
 class JobEvent(models.Model):
-    """Append-only history: one row per transition (written by a database trigger)
-    and one per rejected stale write (written by the worker that was fenced off)."""
+    """Append-only history: one row per transition (written by a database trigger),
+    one per rejected stale write (written by the worker that was fenced off) and one
+    per cancel request for a running job (written with the request)."""
 
     TRANSITION = "transition"
     FENCE_REJECTED = "fence_rejected"
+    CANCEL_REQUESTED = "cancel_requested"
 
     id = models.BigAutoField(primary_key=True)
     job = models.ForeignKey(

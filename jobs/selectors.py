@@ -421,3 +421,21 @@ def depth_by_state() -> list[tuple[str, str, int, float]]:
             [],
         )
     ]
+
+
+def progress_of(job: Job) -> dict[str, Any] | None:
+    """The stored report with its fraction (done / total, clamped to [0, 1])."""
+    report = job.progress
+    if not isinstance(report, dict):
+        return None
+    done, total = report.get("done"), report.get("total")
+    fraction = None
+    if isinstance(total, int | float) and total > 0 and isinstance(done, int | float):
+        fraction = round(min(1.0, max(0.0, done / total)), 4)
+    return {
+        "done": done,
+        "total": total,
+        "fraction": fraction,
+        "message": report.get("message", ""),
+        "updated_at": report.get("updated_at"),
+    }

@@ -26,7 +26,7 @@ from django.conf import settings
 from django.db import connection, models, transaction
 
 from jobs import metrics
-from jobs.lifecycle import TERMINAL, Status, due_sql
+from jobs.lifecycle import CANCELLED, TERMINAL, Status, due_sql
 from jobs.logconfig import job_log_fields
 from jobs.models import Job, JobEvent
 from jobs.transport import TransportError, get_transport
@@ -526,9 +526,13 @@ def _fence_arrays(leases: Sequence[Lease]) -> tuple[list[int], list[int], list[s
 
 
 _HEARTBEAT_SQL = f"""
-UPDATE {T} j SET heartbeat_at = now()
-FROM unnest(%(ids)s::bigint[], %(lvs)s::bigint[], %(owners)s::text[]) AS f(id, lv, owner)
-WHERE j.id = ANY(%(ids)s::bigint[]) AND {_FENCE} RETURNING j.id, j.lease_version, j.queue
+UPDATE {T} j SET heartbeat_at = now(),
+       progress = CASE WHEN f.progress IS NULL THEN j.progress
+                       ELSE f.progress::jsonb || jsonb_build_object('updated_at', now()) END
+FROM unnest(%(ids)s::bigint[], %(lvs)s::bigint[], %(owners)s::text[], %(progress)s::text[])
+     AS f(id, lv, owner, progress)
+WHERE j.id = ANY(%(ids)s::bigint[]) AND {_FENCE}
+RETURNING j.id, j.lease_version, j.queue, j.cancel_requested_at IS NOT NULL
 """
 
 
@@ -537,23 +541,38 @@ def _fence_params(leases: Sequence[Lease]) -> dict[str, list]:
     return {"ids": ids, "lvs": lvs, "owners": owners}
 
 
-def heartbeat(leases: Sequence[Lease]) -> set[tuple[int, int]]:
+class Held(frozenset):
+    """The (job id, lease_version) of each lease a heartbeat extended, and among
+    them `cancel_requested`: those whose job someone asked to cancel."""
+
+    cancel_requested: frozenset[tuple[int, int]] = frozenset()
+
+
+def heartbeat(
+    leases: Sequence[Lease], progress: Sequence[dict[str, Any] | None] | None = None
+) -> Held:
     """Extend the leases still held, in one statement; returns the (job id,
     lease_version) of each that held.
 
     A lease missing from the answer is lost: its worker must stop treating the
     job as its own. Keyed by lease, not job: a worker may hold a newer lease on a
     job whose older attempt (revoked, reaped) has not returned yet.
+    `progress[i]`, when given and not None, is written for `leases[i]` under the
+    same fence (stamped `updated_at` by the database), so a stale attempt's
+    progress is refused like any of its writes.
     """
     if not leases:
-        return set()
-    rows = _hot_rows(_HEARTBEAT_SQL, _fence_params(leases))
+        return Held()
+    texts = [None if p is None else json.dumps(p) for p in (progress or [None] * len(leases))]
+    rows = _hot_rows(_HEARTBEAT_SQL, {**_fence_params(leases), "progress": texts})
     per_queue: dict[str, int] = defaultdict(int)
-    for _, _, queue in rows:
-        per_queue[queue] += 1
+    for row in rows:
+        per_queue[row[2]] += 1
     for queue, n in per_queue.items():
         metrics.child(metrics.HEARTBEATS, queue).inc(n)
-    return {(r[0], r[1]) for r in rows}
+    held = Held((r[0], r[1]) for r in rows)
+    held.cancel_requested = frozenset((r[0], r[1]) for r in rows if r[3])
+    return held
 
 
 def _finished(rows: list[tuple]) -> dict[int, Finished]:
@@ -671,7 +690,7 @@ _RELEASE_SQL = f"""
 UPDATE {T} j SET status = '{QUEUED}', lease_version = j.lease_version + 1,
        run_at = now(), error = %(reason)s::text, {_UNOWN}, updated_by = 'worker:' || f.owner
 FROM unnest(%(ids)s::bigint[], %(lvs)s::bigint[], %(owners)s::text[]) AS f(id, lv, owner)
-WHERE j.id = ANY(%(ids)s::bigint[]) AND {_FENCE} RETURNING j.id, j.queue
+WHERE j.id = ANY(%(ids)s::bigint[]) AND {_FENCE} RETURNING j.id, j.queue, j.status
 """
 
 
@@ -683,7 +702,8 @@ def release(leases: Sequence[Lease], reason: str = "released by worker shutdown"
     if not leases:
         return set()
     rows = _hot_rows(_RELEASE_SQL, {"reason": reason, **_fence_params(leases)})
-    signal_after_commit(rows, park_on_failure=False)
+    # A job with a cancel request pending ended failed instead (lifecycle): no signal.
+    signal_after_commit([r[:2] for r in rows if r[2] == QUEUED], park_on_failure=False)
     return {r[0] for r in rows}
 
 
@@ -811,11 +831,13 @@ def fail_over_budget(limit: int = 500) -> dict[int, Finished]:
 def staff_retry(job_ids: Sequence[int], actor: str) -> list[int]:
     """failed → queued, retry budget reset (SPEC §2: staff only, audited).
 
-    The job is due again now: the SLO clock (`due_at`) restarts at the retry.
+    The job is due again now: the SLO clock (`due_at`) restarts at the retry. An
+    earlier cancel request is forgotten: the retry is a new decision to run it.
     """
     rows = _rows(
         f"""UPDATE {T} j SET status = '{QUEUED}', retry_count = 0, result = NULL,
-                   finished_at = NULL, run_at = now(), due_at = now(), updated_by = %s
+                   finished_at = NULL, run_at = now(), due_at = now(),
+                   cancel_requested_at = NULL, updated_by = %s
             WHERE id = ANY(%s) AND status = '{FAILED}' RETURNING id, queue""",
         [actor, list(job_ids)],
     )
@@ -837,11 +859,11 @@ def revoke(job_ids: Sequence[int], actor: str) -> list[int]:
         f"""UPDATE {T} j SET status = '{QUEUED}', lease_version = j.lease_version + 1,
                    run_at = now(), error = 'lease revoked by ' || %s, {_UNOWN},
                    updated_by = %s
-            WHERE id = ANY(%s) AND status = '{PROCESSING}' RETURNING id, queue""",
+            WHERE id = ANY(%s) AND status = '{PROCESSING}' RETURNING id, queue, status""",
         [actor, actor, list(job_ids)],
     )
     _count_on_commit(metrics.STAFF_ACTIONS.labels("revoke"), len(rows))
-    signal_after_commit(rows, park_on_failure=False)
+    signal_after_commit([r[:2] for r in rows if r[2] == QUEUED], park_on_failure=False)
     return [r[0] for r in rows]
 
 
@@ -862,6 +884,66 @@ def cancel(job_ids: Sequence[int], actor: str, client_id: int | None = None) -> 
     if actor.startswith("staff:"):
         _count_on_commit(metrics.STAFF_ACTIONS.labels("cancel"), len(rows))
     return list(_finished(rows))
+
+
+_REQUEST_CANCEL_SQL = f"""
+WITH u AS (
+  UPDATE {T} j SET
+         status = CASE WHEN j.status = '{PROCESSING}' THEN j.status ELSE '{FAILED}' END,
+         error = CASE WHEN j.status = '{PROCESSING}' THEN j.error ELSE '{CANCELLED}' END,
+         result = CASE WHEN j.status = '{PROCESSING}' THEN j.result END,
+         finished_at = CASE WHEN j.status = '{PROCESSING}' THEN NULL ELSE now() END,
+         cancel_requested_at = CASE WHEN j.status = '{PROCESSING}'
+                                    THEN coalesce(j.cancel_requested_at, now())
+                                    ELSE j.cancel_requested_at END,
+         updated_by = %(actor)s
+  WHERE id = ANY(%(ids)s) AND status IN ('{QUEUED}', '{ENQUEUE_FAILED}', '{PROCESSING}')
+        {{client_clause}}
+  RETURNING {_FINISH_RETURNING}),
+ev AS (
+  INSERT INTO {JobEvent._meta.db_table}
+    (job_id, kind, at, from_status, to_status, actor, lease_version, retry_count, error)
+  SELECT u.id, '{JobEvent.CANCEL_REQUESTED}', now(), u.status, u.status, %(actor)s,
+         u.lease_version, u.retry_count, 'cancel requested by ' || %(actor)s
+  FROM u WHERE u.status = '{PROCESSING}')
+SELECT * FROM u
+"""
+
+
+def request_cancel(
+    job_ids: Sequence[int], actor: str, client_id: int | None = None
+) -> dict[int, str]:
+    """Cancel jobs whatever stage they are at before the end, in one statement.
+
+    queued / enqueue_failed → failed "cancelled" (as `cancel`); processing → a cancel
+    request is recorded (`cancel_requested_at`, kept if already set, and a history
+    event): the worker stops the handler at its next heartbeat, and any requeue ends
+    the job instead (lifecycle). Returns {job id: "cancelled" | "requested"}; finished
+    jobs are absent. One statement, so a job moving between queued and processing
+    meanwhile is still caught in whichever state the row lock finds it.
+    """
+    client_clause = "AND client_id = %(client)s" if client_id is not None else ""
+    rows = _rows(
+        _REQUEST_CANCEL_SQL.replace("{client_clause}", client_clause),
+        {"actor": actor, "ids": list(job_ids), "client": client_id},
+    )
+    _finished([r for r in rows if r[1] == FAILED])
+    out = {r[0]: ("requested" if r[1] == PROCESSING else "cancelled") for r in rows}
+    for r in rows:
+        if r[1] == PROCESSING:
+            log.info(
+                "cancel requested by %s",
+                actor,
+                extra=job_log_fields(r[0], r[5], None, r[2], r[3]),
+            )
+    return out
+
+
+def staff_cancel_running(job_ids: Sequence[int], actor: str) -> list[int]:
+    """Staff "cancel running": a cancel request for each processing job (audited)."""
+    done = request_cancel(job_ids, actor)
+    _count_on_commit(metrics.STAFF_ACTIONS.labels("cancel_running"), len(done))
+    return list(done)
 
 
 # --- retention --------------------------------------------------------------------

@@ -37,13 +37,50 @@ class InvalidPayload(PermanentError):
 
 _stop_lock = threading.Lock()
 
+MAX_PROGRESS_MESSAGE = 500
+
+
+class _StopEvent(threading.Event):
+    """An Event that remembers whether the handler saw it set: a cancel request the
+    handler saw ends the job "cancelled"; one it never looked at came too late."""
+
+    observed = False
+
+    def is_set(self) -> bool:
+        if super().is_set():
+            self.observed = True
+            return True
+        return False
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if super().wait(timeout):
+            self.observed = True
+            return True
+        return False
+
+
+def _number(value: Any, name: str) -> int | float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        raise TypeError(f"progress {name} must be a number, not {value!r}")
+    if value < 0 or value in (float("inf"), float("-inf")):
+        raise ValueError(f"progress {name} must be a finite number >= 0, not {value!r}")
+    return value
+
+
+def _storable_text(text: str) -> str:
+    """What jsonb can store: no NUL, no lone surrogate (a refused report would take the
+    heartbeat of every job on the worker down with it)."""
+    return text.replace("\x00", "").encode("utf-8", "replace").decode("utf-8")
+
 
 @dataclass
 class JobContext:
     """What a handler knows about the attempt it runs.
 
     `stop` is set when the worker lost authority over the job (a heartbeat was
-    fenced off) or is shutting down: long handlers should check it and return.
+    fenced off), is shutting down, or someone cancelled the job (`cancelled`):
+    long handlers should check it and return. `progress()` reports how far along
+    the attempt is; the worker writes the latest report with its heartbeat.
     """
 
     job_id: int
@@ -53,7 +90,11 @@ class JobContext:
     queue: str
     task: str
     lost_authority: bool = False
-    _stop: threading.Event | None = field(default=None, repr=False, compare=False)
+    _stop: _StopEvent | None = field(default=None, repr=False, compare=False)
+    _cancel_requested: bool = field(default=False, repr=False, compare=False)
+    _cancel_seen: bool = field(default=False, repr=False, compare=False)
+    # (sequence number, report): replaced whole, so the heartbeat thread reads a pair.
+    _progress: tuple[int, dict[str, Any]] | None = field(default=None, repr=False, compare=False)
 
     @property
     def stop(self) -> threading.Event:
@@ -63,13 +104,47 @@ class JobContext:
         if event is None:
             with _stop_lock:
                 if self._stop is None:
-                    self._stop = threading.Event()
+                    self._stop = _StopEvent()
                 event = self._stop
         return event
+
+    @property
+    def cancelled(self) -> bool:
+        """True once someone asked to cancel this job: return (or raise) and it ends
+        failed with error "cancelled"."""
+        if self._cancel_requested:
+            self._cancel_seen = True
+        return self._cancel_requested
+
+    def request_cancel(self) -> None:
+        """Called by the worker when its heartbeat learns of a cancel request."""
+        self._cancel_requested = True
+        self.stop.set()
+
+    @property
+    def cancel_seen(self) -> bool:
+        """A cancel was requested and the handler looked at `cancelled` or `stop` since."""
+        return self._cancel_requested and (
+            self._cancel_seen or (self._stop is not None and self._stop.observed)
+        )
 
     def sleep(self, seconds: float) -> bool:
         """Sleep cooperatively; returns False when told to stop early."""
         return not self.stop.wait(seconds)
+
+    def progress(self, done: float, total: float | None = None, message: str = "") -> None:
+        """Report how far along the attempt is: `done` of `total` (unknown: None).
+
+        Cheap: it only records the latest value; the worker writes it with its
+        fenced heartbeat, at most once per JOBS_PROGRESS_INTERVAL per job.
+        """
+        report: dict[str, Any] = {
+            "done": _number(done, "done"),
+            "total": None if total is None else _number(total, "total"),
+            "message": _storable_text(str(message)[:MAX_PROGRESS_MESSAGE]),
+        }
+        seq = self._progress[0] + 1 if self._progress is not None else 1
+        self._progress = (seq, report)
 
 
 Handler = Callable[[Any, JobContext], Any]
@@ -169,7 +244,8 @@ def _validate_sleep(payload: Any) -> None:
 
 @task("sleep", validate=_validate_sleep)
 def sleep(payload: dict, ctx: JobContext) -> dict:
-    """Sleep `seconds`, waking early only when the worker lost the job or stops."""
+    """Sleep `seconds`, waking early when cancelled, when the worker lost the job or
+    when it stops (`ctx.stop`)."""
     started = time.monotonic()
     finished = ctx.sleep(float(payload["seconds"]))
     if not finished:

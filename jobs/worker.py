@@ -49,6 +49,7 @@ from jobs.errors import (
     log_failed_attempt,
     storable,
 )
+from jobs.lifecycle import CANCELLED
 from jobs.services import Lease
 from jobs.tasks import InvalidPayload, JobContext, PermanentError
 from jobs.transport import TransportError, get_transport
@@ -130,6 +131,8 @@ class InFlight:
     ctx: JobContext
     started: float = field(default_factory=time.monotonic)
     finishing: bool = False  # its outcome is queued for write-back: heartbeats ignore it
+    progress_saved: int = 0  # sequence number of the last progress report written
+    progress_written_at: float = float("-inf")
 
 
 def _key(lease: Lease) -> tuple[int, int]:
@@ -138,6 +141,10 @@ def _key(lease: Lease) -> tuple[int, int]:
 
 class _FenceRejected(Exception):
     """Raised inside a transactional completion to roll back a stale worker's effects."""
+
+
+class _Cancelled(Exception):
+    """Raised inside a transactional handler's transaction when it saw a cancel request."""
 
 
 class Worker:
@@ -160,6 +167,7 @@ class Worker:
         lease_seconds: float | None = None,
         flush_interval: float = 0.0,
         worker_id: str | None = None,
+        progress_interval: float | None = None,
     ) -> None:
         self.queues = queues or ["default"]
         self.concurrency = max(1, concurrency)
@@ -169,6 +177,9 @@ class Worker:
         self.poll_interval = poll_interval
         self.lease_seconds = lease_seconds or settings.JOBS_LEASE_SECONDS
         self.heartbeat_interval = max(0.2, self.lease_seconds / 3)
+        if progress_interval is None:
+            progress_interval = settings.JOBS_PROGRESS_INTERVAL
+        self.progress_interval = max(0.05, progress_interval)
         self.flush_interval = flush_interval
         self.worker_id = worker_id or new_worker_id()
         self.transport = get_transport()
@@ -369,7 +380,18 @@ class Worker:
         started = time.monotonic()
         outcome = self._execute(lease, ctx)
         metrics.child(metrics.DURATION, lease.queue, lease.task).observe(time.monotonic() - started)
-        if (
+        if outcome.kind in ("done", "fail") and ctx.cancel_seen and not ctx.lost_authority:
+            # The handler saw the cancel request and returned or raised: cancelled, no retry.
+            log.info("cancelled: the handler stopped on request", extra=lease.log_fields())
+            outcome = Outcome(
+                lease,
+                "fail",
+                error=CANCELLED,
+                permanent=True,
+                error_class=outcome.error_class,
+                traceback=outcome.traceback,
+            )
+        elif (
             outcome.kind == "fail"
             and ctx.stop.is_set()
             and self.stopping.is_set()
@@ -425,12 +447,16 @@ class Worker:
         try:
             with transaction.atomic(durable=True):
                 result = check_result(spec.fn(lease.payload, ctx))
+                if ctx.cancel_seen:
+                    raise _Cancelled  # its writes roll back; the job fails "cancelled"
                 self._mark_finishing(lease)
                 if lease.job_id not in services.complete([(lease, result)]):
                     raise _FenceRejected
         except _FenceRejected:
             services.record_fence_rejections([lease], "complete")
             return Outcome(lease, "settled")
+        except _Cancelled:
+            return Outcome(lease, "fail", error=CANCELLED, permanent=True)
         finally:
             connection.close_if_unusable_or_obsolete()
         self.finished += 1
@@ -647,7 +673,15 @@ class Worker:
     # --- heartbeats ------------------------------------------------------------------------
 
     def _heartbeat_loop(self) -> None:
-        while not self.halt.wait(self.heartbeat_interval):
+        """Every lease_seconds/3, extend every held lease in one statement. In between,
+        every progress interval, write only the leases whose handler reported progress
+        not yet written (and not written within the interval), in the same fenced
+        statement. Either way the answer carries pending cancel requests."""
+        tick = min(self.heartbeat_interval, self.progress_interval)
+        last_full = time.monotonic()
+        while not self.halt.wait(tick):
+            now = time.monotonic()
+            full = now - last_full >= self.heartbeat_interval - tick / 2
             with self._lock:
                 # A lease already lost is not offered again: one rejection per lost lease.
                 held = [
@@ -655,19 +689,39 @@ class Worker:
                     for i in self._inflight.values()
                     if not i.finishing and not i.ctx.lost_authority
                 ]
+            reports = [self._due_progress(i, now) for i in held]
+            if not full:
+                held = [i for i, r in zip(held, reports, strict=True) if r is not None]
+                reports = [r for r in reports if r is not None]
             if not held:
+                if full:
+                    last_full = now
                 continue
             try:
-                ok = services.heartbeat([i.lease for i in held])
+                ok = services.heartbeat(
+                    [i.lease for i in held],
+                    [None if r is None else r[1] for r in reports],
+                )
             except (DatabaseError, InterfaceError) as exc:
                 metrics.child(metrics.DB_ERRORS, "heartbeat").inc()
                 log.warning("heartbeat failed: %s", exc, extra={"worker_id": self.worker_id})
                 connection.close()
                 continue
-            for item in held:
+            if full:
+                last_full = now
+            for item, report in zip(held, reports, strict=True):
+                key = _key(item.lease)
+                if key in ok:
+                    if report is not None:
+                        item.progress_saved = report[0]
+                        item.progress_written_at = now
+                    if key in ok.cancel_requested and not item.ctx._cancel_requested:
+                        log.info("cancel requested: telling the handler to stop",
+                                 extra=item.lease.log_fields())  # fmt: skip
+                        item.ctx.request_cancel()
                 # By (job id, lease_version): this worker's newer lease on the same job
                 # must not vouch for an older attempt that was revoked or reaped.
-                if _key(item.lease) not in ok and not item.finishing:
+                elif not item.finishing:
                     item.ctx.lost_authority = True
                     item.ctx.stop.set()
                     metrics.FENCE_REJECTIONS.labels(
@@ -678,6 +732,15 @@ class Worker:
                         extra=item.lease.log_fields(),
                     )
         connection.close()
+
+    def _due_progress(self, item: InFlight, now: float) -> tuple[int, dict] | None:
+        """The handler's latest progress report, if unwritten and due (rate-limited)."""
+        report = item.ctx._progress
+        if report is None or report[0] == item.progress_saved:
+            return None
+        if now - item.progress_written_at < self.progress_interval - 0.01:
+            return None
+        return report
 
     # --- shutdown ----------------------------------------------------------------------------
 

@@ -141,6 +141,8 @@ STATIC_ROOT = Path(env.str("STATIC_ROOT", default=str(BASE_DIR / "staticfiles"))
 REDIS_URL = env.str("REDIS_URL", default="")
 JOBS_REDIS_PREFIX = env.str("JOBS_REDIS_PREFIX", default="jobs:")
 JOBS_LEASE_SECONDS = env.float("JOBS_LEASE_SECONDS", default=15.0)
+# At most one progress write per running job per this many seconds (with the heartbeat).
+JOBS_PROGRESS_INTERVAL = env.float("JOBS_PROGRESS_INTERVAL", default=1.0)
 JOBS_REAPER_INTERVAL = env.float("JOBS_REAPER_INTERVAL", default=5.0)
 JOBS_MAX_RETRIES = env.int("JOBS_MAX_RETRIES", default=3)
 JOBS_MAX_QUEUE_DEPTH = env.int("JOBS_MAX_QUEUE_DEPTH", default=100_000)

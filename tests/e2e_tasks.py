@@ -89,3 +89,33 @@ def card_declined(payload: Any, ctx: JobContext) -> Any:
 def value_error(payload: Any, ctx: JobContext) -> Any:
     """Fails with a retryable error on every attempt."""
     raise ValueError(f"attempt {ctx.attempt} broke")
+
+
+@task("e2e.progress")
+def progress(payload: Any, ctx: JobContext) -> Any:
+    """Reports progress `steps` times over `seconds`, its lease version in the message;
+    stops early (and is cancelled) when told to."""
+    steps, seconds = int(payload["steps"]), float(payload["seconds"])
+    for i in range(1, steps + 1):
+        if not ctx.sleep(seconds / steps):
+            return {"stopped_at": i}
+        ctx.progress(i, steps, f"lv{ctx.lease_version} step {i}")
+    return {"steps": steps}
+
+
+@task("e2e.ignore_cancel")
+def ignore_cancel(payload: Any, ctx: JobContext) -> Any:
+    """Sleeps without ever looking at ctx.stop: a cancel request comes too late for it."""
+    time.sleep(float(payload["seconds"]))
+    return {"ignored": True}
+
+
+@task("e2e.tx_then_wait", transactional=True)
+def tx_then_wait(payload: Any, ctx: JobContext) -> Any:
+    """Transactional: writes an Effect row, then works until told to stop and returns."""
+    from demo.models import Effect
+
+    Effect.objects.create(job_id=ctx.job_id, lease_version=ctx.lease_version,
+                          worker_id=ctx.worker_id)  # fmt: skip
+    ctx.sleep(float(payload["seconds"]))
+    return {"cancelled": ctx.cancelled}

@@ -23,7 +23,7 @@ from tests.factories import ClientFactory, JobFactory, raw
 pytestmark = pytest.mark.django_db
 
 CHANGELIST = "admin:jobs_job_changelist"
-ACTION_PERMS = ["retry_job", "repair_job", "revoke_job", "cancel_job"]
+ACTION_PERMS = ["retry_job", "repair_job", "revoke_job", "cancel_job", "cancel_running_job"]
 
 
 @pytest.fixture(autouse=True)
@@ -381,16 +381,57 @@ def test_select_across_without_filter_counts_the_skipped(client, alice):
 # --- permissions ----------------------------------------------------------------------------
 
 
+def test_cancel_running_confirms_then_records_a_request(client, alice):
+    job, _ = services.submit("echo", {})
+    lease = services.claim("w-slow", job.pk)
+    idle = JobFactory.create()
+    page = post_action(client, "cancel_running_jobs", [job.pk, idle.pk], confirm=False)
+    assert page.status_code == 200
+    assert page.templates[0].name == "admin/jobs/job/action_confirmation.html"
+    assert page.context["eligible_count"] == 1
+    assert "next heartbeat" in page.content.decode()
+    assert Job.objects.get(pk=job.pk).cancel_requested_at is None  # nothing before confirming
+
+    response = post_action(client, "cancel_running_jobs", [job.pk, idle.pk])
+    assert messages_of(response) == ["1 asked to stop, 1 skipped: not processing"]
+    row = Job.objects.get(pk=job.pk)
+    assert (row.status, row.lease_version, row.owned_by) == ("processing", 1, "w-slow")
+    assert row.cancel_requested_at is not None
+    event = last_event(job.pk)
+    assert (event.kind, event.actor) == ("cancel_requested", "staff:alice")
+    entry = log_entries(job.pk).get()
+    assert (entry.user_id, entry.action_flag) == (alice.pk, CHANGE)
+    assert "staff:alice" in entry.change_message
+    # The worker learns it with its next heartbeat; the lease itself still holds.
+    assert services.heartbeat([lease]).cancel_requested == {(job.pk, 1)}
+    assert status(idle.pk) == "queued" and not log_entries(idle.pk).exists()
+
+
+def test_progress_bar_in_the_list_and_message_on_the_detail(client, alice):
+    job, _ = services.submit("echo", {})
+    lease = services.claim("w-1", job.pk)
+    services.heartbeat([lease], [{"done": 30, "total": 40, "message": "resizing <b>"}])
+    html = client.get(reverse(CHANGELIST)).content.decode()
+    assert '<progress class="job-progress" value="0.75" max="1"' in html and "75%" in html
+    detail = client.get(reverse("admin:jobs_job_change", args=[job.pk])).content.decode()
+    assert "30 of 40 (75%)" in detail and "resizing &lt;b&gt;" in detail
+    assert 'value="cancel_running_jobs"' in detail
+
+
 def test_viewer_sees_no_actions_and_forged_posts_change_nothing(client, viewer):
     failed = JobFactory.create(status="failed")
     running = JobFactory.create(status="processing")
     response = client.get(reverse(CHANGELIST))
     assert response.status_code == 200
     html = response.content.decode()
-    for name in ("retry_jobs", "repair_jobs", "revoke_jobs", "cancel_jobs"):
+    for name in ("retry_jobs", "repair_jobs", "revoke_jobs", "cancel_jobs", "cancel_running_jobs"):
         assert f'value="{name}"' not in html
     events = JobEvent.objects.count()
-    for action, job in [("retry_jobs", failed), ("revoke_jobs", running)]:
+    for action, job in [
+        ("retry_jobs", failed),
+        ("revoke_jobs", running),
+        ("cancel_running_jobs", running),
+    ]:
         # With no action allowed, Django ignores the POST and shows the list again.
         for confirm in (True, False):
             response = post_action(client, action, [job.pk], confirm=confirm)
@@ -409,14 +450,20 @@ def test_each_action_has_its_own_permission(client):
     html = client.get(reverse(CHANGELIST)).content.decode()
     assert 'value="retry_jobs"' in html
     assert 'value="revoke_jobs"' not in html and 'value="cancel_jobs"' not in html
+    assert 'value="cancel_running_jobs"' not in html
     running = JobFactory.create(status="processing")
     queued = JobFactory.create()
-    for action, job in [("revoke_jobs", running), ("cancel_jobs", queued)]:
+    for action, job in [
+        ("revoke_jobs", running),
+        ("cancel_jobs", queued),
+        ("cancel_running_jobs", running),
+    ]:
         response = post_action(client, action, [job.pk])
         assert "No action selected." in messages_of(response)
         page = post_action(client, action, [job.pk], confirm=False)
         assert page.status_code == 302  # no confirmation page either
     assert status(running.pk) == "processing" and status(queued.pk) == "queued"
+    assert Job.objects.get(pk=running.pk).cancel_requested_at is None
     failed = JobFactory.create(status="failed")
     response = post_action(client, "retry_jobs", [failed.pk])
     assert messages_of(response)[-1] == "1 retried"

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from jobs import queues, services, submission
-from jobs.lifecycle import STATUSES
+from jobs.lifecycle import STATUSES, Status
 from jobs.models import PRIORITY_MAX, PRIORITY_MIN, Job, JobEvent
+from jobs.selectors import progress_of
 
 
 class JobSubmitSerializer(serializers.Serializer):
@@ -82,8 +86,42 @@ class BatchResultSerializer(serializers.Serializer):
     jobs = BatchJobSerializer(many=True, help_text="In the order submitted.")
 
 
+class ProgressSerializer(serializers.Serializer):
+    """What the running handler last reported, as written with the worker's heartbeat."""
+
+    done = serializers.FloatField(help_text="Units of work done so far.")
+    total = serializers.FloatField(allow_null=True, help_text="Units in all; null if unknown.")
+    fraction = serializers.FloatField(
+        allow_null=True, help_text="done / total, between 0 and 1; null when total is unknown."
+    )
+    message = serializers.CharField(allow_blank=True)
+    updated_at = serializers.DateTimeField(help_text="When the database stored the report.")
+
+
 class JobSerializer(serializers.ModelSerializer):
     """A job as its client sees it (the worker's identity is internal)."""
+
+    progress = serializers.SerializerMethodField(
+        help_text="The running handler's latest progress report: null until it reports "
+        "one, cleared when a new attempt starts, kept on the finished job."
+    )
+    cancel_requested_at = serializers.DateTimeField(
+        read_only=True,
+        allow_null=True,
+        help_text="When a cancel was asked of this job while it was processing.",
+    )
+    cancel_too_late = serializers.SerializerMethodField(
+        help_text="True when a cancel was requested but the handler finished without "
+        "stopping: the job is done and its result kept."
+    )
+
+    @extend_schema_field(ProgressSerializer(allow_null=True))
+    def get_progress(self, job: Job) -> dict[str, Any] | None:
+        return progress_of(job)
+
+    @extend_schema_field(OpenApiTypes.BOOL)
+    def get_cancel_too_late(self, job: Job) -> bool:
+        return job.status == Status.DONE and job.cancel_requested_at is not None
 
     class Meta:
         model = Job
@@ -104,6 +142,9 @@ class JobSerializer(serializers.ModelSerializer):
             "created_at",
             "updated_at",
             "finished_at",
+            "progress",
+            "cancel_requested_at",
+            "cancel_too_late",
         ]
         read_only_fields = fields
 

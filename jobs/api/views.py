@@ -226,20 +226,35 @@ class JobViewSet(viewsets.GenericViewSet):
         return self.get_paginated_response(JobSerializer(page, many=True).data)
 
     @extend_schema(
-        summary="Cancel a job that has not started",
-        description="queued or enqueue_failed → failed with error `cancelled`. "
-        "Any other status → 409 with the current `status`.",
+        summary="Cancel a job",
+        description="queued or enqueue_failed → failed with error `cancelled` (200). "
+        "processing → the cancel is requested (202): the worker tells the handler at its "
+        "next heartbeat (within a third of the lease); a handler that stops ends `failed` "
+        "with error `cancelled`, one that finishes anyway ends `done` with "
+        "`cancel_too_late` true. A retry or a lost lease never runs it again. "
+        "done or failed → 409 with the current `status`.",
         request=None,
-        responses={200: JobSerializer, **_errors(401, 404, 409)},
+        responses={
+            200: OpenApiResponse(JobSerializer, description="Cancelled: the job is failed."),
+            202: OpenApiResponse(
+                JobSerializer,
+                description="Running: the cancel is requested (`cancel_requested_at`).",
+            ),
+            **_errors(401, 404, 409),
+        },
     )
     def cancel(self, request: Request, pk: int) -> Response:
         job = self.get_object()
-        cancelled = services.cancel([job.pk], actor=self._actor(), client_id=request.user.pk)
+        outcome = services.request_cancel(
+            [job.pk], actor=self._actor(), client_id=request.user.pk
+        ).get(job.pk)
         job = self.get_object()
-        if job.pk in cancelled:
+        if outcome == "cancelled":
             return Response(JobSerializer(job).data)
+        if outcome == "requested":
+            return Response(JobSerializer(job).data, status=status.HTTP_202_ACCEPTED)
         raise Conflict(
-            f"job {job.pk} is {job.status}; only a job that has not started can be cancelled",
+            f"job {job.pk} is {job.status}; a finished job cannot be cancelled",
             code="not_cancellable",
             extra={"status": job.status},
         )

@@ -134,8 +134,8 @@ def test_cancel_a_job_not_started(api, me, status):
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("status", ["processing", "done", "failed"])
-def test_cancel_after_start_is_409_with_current_status(api, me, status):
+@pytest.mark.parametrize("status", ["done", "failed"])
+def test_cancel_of_a_finished_job_is_409_with_current_status(api, me, status):
     job = make(me, status)
     before = Job.objects.get(pk=job.pk)
     r = api.post(f"/api/v1/jobs/{job.pk}/cancel/")

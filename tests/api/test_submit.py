@@ -30,6 +30,9 @@ JOB_FIELDS = {
     "created_at",
     "updated_at",
     "finished_at",
+    "progress",
+    "cancel_requested_at",
+    "cancel_too_late",
 }
 
 
