@@ -403,13 +403,18 @@ def mark_enqueue_failed(job_ids: Sequence[int], reason: str = "") -> list[int]:
 
 # --- claiming -------------------------------------------------------------------
 
+# The claimed rows come back in claim order, so a batch starts best-first too.
 _CLAIM_SET = f"""
+, u AS (
 UPDATE {T} j SET status = '{PROCESSING}', lease_version = j.lease_version + 1,
        owned_by = %(worker)s, claimed_at = now(), heartbeat_at = now(),
        updated_by = %(actor)s
 WHERE j.id = ANY(ARRAY(SELECT id FROM c))
 RETURNING j.id, j.lease_version, j.task, j.payload, j.queue, j.retry_count,
-          j.max_retries, j.created_at
+          j.max_retries, j.created_at, j.priority, j.run_at
+)
+SELECT id, lease_version, task, payload, queue, retry_count, max_retries, created_at
+FROM u ORDER BY priority DESC, run_at, id
 """
 _CLAIM_NEXT_SQL = f"""
 WITH c AS (
@@ -446,7 +451,8 @@ def _leases(rows: list[tuple], worker_id: str) -> list[Lease]:
 
 
 def claim_next(worker_id: str, queues: Sequence[str], limit: int) -> list[Lease]:
-    """queued → processing for up to `limit` due jobs, earlier queues first.
+    """queued → processing for up to `limit` due jobs, in the order `queues` are given,
+    each queue in PostgreSQL's claim order (priority DESC, run_at, id).
 
     FOR UPDATE SKIP LOCKED lets many workers claim at once without waiting on
     each other; the partial index job_claim_idx serves the scan.

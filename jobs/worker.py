@@ -3,9 +3,11 @@
 One process runs one dispatcher (this module's `Worker.run`, on the main
 thread), `concurrency` handler threads fed from one queue, a flusher that writes
 finished attempts back in batches, and a heartbeat thread that extends every
-held lease in one statement. Redis ids are hints: the dispatcher claims them in
-Postgres, and falls back to claiming straight from Postgres whenever Redis is
-silent, down or not configured.
+held lease in one statement. Redis ids are hints: a popped id says only "queue q
+has work", and the dispatcher claims the best due rows of q in PostgreSQL's order
+(priority DESC, run_at, id), one per id popped. It falls back to claiming
+straight from Postgres whenever Redis is silent, down or not configured. Queues
+are visited in a weighted random order (jobs.dispatch), so none starves.
 
 Batching never merges authority: each row of a batched write carries its own
 (id, lease_version, owned_by) and status = 'processing' predicate, so one stale
@@ -31,7 +33,8 @@ from typing import Any
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError, close_old_connections, connection, transaction
 
-from jobs import metrics, services, tasks
+from jobs import metrics, selectors, services, tasks
+from jobs.dispatch import QueueSpec, parse_queues, polling_order
 from jobs.services import Lease
 from jobs.tasks import InvalidPayload, JobContext, PermanentError
 from jobs.transport import TransportError, get_transport
@@ -121,7 +124,7 @@ class Worker:
 
     def __init__(
         self,
-        queues: list[str] | None = None,
+        queues: list[str] | QueueSpec | None = None,
         concurrency: int = 4,
         *,
         burst: bool = False,
@@ -132,7 +135,10 @@ class Worker:
         flush_interval: float = 0.0,
         worker_id: str | None = None,
     ) -> None:
-        self.queues = queues or ["default"]
+        if not isinstance(queues, QueueSpec):
+            queues = parse_queues(",".join(queues or ["default"]))
+        self.spec = queues
+        self.queues = list(queues.names)
         self.concurrency = max(1, concurrency)
         self.burst = burst
         self.max_jobs = max_jobs
@@ -166,6 +172,8 @@ class Worker:
         self._redis_down_until = 0.0
         self._redis_backoff = 0.5
         self._db_backoff = 0.2
+        self._found: list[str] = []  # queues with work, for a worker serving `*`
+        self._found_at = float("-inf")
 
     # --- control ------------------------------------------------------------------
 
@@ -251,13 +259,29 @@ class Worker:
         log.info("worker stopped", extra={"worker_id": self.worker_id, "finished": self.finished})
         return self.finished
 
+    def _weights(self) -> dict[str, float]:
+        """The queues to poll now with their weights (`*` adds every queue with work)."""
+        if self.spec.serves_all and time.monotonic() - self._found_at >= self.poll_interval:
+            self._found = selectors.queued_queues()
+            self._found_at = time.monotonic()
+        return self.spec.with_queues(self._found)
+
     def _discover(self, free: int) -> list[Lease] | None:
-        """Claim up to `free` jobs. None means "nothing, loop again at once"."""
+        """Claim up to `free` jobs. None means "nothing, loop again at once".
+
+        A pop of k ids from queue q claims the k best due rows of q (not those ids):
+        Redis says when to look, PostgreSQL says what runs first. An id that finds
+        no row (claimed by someone else already) counts as a duplicate delivery.
+        """
         try:
+            order = polling_order(self._weights())
+            if not order:  # serving `*` and no queue has work
+                self.stopping.wait(self.poll_interval if not self.burst else 0)
+                return []
             if self.transport.enabled and time.monotonic() >= self._redis_down_until:
                 try:
                     timeout = 0 if self._pg_had_work else self.poll_interval
-                    queue, ids = self.transport.pop(self.queues, timeout, free)
+                    queue, ids = self.transport.pop(order, timeout, free)
                     self._redis_backoff = 0.5
                 except TransportError as exc:
                     self._redis_down_until = time.monotonic() + self._redis_backoff
@@ -270,7 +294,7 @@ class Worker:
                     self._redis_backoff = min(self._redis_backoff * 2, REDIS_BACKOFF_MAX)
                     ids = []
                 if ids:
-                    leases = services.claim_ids(self.worker_id, ids)
+                    leases = services.claim_next(self.worker_id, [queue], len(ids))
                     dupes = len(ids) - len(leases)
                     if dupes:
                         metrics.child(metrics.DUPLICATE_DELIVERIES, queue).inc(dupes)
@@ -278,7 +302,7 @@ class Worker:
                     if leases:
                         return leases
                     return None
-            leases = services.claim_next(self.worker_id, self.queues, free)
+            leases = services.claim_next(self.worker_id, order, free)
             self._db_backoff = 0.2
             self._pg_had_work = len(leases) == free
             if not leases and (not self.transport.enabled or self._redis_down()):
