@@ -35,6 +35,7 @@ from django.db import DatabaseError, InterfaceError, close_old_connections, conn
 
 from jobs import metrics, selectors, services, tasks
 from jobs.dispatch import QueueSpec, parse_queues, polling_order
+from jobs.presence import Presence
 from jobs.services import Lease
 from jobs.tasks import InvalidPayload, JobContext, PermanentError
 from jobs.transport import TransportError, get_transport
@@ -216,6 +217,9 @@ class Worker:
             },
         )
         tasks.load()
+        # Registered (and, with session crash detection, locked) before the first claim.
+        presence = Presence(self.worker_id, self.queues, self.concurrency)
+        presence.start()
         handlers = [
             threading.Thread(target=self._handler_loop, name=f"job_{n}", daemon=True)
             for n in range(self.concurrency)
@@ -255,6 +259,7 @@ class Worker:
                 self._ready.put(None)
             flusher.join(timeout=30)
             beater.join(timeout=5)
+            presence.stop()
             connection.close()
         log.info("worker stopped", extra={"worker_id": self.worker_id, "finished": self.finished})
         return self.finished
