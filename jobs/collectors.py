@@ -1,7 +1,9 @@
 """Gauges computed at scrape time, each exported by the one process that owns it.
 
 - `DepthCollector`: jobs_depth and jobs_oldest_age_seconds by state and queue,
-  from ONE grouped query cached for a few seconds; registered by the reaper only,
+  from ONE grouped query cached for a few seconds, and with them
+  jobs_queue_consumers and jobs_unserved_queue_depth (queued jobs on a queue no
+  live worker serves) from the worker registry; registered by the reaper only,
   so the database answers it once per cache period however many processes and
   scrapers there are.
 - `WorkerCollector`: jobs_worker_inflight and jobs_worker_slots of one worker.
@@ -33,6 +35,8 @@ log = logging.getLogger(__name__)
 FORGET_QUEUE_AFTER = 3600.0
 
 DEPTH_HELP = "Jobs in a non-terminal state, by queue (queued includes scheduled and backed-off)"
+CONSUMERS_HELP = "Live worker processes serving the queue (workers serving '*' included)"
+UNSERVED_HELP = "Queued jobs on a queue that no live worker serves: they wait forever"
 AGE_HELP = (
     "Age of the oldest job in the state: queued since due, processing since claimed, "
     "enqueue_failed since parked"
@@ -59,12 +63,15 @@ class DepthCollector(Collector):
         self.reads = 0  # database round trips, for tests and curiosity
         self._lock = threading.Lock()
         self._rows: list[tuple[str, str, int, float]] | None = None
+        self._consumers = None
         self._read_at = float("-inf")
         self._seen: dict[str, float] = {}
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         yield GaugeMetricFamily("jobs_depth", DEPTH_HELP, labels=["state", "queue"])
         yield GaugeMetricFamily("jobs_oldest_age_seconds", AGE_HELP, labels=["state", "queue"])
+        yield GaugeMetricFamily("jobs_queue_consumers", CONSUMERS_HELP, labels=["queue"])
+        yield GaugeMetricFamily("jobs_unserved_queue_depth", UNSERVED_HELP, labels=["queue"])
 
     def _read(self) -> list[tuple[str, str, int, float]] | None:
         with self._lock:
@@ -73,6 +80,7 @@ class DepthCollector(Collector):
                 return self._rows
             try:
                 rows = selectors.depth_by_state()
+                self._consumers = selectors.queue_consumers()
             except (DatabaseError, InterfaceError) as exc:
                 metrics.DB_ERRORS.labels(op="depth").inc()
                 log.warning("queue depth unavailable, postgres failed: %s", exc)
@@ -104,8 +112,19 @@ class DepthCollector(Collector):
                 count, oldest = found.get((state, queue), (0, 0.0))
                 depth.add_metric([state, queue], count)
                 age.add_metric([state, queue], oldest)
+        consumers = GaugeMetricFamily("jobs_queue_consumers", CONSUMERS_HELP, labels=["queue"])
+        unserved = GaugeMetricFamily(
+            "jobs_unserved_queue_depth", UNSERVED_HELP, labels=["queue"]
+        )
+        for queue in sorted(self._seen):
+            serving = self._consumers(queue)
+            consumers.add_metric([queue], serving)
+            queued = found.get(("queued", queue), (0, 0.0))[0]
+            unserved.add_metric([queue], queued if serving == 0 else 0)
         yield depth
         yield age
+        yield consumers
+        yield unserved
 
 
 class WorkerCollector(Collector):
