@@ -1,11 +1,11 @@
 """Gauges computed at scrape time, each exported by the one process that owns it.
 
 - `DepthCollector`: jobs_depth and jobs_oldest_age_seconds by state and queue,
-  from ONE grouped query cached for a few seconds, and with them
-  jobs_queue_consumers and jobs_unserved_queue_depth (queued jobs on a queue no
-  live worker serves) from the worker registry; registered by the reaper only,
+  from ONE grouped query cached for a few seconds; registered by the reaper only,
   so the database answers it once per cache period however many processes and
   scrapers there are.
+- `ConsumersCollector`: jobs_queue_consumers and jobs_unserved_queue_depth (queued
+  jobs on a queue no live worker serves), from the worker registry; reaper only.
 - `WorkerCollector`: jobs_worker_inflight and jobs_worker_slots of one worker.
 - `ReaperCollector`: when the reaper last finished a sweep, and its cadence.
 """
@@ -63,15 +63,12 @@ class DepthCollector(Collector):
         self.reads = 0  # database round trips, for tests and curiosity
         self._lock = threading.Lock()
         self._rows: list[tuple[str, str, int, float]] | None = None
-        self._consumers = None
         self._read_at = float("-inf")
         self._seen: dict[str, float] = {}
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         yield GaugeMetricFamily("jobs_depth", DEPTH_HELP, labels=["state", "queue"])
         yield GaugeMetricFamily("jobs_oldest_age_seconds", AGE_HELP, labels=["state", "queue"])
-        yield GaugeMetricFamily("jobs_queue_consumers", CONSUMERS_HELP, labels=["queue"])
-        yield GaugeMetricFamily("jobs_unserved_queue_depth", UNSERVED_HELP, labels=["queue"])
 
     def _read(self) -> list[tuple[str, str, int, float]] | None:
         with self._lock:
@@ -80,7 +77,6 @@ class DepthCollector(Collector):
                 return self._rows
             try:
                 rows = selectors.depth_by_state()
-                self._consumers = selectors.queue_consumers()
             except (DatabaseError, InterfaceError) as exc:
                 metrics.DB_ERRORS.labels(op="depth").inc()
                 log.warning("queue depth unavailable, postgres failed: %s", exc)
@@ -112,17 +108,55 @@ class DepthCollector(Collector):
                 count, oldest = found.get((state, queue), (0, 0.0))
                 depth.add_metric([state, queue], count)
                 age.add_metric([state, queue], oldest)
-        consumers = GaugeMetricFamily("jobs_queue_consumers", CONSUMERS_HELP, labels=["queue"])
-        unserved = GaugeMetricFamily(
-            "jobs_unserved_queue_depth", UNSERVED_HELP, labels=["queue"]
-        )
-        for queue in sorted(self._seen):
-            serving = self._consumers(queue)
-            consumers.add_metric([queue], serving)
-            queued = found.get(("queued", queue), (0, 0.0))[0]
-            unserved.add_metric([queue], queued if serving == 0 else 0)
         yield depth
         yield age
+
+
+class ConsumersCollector(Collector):
+    """jobs_queue_consumers and jobs_unserved_queue_depth: the worker registry read
+    against the depth the reaper's DepthCollector holds (its cached rows, its queues),
+    with one small query of the registry per cache period."""
+
+    def __init__(self, depth: DepthCollector) -> None:
+        self.depth = depth
+        self._lock = threading.Lock()
+        self._consumers: Callable[[str], int] | None = None
+        self._read_at = float("-inf")
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily("jobs_queue_consumers", CONSUMERS_HELP, labels=["queue"])
+        yield GaugeMetricFamily("jobs_unserved_queue_depth", UNSERVED_HELP, labels=["queue"])
+
+    def _read(self) -> Callable[[str], int] | None:
+        with self._lock:
+            now = self.depth.clock()
+            if self._consumers is not None and now - self._read_at < self.depth.cache_seconds:
+                return self._consumers
+            try:
+                self._consumers = selectors.queue_consumers()
+            except (DatabaseError, InterfaceError) as exc:
+                metrics.DB_ERRORS.labels(op="depth").inc()
+                log.warning("queue consumers unavailable, postgres failed: %s", exc)
+                self._consumers = None
+                return None
+            finally:
+                if not connection.in_atomic_block:
+                    connection.close()
+            self._read_at = now
+            return self._consumers
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        rows = self.depth._read()
+        consumers_of = self._read()
+        if rows is None or consumers_of is None:
+            return
+        queued = {queue: count for state, queue, count, _ in rows if state == "queued"}
+        consumers = GaugeMetricFamily("jobs_queue_consumers", CONSUMERS_HELP, labels=["queue"])
+        unserved = GaugeMetricFamily("jobs_unserved_queue_depth", UNSERVED_HELP, labels=["queue"])
+        for queue in sorted(self.depth._seen):
+            serving = consumers_of(queue)
+            consumers.add_metric([queue], serving)
+            unserved.add_metric([queue], 0 if serving else queued.get(queue, 0))
         yield consumers
         yield unserved
 

@@ -8,7 +8,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from jobs import metrics
-from jobs.collectors import DepthCollector, ReaperCollector
+from jobs.collectors import ConsumersCollector, DepthCollector, ReaperCollector
 from jobs.management.commands.runworker import start_metrics_server
 from jobs.reaper import Reaper
 
@@ -69,7 +69,9 @@ class Command(BaseCommand):
 
             # Depth and age by state come from the reaper only: one cached query per
             # deployment instead of one per process and scrape.
-            REGISTRY.register(DepthCollector())
+            depth = DepthCollector()
+            REGISTRY.register(depth)
+            REGISTRY.register(ConsumersCollector(depth))
             REGISTRY.register(ReaperCollector(reaper))
             for kind in RECOVERY_KINDS:  # every kind shows 0 before its first repair
                 metrics.RECOVERED.labels(kind)
