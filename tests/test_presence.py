@@ -10,6 +10,7 @@ from jobs.models import JobEvent, WorkerProcess
 from jobs.presence import Presence
 from tests.conftest import job_row
 from tests.factories import raw
+from tests.harness import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -42,7 +43,8 @@ def test_jobs_of_a_worker_whose_session_ended_are_requeued_once_with_the_lease_b
     conn.close()  # the process is gone: its session and lock with it
     assert services.reap_gone_owners(2.0) == {}  # its row is fresh: within the grace
     _stale("w-dead")
-    reaped = services.reap_gone_owners(2.0)
+    # The server ends the session a moment after the client closes it.
+    reaped = wait_until(lambda: services.reap_gone_owners(2.0), 5, message="reaped")
     assert list(reaped) == [lease.job_id]
     row = job_row(lease.job_id)
     assert (row["status"], row["retry_count"], row["lease_version"]) == ("queued", 1, 2)
@@ -69,7 +71,8 @@ def test_a_live_session_a_frozen_worker_or_no_lock_keeps_the_jobs():
     assert services.reap_gone_owners(2.0) == {}
     assert WorkerProcess.objects.get(id="w-nolock").lock_key is None
     live.close()
-    assert len(services.reap_gone_owners(2.0)) == 1
+    reaped = wait_until(lambda: services.reap_gone_owners(2.0), 5, message="reaped")
+    assert len(reaped) == 1
 
 
 def test_presence_registers_reconnects_and_leaves():
@@ -80,8 +83,6 @@ def test_presence_registers_reconnects_and_leaves():
         ["a", "*"], 3, services.presence_lock_key("w-presence"))
     first = row.backend_pid
     raw("SELECT pg_terminate_backend(%s)", [first])
-    from tests.harness import wait_until
-
     wait_until(lambda: WorkerProcess.objects.get(id="w-presence").backend_pid != first, 10,
                message="re-registered")
     wait_until(lambda: p.locked, 5, message="relocked")
