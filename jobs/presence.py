@@ -8,7 +8,7 @@ advisory lock on that connection for as long as the process lives. When the
 process dies the server ends the session and releases the lock, and the reaper
 requeues the worker's jobs at its next check instead of waiting for the lease.
 If only the connection dies (pg_terminate_backend, a network blip) the thread
-reconnects, takes the lock again and beats within a second, inside the grace
+reconnects at once, takes the lock again and beats, well inside the three beats
 the reaper allows; jobs requeued meanwhile are fenced off as after any reap.
 """
 
@@ -109,9 +109,16 @@ class Presence:
         self.locked = False
 
     def _loop(self) -> None:
-        while not self._halt.wait(self.interval if self._conn is not None else 0.2):
+        wait = self.interval
+        while not self._halt.wait(wait):
             try:
-                self.beat()
+                ok = self.beat()
             except Exception:  # never let presence end while the worker runs
                 log.exception("presence beat failed", extra={"worker_id": self.worker_id})
                 self._close()
+                ok = False
+            if not ok and wait == self.interval:
+                # The connection died: reconnect at once (the reaper allows three beats),
+                # then every 0.2 s until the server answers again.
+                ok = self.beat()
+            wait = self.interval if ok else 0.2

@@ -70,8 +70,9 @@ class Reaper:
             settings.JOBS_SESSION_CRASH_DETECTION if crash_detection is None else crash_detection
         )
         self.presence_seconds = settings.JOBS_PRESENCE_SECONDS
-        # Two missed beats: a worker whose connection was killed is back well within it.
-        self.gone_grace = 2 * self.presence_seconds
+        # Three beats: a worker whose connection was killed notices at its next beat
+        # (≤ 1) and is back at once, with room for a loaded machine.
+        self.gone_grace = 3 * self.presence_seconds
         self.transport = get_transport()
         self.stop = threading.Event()
         self._last_due_check = None

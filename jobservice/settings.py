@@ -140,7 +140,7 @@ JOBS_SLO_SECONDS = env.float("JOBS_SLO_SECONDS", default=25.0)
 # Each worker process beats its row in jobs_worker this often; with session crash
 # detection it also holds an advisory lock on that connection, and the reaper
 # requeues the jobs of a worker whose session is gone and whose beat is older than
-# two of these (checked every JOBS_PRESENCE_SECONDS). Turn detection off where
+# three of these (checked every JOBS_PRESENCE_SECONDS). Turn detection off where
 # sessions are not the worker's own (PgBouncer in transaction mode): leases remain.
 JOBS_PRESENCE_SECONDS = env.float("JOBS_PRESENCE_SECONDS", default=1.0)
 JOBS_SESSION_CRASH_DETECTION = env.bool("JOBS_SESSION_CRASH_DETECTION", default=True)
