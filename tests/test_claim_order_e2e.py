@@ -26,7 +26,7 @@ def _claim_order(ids: list[int]) -> list[int]:
 def test_high_priority_job_starts_before_queued_low_priority_ones_with_redis_up(stack):
     """50 priority −50 jobs queued, then one priority 50 job: it starts before all of
     them but those already claimed when it was submitted."""
-    worker = stack.worker("--concurrency", "1")
+    stack.worker("--concurrency", "1")
     low = [services.submit("sleep", {"seconds": 0.05}, priority=-50)[0].pk for _ in range(50)]
     wait_until(lambda: JobEvent.objects.filter(job_id__in=low, to_status="processing").exists(),
                15, message="first claim")
@@ -39,8 +39,7 @@ def test_high_priority_job_starts_before_queued_low_priority_ones_with_redis_up(
     print(f"{already} low job(s) claimed at submission, {before} before the high one")
     # One claim may be in flight between counting and submitting.
     assert before <= already + 1, order[: before + 1]
-    assert Job.objects.filter(pk__in=low, status="queued").exists() or before < 50
-    worker.kill()
+    assert before < 50  # not last, as when Redis' FIFO order decided
 
 
 def stack_redis_len(stack) -> int:
