@@ -5,8 +5,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-12)
 
-.PHONY: run test lint install tools migrate browser chaos chaos-long bench table-health \
-	fuzz stop-db reset-db clean
+.PHONY: run test lint install tools migrate browser chaos chaos-long bench crash-bench \
+	table-health fuzz stop-db reset-db clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -71,6 +71,13 @@ fuzz: install
 ## (BENCH_ARGS="--scenario drain-2 --baseline main" for a side-by-side run; --quick to smoke-test).
 bench: install
 	$(PY) -m bench $(BENCH_ARGS)
+
+## crash-bench: kill -9 a worker mid-job CRASH_KILLS times (default 20) with the default lease
+## and sweep; prints kill -> running on another worker p50/p99/max (from the database clock).
+CRASH_KILLS ?= 20
+crash-bench: install
+	CRASH_KILLS=$(CRASH_KILLS) $(VENV)/bin/pytest -q -s -p no:cacheprovider \
+	  tests/test_crash_detection_e2e.py::test_kill_9_mid_job_runs_again_elsewhere_within_seconds
 
 ## table-health: claim latency and table size with N finished jobs, before and after
 ## prunejobs, in a scratch database of its own (not part of `make test`; N=1000000 takes minutes).

@@ -23,9 +23,11 @@ def main() -> None:
     worker = f"claimer:{os.getpid()}"
     # The same claim statement, also returning how long the server spent on it.
     timed_sql = services._CLAIM_NEXT_SQL.replace(
-        "RETURNING j.id,",
-        "RETURNING extract(epoch FROM clock_timestamp() - statement_timestamp()) * 1000, j.id,",
+        "SELECT id, lease_version,",
+        "SELECT extract(epoch FROM clock_timestamp() - statement_timestamp()) * 1000, "
+        "id, lease_version,",
     )
+    assert timed_sql != services._CLAIM_NEXT_SQL, "the claim statement changed shape"
     params = {
         "queue": "default",
         "limit": batch,

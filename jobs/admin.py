@@ -747,6 +747,13 @@ class JobAdmin(admin.ModelAdmin):
                 and getattr(self, f"has_{spec.permission}_permission")(request)
             ]
             extra_context["action_checkbox_name"] = helpers.ACTION_CHECKBOX_NAME
+            if job.status == Status.QUEUED and not selectors.queue_consumers()(job.queue):
+                self.message_user(
+                    request,
+                    f"No worker serves the queue “{job.queue}”: this job waits until a "
+                    f"worker runs with --queues naming it (or --queues '*').",
+                    messages.WARNING,
+                )
         return super().change_view(request, object_id, form_url, extra_context)
 
     # --- dashboard

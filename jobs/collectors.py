@@ -4,6 +4,8 @@
   from ONE grouped query cached for a few seconds; registered by the reaper only,
   so the database answers it once per cache period however many processes and
   scrapers there are.
+- `ConsumersCollector`: jobs_queue_consumers and jobs_unserved_queue_depth (queued
+  jobs on a queue no live worker serves), from the worker registry; reaper only.
 - `WorkerCollector`: jobs_worker_inflight and jobs_worker_slots of one worker.
 - `ReaperCollector`: when the reaper last finished a sweep, and its cadence.
 """
@@ -33,6 +35,8 @@ log = logging.getLogger(__name__)
 FORGET_QUEUE_AFTER = 3600.0
 
 DEPTH_HELP = "Jobs in a non-terminal state, by queue (queued includes scheduled and backed-off)"
+CONSUMERS_HELP = "Live worker processes serving the queue (workers serving '*' included)"
+UNSERVED_HELP = "Queued jobs on a queue that no live worker serves: they wait forever"
 AGE_HELP = (
     "Age of the oldest job in the state: queued since due, processing since claimed, "
     "enqueue_failed since parked"
@@ -106,6 +110,55 @@ class DepthCollector(Collector):
                 age.add_metric([state, queue], oldest)
         yield depth
         yield age
+
+
+class ConsumersCollector(Collector):
+    """jobs_queue_consumers and jobs_unserved_queue_depth: the worker registry read
+    against the depth the reaper's DepthCollector holds (its cached rows, its queues),
+    with one small query of the registry per cache period."""
+
+    def __init__(self, depth: DepthCollector) -> None:
+        self.depth = depth
+        self._lock = threading.Lock()
+        self._consumers: Callable[[str], int] | None = None
+        self._read_at = float("-inf")
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily("jobs_queue_consumers", CONSUMERS_HELP, labels=["queue"])
+        yield GaugeMetricFamily("jobs_unserved_queue_depth", UNSERVED_HELP, labels=["queue"])
+
+    def _read(self) -> Callable[[str], int] | None:
+        with self._lock:
+            now = self.depth.clock()
+            if self._consumers is not None and now - self._read_at < self.depth.cache_seconds:
+                return self._consumers
+            try:
+                self._consumers = selectors.queue_consumers()
+            except (DatabaseError, InterfaceError) as exc:
+                metrics.DB_ERRORS.labels(op="depth").inc()
+                log.warning("queue consumers unavailable, postgres failed: %s", exc)
+                self._consumers = None
+                return None
+            finally:
+                if not connection.in_atomic_block:
+                    connection.close()
+            self._read_at = now
+            return self._consumers
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        rows = self.depth._read()
+        consumers_of = self._read()
+        if rows is None or consumers_of is None:
+            return
+        queued = {queue: count for state, queue, count, _ in rows if state == "queued"}
+        consumers = GaugeMetricFamily("jobs_queue_consumers", CONSUMERS_HELP, labels=["queue"])
+        unserved = GaugeMetricFamily("jobs_unserved_queue_depth", UNSERVED_HELP, labels=["queue"])
+        for queue in sorted(self.depth._seen):
+            serving = consumers_of(queue)
+            consumers.add_metric([queue], serving)
+            unserved.add_metric([queue], 0 if serving else queued.get(queue, 0))
+        yield consumers
+        yield unserved
 
 
 class WorkerCollector(Collector):

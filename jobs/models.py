@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 
+from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
@@ -218,3 +219,33 @@ class JobEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job_id}: {self.from_status or 'new'} → {self.to_status} by {self.actor}"
+
+
+class WorkerProcess(models.Model):
+    """One running worker process: the queues it serves and how to tell it is alive.
+
+    Written only by the worker itself (jobs.presence) and cleaned by the reaper.
+    `lock_key` names the session-level advisory lock the worker holds on its
+    presence connection while it lives (NULL when session crash detection is
+    off): when that session is gone and the heartbeat is stale, the process is
+    dead and the reaper requeues its jobs without waiting for the lease.
+    """
+
+    id = models.CharField(max_length=200, primary_key=True, help_text="As in Job.owned_by.")
+    hostname = models.CharField(max_length=255)
+    pid = models.IntegerField()
+    backend_pid = models.IntegerField(
+        null=True, blank=True, help_text="PostgreSQL backend of the presence connection."
+    )
+    lock_key = models.IntegerField(null=True, blank=True)
+    queues = ArrayField(models.CharField(max_length=100), help_text="'*' serves every queue.")
+    concurrency = models.IntegerField()
+    started_at = models.DateTimeField(db_default=Now())
+    heartbeat_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "jobs_worker"
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return self.id

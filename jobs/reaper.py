@@ -2,6 +2,9 @@
 
 Every sweep works in bounded batches with FOR UPDATE SKIP LOCKED, so any
 number of reapers can run side by side without touching the same row twice.
+Between sweeps, every JOBS_PRESENCE_SECONDS, it looks for workers whose
+PostgreSQL session is gone (jobs.presence) and requeues their jobs at once:
+a kill -9 is recovered in seconds, not a lease.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class SweepReport:
+    worker_gone: int = 0
     lease_requeued: int = 0
     lease_failed: int = 0
     repaired: int = 0
@@ -33,7 +37,8 @@ class SweepReport:
 
     def total(self) -> int:
         return (
-            self.lease_requeued
+            self.worker_gone
+            + self.lease_requeued
             + self.lease_failed
             + self.repaired
             + self.over_budget
@@ -51,6 +56,7 @@ class Reaper:
         lease: float | None = None,
         batch: int = 500,
         lost_signal_after: float | None = None,
+        crash_detection: bool | None = None,
     ) -> None:
         self.interval = interval if interval is not None else settings.JOBS_REAPER_INTERVAL
         self.lease = lease if lease is not None else settings.JOBS_LEASE_SECONDS
@@ -60,6 +66,13 @@ class Reaper:
             if lost_signal_after is not None
             else settings.JOBS_LOST_SIGNAL_SECONDS
         )
+        self.crash_detection = (
+            settings.JOBS_SESSION_CRASH_DETECTION if crash_detection is None else crash_detection
+        )
+        self.presence_seconds = settings.JOBS_PRESENCE_SECONDS
+        # Three beats: a worker whose connection was killed notices at its next beat
+        # (≤ 1) and is back at once, with room for a loaded machine.
+        self.gone_grace = 3 * self.presence_seconds
         self.transport = get_transport()
         self.stop = threading.Event()
         self._last_due_check = None
@@ -92,13 +105,48 @@ class Reaper:
                 connection.close()
                 wait = backoff
                 backoff = min(backoff * 2, 60.0)
-            self.stop.wait(wait)
+            self._wait_checking_workers(wait)
         connection.close()
         log.info("reaper stopped")
+
+    def _wait_checking_workers(self, wait: float) -> None:
+        """Wait for the next sweep, looking for gone workers every presence period."""
+        deadline = time.monotonic() + wait
+        while not self.stop.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            if not self.crash_detection:
+                self.stop.wait(remaining)
+                continue
+            if self.stop.wait(min(remaining, self.presence_seconds)):
+                return
+            try:
+                report = SweepReport()
+                self._reap_gone(report)
+                if report.worker_gone:
+                    log.info("requeued %d job(s) of gone workers", report.worker_gone)
+            except (DatabaseError, InterfaceError) as exc:
+                metrics.DB_ERRORS.labels(op="sweep").inc()
+                log.warning("gone-worker check failed, postgres unavailable: %s", exc)
+                connection.close()
+
+    def _reap_gone(self, report: SweepReport) -> None:
+        gone = 0
+        while True:
+            reaped = services.reap_gone_owners(self.gone_grace, self.batch)
+            gone += len(reaped)
+            if len(reaped) < self.batch:
+                break
+        report.worker_gone += gone
+        metrics.RECOVERED.labels("worker_gone").inc(gone)
 
     def sweep(self) -> SweepReport:
         started = time.monotonic()
         report = SweepReport()
+        # 0. Jobs of workers whose session is gone (kill -9, OOM, host loss).
+        if self.crash_detection:
+            self._reap_gone(report)
         # 1. Expired leases: requeue with a retry spent, or fail when the budget is gone.
         while True:
             reaped = services.reap_expired(self.lease, self.batch)
@@ -123,6 +171,8 @@ class Reaper:
         # 4 and 5. Signals: scheduled or backed-off jobs that came due, and lost signals.
         if self.transport.enabled:
             self._signal(report)
+        # 6. Registry rows of workers that are gone or silent, once they own nothing.
+        services.forget_workers(self.gone_grace, 2 * self.lease)
         report.seconds = time.monotonic() - started
         metrics.REAPER_SWEEPS.inc()
         metrics.REAPER_SWEEP_DURATION.observe(report.seconds)

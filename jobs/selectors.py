@@ -19,7 +19,7 @@ from django.db import connection
 from django.db.models import QuerySet
 
 from jobs.lifecycle import Status, due_sql
-from jobs.models import Job
+from jobs.models import Job, WorkerProcess
 
 T = Job._meta.db_table
 DUE = due_sql()  # latency counts from when a job became due (SPEC §6)
@@ -56,6 +56,12 @@ SELECT percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP
          (ORDER BY extract(epoch FROM finished_at - {DUE}))
 FROM {T} WHERE finished_at >= now() - %(window)s * interval '1 second'"""
 
+# Live workers per queue served ('*' serves every queue): the registry is one row per
+# worker process; live means it beat within a lease.
+CONSUMERS_SQL = f"""
+SELECT q.queue, count(*) FROM {WorkerProcess._meta.db_table} w, unnest(w.queues) AS q(queue)
+WHERE w.heartbeat_at >= now() - %(lease)s * interval '1 second'
+GROUP BY q.queue"""
 ESTIMATE_SQL = "SELECT reltuples::bigint FROM pg_class WHERE oid = %(table)s::regclass"
 NOW_SQL = "SELECT now()"
 
@@ -78,6 +84,7 @@ def dashboard_queries(
         ("enqueue_failed", ENQUEUE_FAILED_SQL, params),
         ("finished", FINISHED_SQL, params),
         ("latency", LATENCY_SQL, params),
+        ("consumers", CONSUMERS_SQL, params),
         ("estimate", ESTIMATE_SQL, params),
         ("now", NOW_SQL, params),
     ]
@@ -94,6 +101,12 @@ class QueueRow:
     enqueue_failed: int = 0
     done: int = 0
     failed: int = 0
+    consumers: int = 0  # live workers serving this queue, `*` workers included
+
+    @property
+    def unserved(self) -> bool:
+        """Jobs wait here and no live worker serves the queue: they would wait forever."""
+        return self.queued > 0 and self.consumers == 0
 
 
 @dataclass
@@ -135,6 +148,10 @@ class Dashboard:
     @property
     def success_rate(self) -> float | None:
         return self.done / self.finished if self.finished else None
+
+    @property
+    def unserved(self) -> list[QueueRow]:
+        return [q for q in self.queues if q.unserved]
 
     @property
     def oldest_due_seconds(self) -> float | None:
@@ -222,6 +239,9 @@ def dashboard(
         board.latency_p50, board.latency_p95, board.latency_p99 = (
             float(p) if p is not None else None for p in percentiles
         )
+    consumers = consumer_counts(_fetch(*queries["consumers"]))
+    for r in rows.values():
+        r.consumers = consumers(r.queue)
     board.queues = sorted(rows.values(), key=lambda r: r.queue)
     board.minutes = [bars[k] for k in sorted(bars)][-max(window_seconds // 60, 1) :]
     totals = QueueRow("all")
@@ -300,6 +320,19 @@ def capped_count(queryset: QuerySet, cap: int) -> tuple[int, bool]:
 
 
 # --- the reaper and the SLO report ---------------------------------------------
+
+
+def consumer_counts(rows: list[tuple[str, int]]):
+    """From (queue served, live workers) rows, a function: queue → live workers serving it."""
+    served = dict(rows)
+    everything = served.pop("*", 0)
+    return lambda queue: served.get(queue, 0) + everything
+
+
+def queue_consumers(lease_seconds: float | None = None):
+    """queue → live workers serving it (see CONSUMERS_SQL)."""
+    lease = settings.JOBS_LEASE_SECONDS if lease_seconds is None else lease_seconds
+    return consumer_counts(_fetch(CONSUMERS_SQL, {"lease": lease}))
 
 
 def db_now():

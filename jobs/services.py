@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import zlib
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from django.db import connection, models, transaction
 from jobs import metrics
 from jobs.lifecycle import CANCELLED, TERMINAL, Status, due_sql
 from jobs.logconfig import job_log_fields
-from jobs.models import Job, JobEvent
+from jobs.models import Job, JobEvent, WorkerProcess
 from jobs.transport import TransportError, get_transport
 
 log = logging.getLogger(__name__)
@@ -423,13 +424,18 @@ def mark_enqueue_failed(job_ids: Sequence[int], reason: str = "") -> list[int]:
 
 # --- claiming -------------------------------------------------------------------
 
+# The claimed rows come back in claim order, so a batch starts best-first too.
 _CLAIM_SET = f"""
+, u AS (
 UPDATE {T} j SET status = '{PROCESSING}', lease_version = j.lease_version + 1,
        owned_by = %(worker)s, claimed_at = now(), heartbeat_at = now(),
        updated_by = %(actor)s
 WHERE j.id = ANY(ARRAY(SELECT id FROM c))
 RETURNING j.id, j.lease_version, j.task, j.payload, j.queue, j.retry_count,
-          j.max_retries, j.created_at
+          j.max_retries, j.created_at, j.priority, j.run_at
+)
+SELECT id, lease_version, task, payload, queue, retry_count, max_retries, created_at
+FROM u ORDER BY priority DESC, run_at, id
 """
 _CLAIM_NEXT_SQL = f"""
 WITH c AS (
@@ -466,7 +472,8 @@ def _leases(rows: list[tuple], worker_id: str) -> list[Lease]:
 
 
 def claim_next(worker_id: str, queues: Sequence[str], limit: int) -> list[Lease]:
-    """queued → processing for up to `limit` due jobs, earlier queues first.
+    """queued → processing for up to `limit` due jobs, in the order `queues` are given,
+    each queue in PostgreSQL's claim order (priority DESC, run_at, id).
 
     FOR UPDATE SKIP LOCKED lets many workers claim at once without waiting on
     each other; the partial index job_claim_idx serves the scan.
@@ -740,23 +747,15 @@ def record_fence_rejections(leases: Sequence[Lease], op: str) -> None:
 # --- the reaper -------------------------------------------------------------------
 
 
-def reap_expired(lease_seconds: float, limit: int = 500) -> dict[int, Finished]:
-    """Expired leases (no claim or heartbeat for `lease_seconds`) → queued with a
-    retry spent and the lease bumped, or failed when the budget is spent.
-
-    SKIP LOCKED keeps concurrent reapers from ever touching the same row.
-    """
+def _reap(candidates: str, error: str, params: dict[str, Any]) -> list[tuple]:
+    """Requeue (retry spent, lease bumped) or fail the processing rows `candidates`
+    selects as (id, owned_by), FOR UPDATE SKIP LOCKED: the one recovery statement
+    shared by lease expiry and dead-owner detection."""
     retry = "j.retry_count + 1 <= j.max_retries"
-    rows = _rows(
-        f"""WITH c AS (
-              SELECT id, owned_by FROM {T}
-              WHERE status = '{PROCESSING}'
-                AND heartbeat_at < now() - %(lease)s * interval '1 second'
-              ORDER BY heartbeat_at LIMIT %(limit)s
-              FOR UPDATE SKIP LOCKED)
+    return _rows(
+        f"""WITH {candidates}
             UPDATE {T} j SET retry_count = j.retry_count + 1, result = NULL,
-                   error = format('lease expired: no heartbeat from %%s for over %%s s',
-                                  j.owned_by, %(lease)s),
+                   error = {error},
                    status = CASE WHEN {retry} THEN '{QUEUED}' ELSE '{FAILED}' END,
                    lease_version = j.lease_version + 1,
                    run_at = CASE WHEN {retry} THEN now() ELSE j.run_at END,
@@ -764,16 +763,17 @@ def reap_expired(lease_seconds: float, limit: int = 500) -> dict[int, Finished]:
                    {_UNOWN}, updated_by = 'reaper'
             FROM c WHERE j.id = c.id
             RETURNING {_FINISH_RETURNING}, c.owned_by""",
-        {"lease": lease_seconds, "limit": limit},
+        params,
     )
+
+
+def _after_reap(rows: list[tuple], message: str, **fields: Any) -> dict[int, Finished]:
     finished = _finished([r[:-1] for r in rows])
     owners = {r[0]: r[-1] for r in rows}
     for f in finished.values():
-        metrics.LEASE_EXPIRED.labels(f.queue).inc()
         # The lost lease's identity: the worker that held it and the version it held.
         log.warning(
-            "lease expired: no heartbeat for over %ss; job %s",
-            lease_seconds,
+            message,
             f.status,
             extra=job_log_fields(
                 f.job_id,
@@ -783,6 +783,7 @@ def reap_expired(lease_seconds: float, limit: int = 500) -> dict[int, Finished]:
                 f.task,
                 new_lease_version=f.lease_version,
                 retry_count=f.retry_count,
+                **fields,
             ),
         )
     signal_after_commit(
@@ -790,6 +791,131 @@ def reap_expired(lease_seconds: float, limit: int = 500) -> dict[int, Finished]:
         park_on_failure=False,
     )
     return finished
+
+
+def reap_expired(lease_seconds: float, limit: int = 500) -> dict[int, Finished]:
+    """Expired leases (no claim or heartbeat for `lease_seconds`) → queued with a
+    retry spent and the lease bumped, or failed when the budget is spent.
+
+    SKIP LOCKED keeps concurrent reapers from ever touching the same row.
+    """
+    rows = _reap(
+        f"""c AS (
+              SELECT id, owned_by FROM {T}
+              WHERE status = '{PROCESSING}'
+                AND heartbeat_at < now() - %(lease)s * interval '1 second'
+              ORDER BY heartbeat_at LIMIT %(limit)s
+              FOR UPDATE SKIP LOCKED)""",
+        "format('lease expired: no heartbeat from %%s for over %%s s', j.owned_by, %(lease)s)",
+        {"lease": lease_seconds, "limit": limit},
+    )
+    finished = _after_reap(rows, f"lease expired: no heartbeat for over {lease_seconds}s; job %s")
+    for f in finished.values():
+        metrics.LEASE_EXPIRED.labels(f.queue).inc()
+    return finished
+
+
+# --- the worker registry ----------------------------------------------------------
+
+W = WorkerProcess._meta.db_table
+# Advisory lock namespace of worker sessions ('jobs'); the second key is the row's lock_key.
+PRESENCE_LOCK_SPACE = 0x6A6F6273
+# A registered worker whose advisory lock no session holds, and whose row has not
+# been beaten for `grace` seconds: its process is gone (kill -9, OOM, host loss).
+_GONE_WORKERS = f"""
+  SELECT w.id FROM {W} w
+  WHERE w.lock_key IS NOT NULL
+    AND w.heartbeat_at < now() - %(grace)s * interval '1 second'
+    AND NOT EXISTS (
+      SELECT 1 FROM pg_locks l
+      WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+        AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+        AND l.classid = {PRESENCE_LOCK_SPACE}::oid AND l.objid = w.lock_key::oid)
+"""
+
+
+def presence_lock_key(worker_id: str) -> int:
+    """The second key of the worker's advisory lock: non-negative, so it reads the same
+    as pg_locks.objid. A collision only makes a dead worker look alive (the lease
+    still recovers its jobs), never the reverse."""
+    return zlib.crc32(worker_id.encode()) & 0x7FFFFFFF
+
+
+def worker_beat(
+    conn: psycopg.Connection,
+    worker_id: str,
+    *,
+    hostname: str,
+    pid: int,
+    queues: Sequence[str],
+    concurrency: int,
+    lock: bool,
+    locked: bool,
+) -> bool:
+    """Register or refresh `worker_id` on its own presence connection (autocommit).
+
+    With `lock` and not yet `locked`, first try to take the session advisory lock
+    that says the process lives; returns whether this session holds it.
+    """
+    key = presence_lock_key(worker_id) if lock else None
+    with conn.cursor() as cur:
+        if lock and not locked:
+            cur.execute("SELECT pg_try_advisory_lock(%s, %s)", [PRESENCE_LOCK_SPACE, key])
+            locked = bool(cur.fetchone()[0])
+        cur.execute(
+            f"""INSERT INTO {W} (id, hostname, pid, backend_pid, lock_key, queues, concurrency,
+                                 started_at, heartbeat_at)
+                VALUES (%s, %s, %s, pg_backend_pid(), %s, %s, %s, now(), now())
+                ON CONFLICT (id) DO UPDATE SET heartbeat_at = now(),
+                    backend_pid = EXCLUDED.backend_pid, lock_key = EXCLUDED.lock_key,
+                    queues = EXCLUDED.queues""",
+            [worker_id, hostname, pid, key, list(queues), concurrency],
+        )
+    return locked
+
+
+def worker_leave(conn: psycopg.Connection, worker_id: str) -> None:
+    """A worker stopping on its own: its row goes (its lock goes with the session)."""
+    with conn.cursor() as cur:
+        cur.execute(f"DELETE FROM {W} WHERE id = %s", [worker_id])
+
+
+def reap_gone_owners(grace_seconds: float, limit: int = 500) -> dict[int, Finished]:
+    """Jobs of workers whose process is gone (session lock released, no beat for
+    `grace_seconds`) → queued with a retry spent and the lease bumped, or failed when
+    the budget is spent: a lease expiry found in seconds instead of a lease.
+
+    A frozen worker keeps its session, so only its lease can expire; a worker whose
+    connection was killed takes its lock again within a beat, before the grace ends.
+    """
+    rows = _reap(
+        f"""gone AS ({_GONE_WORKERS}),
+            c AS (
+              SELECT j.id, j.owned_by FROM {T} j
+              WHERE j.status = '{PROCESSING}' AND j.owned_by IN (SELECT id FROM gone)
+              ORDER BY j.id LIMIT %(limit)s
+              FOR UPDATE OF j SKIP LOCKED)""",
+        "format('worker gone: the session of %%s ended', j.owned_by)",
+        {"grace": grace_seconds, "limit": limit},
+    )
+    return _after_reap(rows, "worker gone: its session ended; job %s")
+
+
+def forget_workers(grace_seconds: float, stale_seconds: float) -> int:
+    """Delete registry rows of gone workers, and rows not beaten for `stale_seconds`,
+    once they own no processing job (a worker that comes back registers again)."""
+    rows = _rows(
+        f"""DELETE FROM {W} w
+            WHERE (w.id IN ({_GONE_WORKERS})
+                   OR w.heartbeat_at < now() - %(stale)s * interval '1 second')
+              AND NOT EXISTS (SELECT 1 FROM {T} j
+                              WHERE j.status = '{PROCESSING}' AND j.owned_by = w.id)
+            RETURNING w.id""",
+        {"grace": grace_seconds, "stale": stale_seconds},
+    )
+    for (worker_id,) in rows:
+        log.info("worker gone: unregistered", extra={"worker_id": worker_id})
+    return len(rows)
 
 
 def repair_enqueue_failed(

@@ -3,9 +3,11 @@
 One process runs one dispatcher (this module's `Worker.run`, on the main
 thread), `concurrency` handler threads fed from one queue, a flusher that writes
 finished attempts back in batches, and a heartbeat thread that extends every
-held lease in one statement. Redis ids are hints: the dispatcher claims them in
-Postgres, and falls back to claiming straight from Postgres whenever Redis is
-silent, down or not configured.
+held lease in one statement. Redis ids are hints: a popped id says only "queue q
+has work", and the dispatcher claims the best due rows of q in PostgreSQL's order
+(priority DESC, run_at, id), one per id popped. It falls back to claiming
+straight from Postgres whenever Redis is silent, down or not configured. Queues
+are visited in a weighted random order (jobs.dispatch), so none starves.
 
 Batching never merges authority: each row of a batched write carries its own
 (id, lease_version, owned_by) and status = 'processing' predicate, so one stale
@@ -40,7 +42,8 @@ from django.db import (
     transaction,
 )
 
-from jobs import metrics, services, tasks
+from jobs import metrics, selectors, services, tasks
+from jobs.dispatch import QueueSpec, parse_queues, polling_order
 from jobs.errors import (
     MAX_ERROR_CHARS,
     AttemptError,
@@ -50,6 +53,7 @@ from jobs.errors import (
     storable,
 )
 from jobs.lifecycle import CANCELLED
+from jobs.presence import Presence
 from jobs.services import Lease
 from jobs.tasks import InvalidPayload, JobContext, PermanentError
 from jobs.transport import TransportError, get_transport
@@ -157,7 +161,7 @@ class Worker:
 
     def __init__(
         self,
-        queues: list[str] | None = None,
+        queues: list[str] | QueueSpec | None = None,
         concurrency: int = 4,
         *,
         burst: bool = False,
@@ -169,7 +173,10 @@ class Worker:
         worker_id: str | None = None,
         progress_interval: float | None = None,
     ) -> None:
-        self.queues = queues or ["default"]
+        if not isinstance(queues, QueueSpec):
+            queues = parse_queues(",".join(queues or ["default"]))
+        self.spec = queues
+        self.queues = list(queues.names)
         self.concurrency = max(1, concurrency)
         self.burst = burst
         self.max_jobs = max_jobs
@@ -208,6 +215,8 @@ class Worker:
         self._redis_down_until = 0.0
         self._redis_backoff = 0.5
         self._db_backoff = 0.2
+        self._found: list[str] = []  # queues with work, for a worker serving `*`
+        self._found_at = float("-inf")
 
     # --- control ------------------------------------------------------------------
 
@@ -250,6 +259,9 @@ class Worker:
             },
         )
         tasks.load()
+        # Registered (and, with session crash detection, locked) before the first claim.
+        presence = Presence(self.worker_id, self.queues, self.concurrency)
+        presence.start()
         handlers = [
             threading.Thread(target=self._handler_loop, name=f"job_{n}", daemon=True)
             for n in range(self.concurrency)
@@ -289,17 +301,34 @@ class Worker:
                 self._ready.put(None)
             flusher.join(timeout=30)
             beater.join(timeout=5)
+            presence.stop()
             connection.close()
         log.info("worker stopped", extra={"worker_id": self.worker_id, "finished": self.finished})
         return self.finished
 
+    def _weights(self) -> dict[str, float]:
+        """The queues to poll now with their weights (`*` adds every queue with work)."""
+        if self.spec.serves_all and time.monotonic() - self._found_at >= self.poll_interval:
+            self._found = selectors.queued_queues()
+            self._found_at = time.monotonic()
+        return self.spec.with_queues(self._found)
+
     def _discover(self, free: int) -> list[Lease] | None:
-        """Claim up to `free` jobs. None means "nothing, loop again at once"."""
+        """Claim up to `free` jobs. None means "nothing, loop again at once".
+
+        A pop of k ids from queue q claims the k best due rows of q (not those ids):
+        Redis says when to look, PostgreSQL says what runs first. An id that finds
+        no row (claimed by someone else already) counts as a duplicate delivery.
+        """
         try:
+            order = polling_order(self._weights())
+            if not order:  # serving `*` and no queue has work
+                self.stopping.wait(self.poll_interval if not self.burst else 0)
+                return []
             if self.transport.enabled and time.monotonic() >= self._redis_down_until:
                 try:
                     timeout = 0 if self._pg_had_work else self.poll_interval
-                    queue, ids = self.transport.pop(self.queues, timeout, free)
+                    queue, ids = self.transport.pop(order, timeout, free)
                     self._redis_backoff = 0.5
                 except TransportError as exc:
                     self._redis_down_until = time.monotonic() + self._redis_backoff
@@ -312,7 +341,7 @@ class Worker:
                     self._redis_backoff = min(self._redis_backoff * 2, REDIS_BACKOFF_MAX)
                     ids = []
                 if ids:
-                    leases = services.claim_ids(self.worker_id, ids)
+                    leases = services.claim_next(self.worker_id, [queue], len(ids))
                     dupes = len(ids) - len(leases)
                     if dupes:
                         metrics.child(metrics.DUPLICATE_DELIVERIES, queue).inc(dupes)
@@ -320,7 +349,7 @@ class Worker:
                     if leases:
                         return leases
                     return None
-            leases = services.claim_next(self.worker_id, self.queues, free)
+            leases = services.claim_next(self.worker_id, order, free)
             self._db_backoff = 0.2
             self._pg_had_work = len(leases) == free
             if not leases and (not self.transport.enabled or self._redis_down()):

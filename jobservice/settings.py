@@ -153,6 +153,13 @@ JOBS_RETRY_BACKOFF_MAX = env.float("JOBS_RETRY_BACKOFF_MAX", default=60.0)
 # A due queued job untouched this long is assumed to have lost its signal.
 JOBS_LOST_SIGNAL_SECONDS = env.float("JOBS_LOST_SIGNAL_SECONDS", default=10.0)
 JOBS_SLO_SECONDS = env.float("JOBS_SLO_SECONDS", default=25.0)
+# Each worker process beats its row in jobs_worker this often; with session crash
+# detection it also holds an advisory lock on that connection, and the reaper
+# requeues the jobs of a worker whose session is gone and whose beat is older than
+# three of these (checked every JOBS_PRESENCE_SECONDS). Turn detection off where
+# sessions are not the worker's own (PgBouncer in transaction mode): leases remain.
+JOBS_PRESENCE_SECONDS = env.float("JOBS_PRESENCE_SECONDS", default=1.0)
+JOBS_SESSION_CRASH_DETECTION = env.bool("JOBS_SESSION_CRASH_DETECTION", default=True)
 # How long the reaper's jobs_depth / jobs_oldest_age_seconds reading is reused across scrapes.
 JOBS_METRICS_CACHE_SECONDS = env.float("JOBS_METRICS_CACHE_SECONDS", default=5.0)
 JOBS_TASK_MODULES = env.list("JOBS_TASK_MODULES", default=[])

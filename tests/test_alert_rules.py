@@ -16,7 +16,7 @@ from prometheus_client import REGISTRY
 from prometheus_client.utils import floatToGoString
 
 from jobs import metrics
-from jobs.collectors import DepthCollector, ReaperCollector, WorkerCollector
+from jobs.collectors import ConsumersCollector, DepthCollector, ReaperCollector, WorkerCollector
 from tests.harness import ROOT
 
 PROM_DIR = ROOT / "deploy" / "prometheus"
@@ -87,6 +87,8 @@ def exported() -> dict[str, set[str]]:
             names[family.name] = set()
     for family in DepthCollector(cache_seconds=5).describe():
         names[family.name] = {"state", "queue"}
+    for family in ConsumersCollector(DepthCollector(cache_seconds=5)).describe():
+        names[family.name] = {"queue"}
     return names
 
 

@@ -49,7 +49,9 @@ def test_worker_dying_on_every_attempt_fails_after_max_retries_plus_one(stack):
         if w.alive():
             w.kill()
     row = job_row(job.pk)
-    assert row["retry_count"] == 3 and "lease expired" in row["error"]
+    # Found by its lease (1 s here) or by its session ending, whichever comes first.
+    assert row["retry_count"] == 3
+    assert row["error"].startswith(("lease expired", "worker gone")), row["error"]
     attempts = list(JobEvent.objects.filter(job_id=job.pk, to_status="processing"))
     assert len(attempts) == 3
     assert len({a.actor for a in attempts}) == 3  # three different worker processes

@@ -125,20 +125,7 @@ def test_errors_retries_and_permanent_errors(stack, signal_log, tmp_path):
     assert seen(refused)[-1] == ("finished", "FAILED", ["jobs.tasks.PermanentError"])
 
 
-@pytest.mark.parametrize(
-    "wake",
-    [
-        "postgres",
-        pytest.param(
-            "redis",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="SPEC §5: claims follow priority whatever Redis delivers; the worker "
-                "claims Redis-delivered ids in delivery order (issue 13)",
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("wake", ["postgres", "redis"])
 def test_higher_priority_runs_first(stack, signal_log, tmp_path, wake):
     if wake == "postgres":  # no Redis: the worker claims in PostgreSQL's order
         stack.env["REDIS_URL"] = f"redis://127.0.0.1:{free_port()}/0"

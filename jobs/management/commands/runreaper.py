@@ -8,15 +8,25 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from jobs import metrics
-from jobs.collectors import DepthCollector, ReaperCollector
+from jobs.collectors import ConsumersCollector, DepthCollector, ReaperCollector
 from jobs.management.commands.runworker import add_metrics_arguments, start_metrics_server
 from jobs.reaper import Reaper
 
-RECOVERY_KINDS = ("lease", "enqueue_failed", "lost_signal", "scheduled", "over_budget")
+RECOVERY_KINDS = (
+    "worker_gone",
+    "lease",
+    "enqueue_failed",
+    "lost_signal",
+    "scheduled",
+    "over_budget",
+)
 
 
 class Command(BaseCommand):
-    help = "Run the reaper: sweep for expired leases, enqueue_failed rows and lost signals."
+    help = (
+        "Run the reaper: requeue the jobs of gone workers, sweep for expired leases, "
+        "enqueue_failed rows and lost signals."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument(
@@ -45,7 +55,8 @@ class Command(BaseCommand):
         if opts["once"]:
             report = reaper.sweep()
             self.stdout.write(
-                f"sweep: {report.lease_requeued} requeued, {report.lease_failed} failed "
+                f"sweep: {report.worker_gone} of gone workers, "
+                f"{report.lease_requeued} requeued, {report.lease_failed} failed "
                 f"(expired lease), {report.repaired} repaired, {report.over_budget} over "
                 f"budget, {report.came_due} came due, {report.lost_signal} re-signalled "
                 f"in {report.seconds:.3f}s"
@@ -56,7 +67,9 @@ class Command(BaseCommand):
 
             # Depth and age by state come from the reaper only: one cached query per
             # deployment instead of one per process and scrape.
-            REGISTRY.register(DepthCollector())
+            depth = DepthCollector()
+            REGISTRY.register(depth)
+            REGISTRY.register(ConsumersCollector(depth))
             REGISTRY.register(ReaperCollector(reaper))
             for kind in RECOVERY_KINDS:  # every kind shows 0 before its first repair
                 metrics.RECOVERED.labels(kind)

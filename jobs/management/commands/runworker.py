@@ -7,15 +7,17 @@ import signal
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from jobs import dispatch
 from jobs.collectors import WorkerCollector
+from jobs.dispatch import QueueSpec
 from jobs.worker import Worker
 
 
-def parse_queues(value: str) -> list[str]:
-    queues = [q.strip() for q in value.split(",") if q.strip()]
-    if not queues:
-        raise CommandError("--queues needs at least one queue name")
-    return queues
+def parse_queues(value: str) -> QueueSpec:
+    try:
+        return dispatch.parse_queues(value)
+    except dispatch.QueueSpecError as exc:
+        raise CommandError(f"--queues: {exc}") from exc
 
 
 def start_metrics_server(port: int | None, host: str | None = None) -> None:
@@ -56,7 +58,9 @@ class Command(BaseCommand):
         parser.add_argument(
             "--queues",
             default="default",
-            help="Comma-separated queues, highest priority first [%(default)s].",
+            help="Queues to serve, as name[:weight],... ('*' serves every queue). "
+            "Each poll visits the queues in a random order weighted by weight; "
+            "without weights, earlier queues weigh more (n, n-1, ..., 1) [%(default)s].",
         )
         parser.add_argument("--burst", action="store_true", help="Exit once no work is left.")
         parser.add_argument(

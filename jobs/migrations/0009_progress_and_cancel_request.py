@@ -112,7 +112,7 @@ CREATE TRIGGER jobs_job_history_update AFTER UPDATE ON jobs_job
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("jobs", "0007_error_detail_and_due_at"),
+        ("jobs", "0008_worker_registry"),
     ]
 
     operations = [

@@ -1,0 +1,91 @@
+"""Which queue a worker looks at next: weighted polling across the queues it serves.
+
+A worker serving several queues must not let one starve another (seed 004).
+Each pop or claim visits the queues in a random order drawn by weight, so a
+queue of weight 4 comes first four times as often as a queue of weight 1 while
+both have work, and a queue alone with work gets every slot. Within a queue,
+PostgreSQL's order (priority DESC, run_at, id) decides; Redis only says that
+a queue has work.
+
+`--queues` grammar: `name[:weight],...`; `*` (optionally `*:weight`) also serves
+every other queue that has work. Without weights, earlier queues weigh more:
+n queues get weights n, n-1, ..., 1.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+WILDCARD = "*"
+
+
+class QueueSpecError(ValueError):
+    """The --queues value cannot be parsed."""
+
+
+@dataclass(frozen=True)
+class QueueSpec:
+    """The queues a worker serves, with their weights."""
+
+    weights: dict[str, float]
+    wildcard_weight: float | None = None  # set when `*` is served
+    names: tuple[str, ...] = field(default=())  # as given, for registration and logs
+
+    @property
+    def serves_all(self) -> bool:
+        return self.wildcard_weight is not None
+
+    def with_queues(self, found: Iterable[str]) -> dict[str, float]:
+        """The weights to poll with, given the queues known to have work (for `*`)."""
+        if self.wildcard_weight is None:
+            return self.weights
+        out = dict(self.weights)
+        for queue in found:
+            out.setdefault(queue, self.wildcard_weight)
+        return out
+
+
+def parse_queues(value: str) -> QueueSpec:
+    """Parse `a:4,b:1`, `a,b` or `high:5,*` into a QueueSpec."""
+    parts = [p.strip() for p in value.split(",") if p.strip()]
+    if not parts:
+        raise QueueSpecError("at least one queue name is needed")
+    explicit = any(":" in p for p in parts)
+    weights: dict[str, float] = {}
+    wildcard: float | None = None
+    names = []
+    for n, part in enumerate(parts):
+        name, sep, raw = part.partition(":")
+        name = name.strip()
+        if not name:
+            raise QueueSpecError(f"empty queue name in {part!r}")
+        if sep:
+            try:
+                weight = float(raw)
+            except ValueError:
+                raise QueueSpecError(f"weight of {name!r} is not a number: {raw!r}") from None
+            if not 0 < weight <= 1000:
+                raise QueueSpecError(f"weight of {name!r} must be in (0, 1000]")
+        else:
+            weight = 1.0 if explicit else float(len(parts) - n)
+        if name in weights or (name == WILDCARD and wildcard is not None):
+            raise QueueSpecError(f"queue {name!r} given twice")
+        names.append(name)
+        if name == WILDCARD:
+            wildcard = weight
+        else:
+            weights[name] = weight
+    return QueueSpec(weights, wildcard, tuple(names))
+
+
+def polling_order(weights: Mapping[str, float], rng: random.Random | None = None) -> list[str]:
+    """The queues in a random order where each comes first in proportion to its weight.
+
+    Weighted sampling without replacement (Efraimidis–Spirakis: sort by u^(1/w)).
+    This is the one place the weighting lives; a later Queue model only has to
+    supply the mapping.
+    """
+    draw = (rng or random).random
+    return sorted(weights, key=lambda q: draw() ** (1.0 / weights[q]), reverse=True)
