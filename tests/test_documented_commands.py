@@ -45,6 +45,8 @@ SKIPPED = {
 QUICK = {
     "table-health": ["N=2000"],
     "chaos-long": ["CHAOS_DURATION=20"],
+    "fuzz": ["FUZZ_EXAMPLES=2"],
+    "crash-bench": ["CRASH_KILLS=1"],
 }
 # A skipped target whose recipe is exactly what another test runs.
 SAME_AS_SUITE = {
