@@ -54,11 +54,15 @@ reset-db: install
 browser:
 	@test -x /usr/bin/chromium || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium; }
 
+## PYTEST_ARGS: two worker processes by default (tests/conftest.py groups the tests that
+## must share one); PYTEST_ARGS= runs everything in one process, in file order.
+PYTEST_ARGS ?= -n 2 --dist loadgroup
+
 ## test: the whole suite against the real PostgreSQL and Redis on 127.0.0.1.
 test: install browser tools
 	$(VENV)/bin/ruff check .
 	DATABASE_URL=$${DATABASE_URL:-postgres://root@127.0.0.1:5432/postgres} $(PY) manage.py makemigrations --check --dry-run --settings=jobservice.test_settings
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 ## fuzz: the schema fuzz (schemathesis) with FUZZ_EXAMPLES cases per operation and mode,
 ## fresh random cases each run (`make test` runs 15, derandomised). FUZZ_EXAMPLES=20 for a quick run.

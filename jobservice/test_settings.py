@@ -9,7 +9,10 @@ os.environ.setdefault("DATABASE_URL", "postgres://root@127.0.0.1:5432/jobservice
 os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/0")
 # A prefix of our own per checkout, so parallel checkouts on one machine never share keys.
 _checkout = hashlib.sha1(str(Path(__file__).resolve().parent.parent).encode()).hexdigest()[:8]
-os.environ.setdefault("JOBS_REDIS_PREFIX", f"jobs-test-{_checkout}:")
+# With pytest-xdist each worker process (gw0, gw1, ...) gets its own prefix as well as its
+# own test database (pytest-django suffixes the name).
+_worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+os.environ.setdefault("JOBS_REDIS_PREFIX", f"jobs-test-{_checkout}{_worker}:")
 # The queues the suite submits to (only declared queues accept jobs); inherited by the
 # processes the tests start.
 _TEST_QUEUES = (

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from django.db import connection
@@ -78,6 +79,22 @@ def pytest_runtest_makereport(item, call):
     rep = yield
     setattr(item, f"rep_{rep.when}", rep)
     return rep
+
+
+# Tests that must share one process, or that load the machine, each run as one group on
+# one worker of `pytest -n 2 --dist loadgroup` (make test): the API tests, because the
+# schema-coverage test reads what the others requested; the long CPU-heavy runs, so that
+# two of them never compete for the two cores while asserting their own figures.
+HEAVY_FILES = {"test_chaos_short.py", "test_e2e_slo.py", "test_bench.py"}
+HEAVY_TESTS = {"test_make_target_runs"}
+
+
+def pytest_itemcollected(item):
+    path = Path(str(item.path))
+    if path.parent.name == "api":
+        item.add_marker(pytest.mark.xdist_group("api"))
+    elif path.name in HEAVY_FILES or getattr(item, "originalname", item.name) in HEAVY_TESTS:
+        item.add_marker(pytest.mark.xdist_group("heavy"))
 
 
 @pytest.hookimpl(trylast=True)
