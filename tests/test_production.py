@@ -97,6 +97,8 @@ def test_production_refuses_to_start_without_required_settings(missing):
         (secrets.token_urlsafe(20), "at least 50 needed"),
         ("ab" * 40, "fewer than 5 distinct"),
     ],
+    # Stable ids: random keys in the ids would differ between pytest-xdist's workers.
+    ids=["dev-insecure", "django-insecure", "changeme", "short", "repetitive"],
 )
 def test_production_rejects_a_weak_secret_key(key, why):
     r = manage("check", SECRET_KEY=key)
