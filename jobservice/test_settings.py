@@ -9,10 +9,13 @@ os.environ.setdefault("DATABASE_URL", "postgres://root@127.0.0.1:5432/jobservice
 os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/0")
 # A prefix of our own per checkout, so parallel checkouts on one machine never share keys.
 _checkout = hashlib.sha1(str(Path(__file__).resolve().parent.parent).encode()).hexdigest()[:8]
-# With pytest-xdist each worker process (gw0, gw1, ...) gets its own prefix as well as its
-# own test database (pytest-django suffixes the name).
+os.environ.setdefault("JOBS_REDIS_PREFIX", f"jobs-test-{_checkout}:")
+# With pytest-xdist each worker process (gw0, gw1, ...) gets a prefix of its own, as it gets
+# a test database of its own (pytest-django suffixes the name). The controller has already
+# set the variable above, and the workers inherit it: derive theirs from it.
 _worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-os.environ.setdefault("JOBS_REDIS_PREFIX", f"jobs-test-{_checkout}{_worker}:")
+if _worker and not os.environ["JOBS_REDIS_PREFIX"].endswith(f"{_worker}:"):
+    os.environ["JOBS_REDIS_PREFIX"] = os.environ["JOBS_REDIS_PREFIX"].rstrip(":") + f"-{_worker}:"
 # The queues the suite submits to (only declared queues accept jobs); inherited by the
 # processes the tests start.
 _TEST_QUEUES = (

@@ -46,10 +46,15 @@ STATUSES_SEEN: dict[str, dict[int, int]] = {}
 
 
 @pytest.fixture(scope="module")
-def schema():
+def schema(django_db_blocker):
+    """Loaded once per module, before any test's own database fixture: the request that
+    fetches it may touch the database (Django's request_started handler does)."""
     from django.core.wsgi import get_wsgi_application
 
-    return schemathesis.openapi.from_wsgi("/api/v1/schema/?format=json", get_wsgi_application())
+    with django_db_blocker.unblock():
+        return schemathesis.openapi.from_wsgi(
+            "/api/v1/schema/?format=json", get_wsgi_application()
+        )
 
 
 def _operations() -> list[tuple[str, str]]:
