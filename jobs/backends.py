@@ -19,8 +19,10 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import json
+import threading
 import traceback
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
@@ -186,6 +188,26 @@ def _read_job(job_id: int) -> Job:
         return Job.objects.get(pk=job_id)
 
 
+@dataclass(frozen=True, kw_only=True)
+class JobTaskContext(TaskContext):
+    """The framework's context, plus what a jobservice attempt offers every handler:
+    progress reports written with the fenced heartbeat, and cooperative stop/cancel
+    (the attempt's JobContext; D40, D39)."""
+
+    job: registry.JobContext = field(repr=False, compare=False)
+
+    def progress(self, done: float, total: float | None = None, message: str = "") -> None:
+        self.job.progress(done, total, message)
+
+    @property
+    def stop(self) -> threading.Event:
+        return self.job.stop
+
+    @property
+    def cancelled(self) -> bool:
+        return self.job.cancelled
+
+
 def _call(
     task: Task,
     backend: BaseTaskBackend,
@@ -200,7 +222,7 @@ def _call(
     args, kwargs = payload.get("args", []), payload.get("kwargs", {})
     try:
         if task.takes_context:
-            value = task.call(TaskContext(task_result=result), *args, **kwargs)
+            value = task.call(JobTaskContext(task_result=result, job=ctx), *args, **kwargs)
         else:
             value = task.call(*args, **kwargs)
         value = check_result(value)  # a value jsonb cannot hold fails the task for good

@@ -14,6 +14,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 from jobs.backends import AttemptLost
+from jobs.lifecycle import Status
 from jobs.models import Job, JobEvent
 from jobs.tasks_compat import TaskResultStatus
 from tests.harness import free_port, wait_until
@@ -87,6 +88,24 @@ def test_sync_async_and_context_tasks_run_in_the_worker_and_signal(stack, signal
         assert mine == [("enqueued", "READY"), ("started", "RUNNING"), ("finished", "SUCCESSFUL")]
     w.signal(signal.SIGTERM)
     assert w.wait(15) == 0
+
+
+def test_context_reports_progress_through_the_heartbeat(stack, signal_log):
+    """A takes_context task reports progress like any handler (ctx.progress): the job's
+    `progress` holds it, written by the worker's fenced heartbeat and kept when done."""
+    worker(stack, signal_log)
+    r = app.halfway.enqueue(hold=2.5)
+    job_id = int(r.id)
+    wait_until(
+        lambda: (Job.objects.get(pk=job_id).progress or {}).get("done") == 1,
+        20,
+        message="progress written while running",
+    )
+    assert Job.objects.get(pk=job_id).status == Status.PROCESSING
+    wait_until(lambda: finished(r), 20, message="the task finished")
+    assert r.status == TaskResultStatus.SUCCESSFUL and r.return_value == "done"
+    progress = Job.objects.get(pk=job_id).progress
+    assert (progress["done"], progress["total"], progress["message"]) == (1, 2, "half way")
 
 
 def test_errors_retries_and_permanent_errors(stack, signal_log, tmp_path):

@@ -86,3 +86,12 @@ def slow_first_attempt(context: TaskContext, marker: str, seconds: float) -> dic
 def nap(seconds: float) -> float:
     time.sleep(seconds)
     return seconds
+
+
+@task(takes_context=True)
+def halfway(context: TaskContext, hold: float) -> str:
+    """Reports progress through the backend's context, then holds so that the worker's
+    heartbeat writes it."""
+    context.progress(1, 2, "half way")
+    context.stop.wait(hold)
+    return "done" if not context.cancelled else "cancelled"
