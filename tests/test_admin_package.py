@@ -17,7 +17,7 @@ from django.utils.functional import Promise
 
 from jobs import services
 from jobs.models import Client, Job
-from tests.factories import JobFactory
+from tests.factories import JobFactory, raw
 
 pytestmark = pytest.mark.django_db
 
@@ -112,3 +112,29 @@ def test_client_add_saves_through_the_model_admin(client, root, monkeypatch):
     created = Client.objects.get(name="billing")
     assert created.token_hash == Client.hash_token(response.context["token"])
     assert created.created_at is not None
+
+
+def test_dashboard_latency_is_the_slo_reports_statement(settings):
+    """One latency query: the dashboard runs `manage.py slo`'s statement, so the two
+    can never disagree about a percentile or about what counts as within the SLO."""
+    from jobs import selectors
+    from jobs.admin import dashboard
+
+    statements = {name: sql for name, sql, _ in dashboard.dashboard_queries()}
+    assert statements["latency"] is selectors.SLO_SQL
+    settings.JOBS_SLO_SECONDS = 25
+    for seconds in (3, 10, 40):
+        job = JobFactory.create(status="done")
+        raw(
+            "UPDATE jobs_job SET due_at = finished_at - %s * interval '1 second' WHERE id = %s",
+            [seconds, job.pk],
+        )
+    board = dashboard.dashboard()
+    report = selectors.slo_report(dashboard.DASHBOARD_WINDOW_SECONDS, 25)
+    assert (board.latency_p50, board.latency_p95, board.latency_p99) == (
+        report.p50,
+        report.p95,
+        report.p99,
+    )
+    assert board.latency_p50 == pytest.approx(10, abs=0.5)
+    assert (board.finished, board.within_slo) == (report.terminal, report.within_slo) == (3, 2)

@@ -71,9 +71,9 @@ def dashboard_queries(
         "table": T,
     }
     return [
-        ("queued", QUEUED_SQL, params),
-        ("processing", PROCESSING_SQL, params),
-        ("enqueue_failed", ENQUEUE_FAILED_SQL, params),
+        (Status.QUEUED.value, QUEUED_SQL, params),
+        (Status.PROCESSING.value, PROCESSING_SQL, params),
+        (Status.ENQUEUE_FAILED.value, ENQUEUE_FAILED_SQL, params),
         ("finished", FINISHED_SQL, params),
         ("latency", selectors.SLO_SQL, params),
         ("consumers", selectors.CONSUMERS_SQL, params),
@@ -184,14 +184,14 @@ def dashboard(
     def row(queue: str) -> QueueRow:
         return rows.setdefault(queue, QueueRow(queue))
 
-    for queue, count, due, oldest in _fetch(*queries["queued"]):
+    for queue, count, due, oldest in _fetch(*queries[Status.QUEUED]):
         r = row(queue)
         r.queued, r.queued_due = count, due
         r.oldest_due_seconds = float(oldest) if oldest is not None else None
-    for queue, count, stuck in _fetch(*queries["processing"]):
+    for queue, count, stuck in _fetch(*queries[Status.PROCESSING]):
         r = row(queue)
         r.processing, r.stuck = count, stuck
-    for queue, count, _oldest in _fetch(*queries["enqueue_failed"]):
+    for queue, count, _oldest in _fetch(*queries[Status.ENQUEUE_FAILED]):
         row(queue).enqueue_failed = count
 
     now = _fetch(*queries["now"])[0][0]
@@ -236,9 +236,8 @@ def dashboard(
     board.minutes = [bars[k] for k in sorted(bars)][-max(window_seconds // 60, 1) :]
     totals = QueueRow("all")
     for r in board.queues:
-        for name in ("queued", "queued_due", "processing", "stuck", "enqueue_failed", "done"):
+        for name in (*Status, "queued_due", "stuck"):  # a count per state, and two more
             setattr(totals, name, getattr(totals, name) + getattr(r, name))
-        totals.failed += r.failed
     totals.oldest_due_seconds = board.oldest_due_seconds
     board.totals = totals
     return board
