@@ -138,3 +138,40 @@ def test_dashboard_latency_is_the_slo_reports_statement(settings):
     )
     assert board.latency_p50 == pytest.approx(10, abs=0.5)
     assert (board.finished, board.within_slo) == (report.terminal, report.within_slo) == (3, 2)
+
+
+def test_stylesheets_are_collected_with_hashed_names_in_production(tmp_path, django_db_setup):
+    """Under production settings (whitenoise's manifest storage) both stylesheets are
+    collected, and `{% static %}` and `Media` name the hashed, cache-forever files."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.test_production import ROOT, manage, production_env
+
+    static = tmp_path / "static"
+    r = manage("collectstatic", "--noinput", STATIC_ROOT=str(static))
+    assert r.returncode == 0, r.stderr
+    manifest = json.loads((static / "staticfiles.json").read_text())["paths"]
+    probe = (
+        "import django; django.setup()\n"
+        "from django.contrib import admin\n"
+        "from django.templatetags.static import static\n"
+        "from jobs.models import Job\n"
+        "print(static('jobs/admin/dashboard.css'))\n"
+        "print(admin.site._registry[Job].media['css'])\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=ROOT,
+        env=production_env(STATIC_ROOT=str(static)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    for name in ("jobs/admin/jobs.css", "jobs/admin/dashboard.css"):
+        hashed = manifest[name]
+        assert hashed != name and (static / hashed).exists(), (name, hashed)
+        assert (static / hashed).read_text() == (ROOT / "jobs/static" / name).read_text()
+        assert f"/static/{hashed}" in out.stdout, (name, out.stdout)
