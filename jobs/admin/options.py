@@ -153,15 +153,18 @@ class JobAdmin(admin.ModelAdmin):
     fieldsets = (
         (None, {"fields": ("id", "status_badge", "task", "queue", "priority", "client")}),
         (
-            "Lease",
+            gettext_lazy("Lease"),
             {"fields": ("lease_version", "owned_by", "claimed", "heartbeat", "heartbeat_age")},
         ),
-        ("Progress", {"fields": ("progress_detail", "cancel_requested")}),
-        ("Retries", {"fields": ("retries", "max_retries", "run", "error_text")}),
-        ("Times", {"fields": ("created", "updated", "finished", "in_state", "updated_by")}),
-        ("Payload", {"fields": ("payload_pretty",)}),
-        ("Result", {"fields": ("result_pretty",)}),
-        ("Idempotency", {"fields": ("idempotency_key", "request_hash")}),
+        (gettext_lazy("Progress"), {"fields": ("progress_detail", "cancel_requested")}),
+        (gettext_lazy("Retries"), {"fields": ("retries", "max_retries", "run", "error_text")}),
+        (
+            gettext_lazy("Times"),
+            {"fields": ("created", "updated", "finished", "in_state", "updated_by")},
+        ),
+        (gettext_lazy("Payload"), {"fields": ("payload_pretty",)}),
+        (gettext_lazy("Result"), {"fields": ("result_pretty",)}),
+        (gettext_lazy("Idempotency"), {"fields": ("idempotency_key", "request_hash")}),
     )
     readonly_fields = tuple(f for _, opts in fieldsets for f in opts["fields"])
 
