@@ -161,7 +161,7 @@ def main() -> None:
     from django.db import connection
     from django.test import Client
 
-    from jobs import selectors
+    from jobs.admin import dashboard
 
     user_model = get_user_model()
     user = user_model.objects.filter(username="bench").first() or (
@@ -203,7 +203,7 @@ def main() -> None:
     if args.action:
         time_select_across_retry(client)
     print()
-    for name, sql, params in selectors.dashboard_queries():
+    for name, sql, params in dashboard.dashboard_queries():
         with connection.cursor() as cur:
             cur.execute("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + sql, params)
             plan = [r[0] for r in cur.fetchall()]

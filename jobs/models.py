@@ -38,10 +38,17 @@ class Client(models.Model):
     def hash_token(token: str) -> str:
         return hashlib.sha256(token.encode()).hexdigest()
 
+    def issue_token(self) -> str:
+        """A new token for this client; only its hash is kept, so show it now or never."""
+        token = secrets.token_urlsafe(32)
+        self.token_hash = self.hash_token(token)
+        return token
+
     @classmethod
     def create_with_token(cls, name: str) -> tuple[Client, str]:
-        token = secrets.token_urlsafe(32)
-        client = cls.objects.create(name=name, token_hash=cls.hash_token(token))
+        client = cls(name=name)
+        token = client.issue_token()
+        client.save()
         return client, token
 
     # DRF's IsAuthenticated-style checks read these.

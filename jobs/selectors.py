@@ -1,16 +1,16 @@
-"""Reads: cheap, index-served queries for the reaper, the SLO report and dashboards.
+"""Reads: cheap, index-served queries for the reaper, the SLO report, metrics and the admin.
 
 Every aggregate here is bounded by an index, never by the table: live states
 are counted through their partial indexes (job_claim_idx, job_processing_id_idx,
 job_enqueue_failed_idx), finished jobs through job_finished_idx over a time
 window, and the table size comes from the planner's estimate. All times come
-from the database clock. `tests/test_admin_dashboard.py` checks each plan.
+from the database clock. The admin dashboard's own statements live in
+`jobs.admin.dashboard`; `tests/test_admin_dashboard.py` checks each plan.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
@@ -23,38 +23,6 @@ from jobs.models import Job, WorkerProcess
 
 T = Job._meta.db_table
 DUE = due_sql()  # latency counts from when a job became due (SPEC §6)
-DASHBOARD_CACHE_SECONDS = 5
-DASHBOARD_WINDOW_SECONDS = 3600
-
-# queued rows, through the partial claim index (queue, priority, run_at, id).
-QUEUED_SQL = f"""
-SELECT queue, count(*), count(*) FILTER (WHERE run_at <= now()),
-       extract(epoch FROM now() - min(run_at) FILTER (WHERE run_at <= now()))
-FROM {T} WHERE status = '{Status.QUEUED}' GROUP BY queue"""
-
-# processing rows, through the partial index on heartbeat_at.
-PROCESSING_SQL = f"""
-SELECT queue, count(*),
-       count(*) FILTER (WHERE heartbeat_at < now() - %(lease)s * interval '1 second')
-FROM {T} WHERE status = '{Status.PROCESSING}' GROUP BY queue"""
-
-# enqueue_failed rows, through their partial index.
-ENQUEUE_FAILED_SQL = f"""
-SELECT queue, count(*), extract(epoch FROM now() - min(updated_at))
-FROM {T} WHERE status = '{Status.ENQUEUE_FAILED}' GROUP BY queue"""
-
-# Jobs finished in the window, through job_finished_idx: per minute and per queue.
-FINISHED_SQL = f"""
-SELECT date_trunc('minute', finished_at), queue, status, count(*),
-       count(*) FILTER (WHERE finished_at - {DUE} <= %(slo)s * interval '1 second')
-FROM {T} WHERE finished_at >= now() - %(window)s * interval '1 second'
-GROUP BY GROUPING SETS ((date_trunc('minute', finished_at), status), (queue, status))"""
-
-# Due → terminal latency percentiles over the same window.
-LATENCY_SQL = f"""
-SELECT percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP
-         (ORDER BY extract(epoch FROM finished_at - {DUE}))
-FROM {T} WHERE finished_at >= now() - %(window)s * interval '1 second'"""
 
 # Live workers per queue served ('*' serves every queue): the registry is one row per
 # worker process; live means it beat within a lease.
@@ -66,201 +34,10 @@ ESTIMATE_SQL = "SELECT reltuples::bigint FROM pg_class WHERE oid = %(table)s::re
 NOW_SQL = "SELECT now()"
 
 
-def dashboard_queries(
-    lease_seconds: float | None = None,
-    slo_seconds: float | None = None,
-    window_seconds: int = DASHBOARD_WINDOW_SECONDS,
-) -> list[tuple[str, str, dict[str, Any]]]:
-    """(name, sql, params) of every query the dashboard runs, for the view and for EXPLAIN."""
-    params = {
-        "lease": settings.JOBS_LEASE_SECONDS if lease_seconds is None else lease_seconds,
-        "slo": settings.JOBS_SLO_SECONDS if slo_seconds is None else slo_seconds,
-        "window": window_seconds,
-        "table": T,
-    }
-    return [
-        ("queued", QUEUED_SQL, params),
-        ("processing", PROCESSING_SQL, params),
-        ("enqueue_failed", ENQUEUE_FAILED_SQL, params),
-        ("finished", FINISHED_SQL, params),
-        ("latency", LATENCY_SQL, params),
-        ("consumers", CONSUMERS_SQL, params),
-        ("estimate", ESTIMATE_SQL, params),
-        ("now", NOW_SQL, params),
-    ]
-
-
-@dataclass
-class QueueRow:
-    queue: str
-    queued: int = 0
-    queued_due: int = 0
-    oldest_due_seconds: float | None = None
-    processing: int = 0
-    stuck: int = 0
-    enqueue_failed: int = 0
-    done: int = 0
-    failed: int = 0
-    consumers: int = 0  # live workers serving this queue, `*` workers included
-
-    @property
-    def unserved(self) -> bool:
-        """Jobs wait here and no live worker serves the queue: they would wait forever."""
-        return self.queued > 0 and self.consumers == 0
-
-
-@dataclass
-class MinuteBar:
-    minute: datetime
-    done: int = 0
-    failed: int = 0
-
-    @property
-    def total(self) -> int:
-        return self.done + self.failed
-
-
-@dataclass
-class Dashboard:
-    """What the admin dashboard shows; counts of finished jobs cover the window only."""
-
-    now: datetime
-    window_seconds: int
-    lease_seconds: float
-    slo_seconds: float
-    queues: list[QueueRow]
-    minutes: list[MinuteBar]
-    total_estimate: int
-    finished: int = 0
-    done: int = 0
-    failed: int = 0
-    within_slo: int = 0
-    latency_p50: float | None = None
-    latency_p95: float | None = None
-    latency_p99: float | None = None
-    totals: QueueRow = field(default_factory=lambda: QueueRow("all"))
-
-    @property
-    def slo_attainment(self) -> float | None:
-        """Share of jobs finished in the window within the SLO, failures counted."""
-        return self.within_slo / self.finished if self.finished else None
-
-    @property
-    def success_rate(self) -> float | None:
-        return self.done / self.finished if self.finished else None
-
-    @property
-    def unserved(self) -> list[QueueRow]:
-        return [q for q in self.queues if q.unserved]
-
-    @property
-    def oldest_due_seconds(self) -> float | None:
-        ages = [q.oldest_due_seconds for q in self.queues if q.oldest_due_seconds is not None]
-        return max(ages) if ages else None
-
-    @property
-    def state_counts(self) -> dict[str, int]:
-        t = self.totals
-        return {
-            Status.QUEUED.value: t.queued,
-            Status.PROCESSING.value: t.processing,
-            Status.ENQUEUE_FAILED.value: t.enqueue_failed,
-            f"{Status.DONE.value} (window)": t.done,
-            f"{Status.FAILED.value} (window)": t.failed,
-        }
-
-
 def _fetch(sql: str, params: dict[str, Any] | list[Any]) -> list[tuple]:
     with connection.cursor() as cur:
         cur.execute(sql, params)
         return cur.fetchall()
-
-
-def dashboard(
-    window_seconds: int = DASHBOARD_WINDOW_SECONDS,
-    lease_seconds: float | None = None,
-    slo_seconds: float | None = None,
-) -> Dashboard:
-    """Compute the dashboard from the database (uncached; see `cached_dashboard`)."""
-    queries = {
-        name: (sql, params)
-        for name, sql, params in dashboard_queries(lease_seconds, slo_seconds, window_seconds)
-    }
-    params = queries["now"][1]
-    rows: dict[str, QueueRow] = {}
-
-    def row(queue: str) -> QueueRow:
-        return rows.setdefault(queue, QueueRow(queue))
-
-    for queue, count, due, oldest in _fetch(*queries["queued"]):
-        r = row(queue)
-        r.queued, r.queued_due = count, due
-        r.oldest_due_seconds = float(oldest) if oldest is not None else None
-    for queue, count, stuck in _fetch(*queries["processing"]):
-        r = row(queue)
-        r.processing, r.stuck = count, stuck
-    for queue, count, _oldest in _fetch(*queries["enqueue_failed"]):
-        row(queue).enqueue_failed = count
-
-    now = _fetch(*queries["now"])[0][0]
-    first_minute = now.replace(second=0, microsecond=0) - timedelta(
-        seconds=window_seconds - 60
-    )
-    bars = {
-        first_minute + timedelta(minutes=i): MinuteBar(first_minute + timedelta(minutes=i))
-        for i in range(max(window_seconds // 60, 1))
-    }
-    board = Dashboard(
-        now=now,
-        window_seconds=window_seconds,
-        lease_seconds=params["lease"],
-        slo_seconds=params["slo"],
-        queues=[],
-        minutes=[],
-        total_estimate=max(int(_fetch(*queries["estimate"])[0][0] or 0), 0),
-    )
-    for minute, queue, status, count, within in _fetch(*queries["finished"]):
-        if minute is not None:  # the (minute, status) grouping set
-            bar = bars.get(minute)
-            if bar is None:  # the partial minute at the window's start
-                bar = bars.setdefault(minute, MinuteBar(minute))
-            setattr(bar, status, getattr(bar, status) + count)
-            board.finished += count
-            board.within_slo += within
-            if status == Status.DONE:
-                board.done += count
-            else:
-                board.failed += count
-        else:  # the (queue, status) grouping set
-            r = row(queue)
-            setattr(r, status, getattr(r, status) + count)
-    (percentiles,) = _fetch(*queries["latency"])[0]
-    if percentiles:
-        board.latency_p50, board.latency_p95, board.latency_p99 = (
-            float(p) if p is not None else None for p in percentiles
-        )
-    consumers = consumer_counts(_fetch(*queries["consumers"]))
-    for r in rows.values():
-        r.consumers = consumers(r.queue)
-    board.queues = sorted(rows.values(), key=lambda r: r.queue)
-    board.minutes = [bars[k] for k in sorted(bars)][-max(window_seconds // 60, 1) :]
-    totals = QueueRow("all")
-    for r in board.queues:
-        for name in ("queued", "queued_due", "processing", "stuck", "enqueue_failed", "done"):
-            setattr(totals, name, getattr(totals, name) + getattr(r, name))
-        totals.failed += r.failed
-    totals.oldest_due_seconds = board.oldest_due_seconds
-    board.totals = totals
-    return board
-
-
-def cached_dashboard(ttl: int = DASHBOARD_CACHE_SECONDS) -> Dashboard:
-    """The dashboard, recomputed at most every `ttl` seconds per cache."""
-    key = (
-        f"jobs:dashboard:{DASHBOARD_WINDOW_SECONDS}:"
-        f"{settings.JOBS_LEASE_SECONDS}:{settings.JOBS_SLO_SECONDS}"
-    )
-    return cache.get_or_set(key, dashboard, ttl)
 
 
 # Queue names worth offering as a filter: those with live jobs (status index) and
@@ -337,7 +114,7 @@ def queue_consumers(lease_seconds: float | None = None):
 
 def db_now():
     """The database clock, which decides everything (SPEC §1)."""
-    return _fetch("SELECT now()", [])[0][0]
+    return _fetch(NOW_SQL, [])[0][0]
 
 
 def came_due(since, until, limit: int) -> list[tuple[int, str]]:
@@ -405,21 +182,23 @@ class SloReport:
         return self.done / self.terminal if self.terminal else None
 
 
+# Due → terminal over jobs finished in the window, through job_finished_idx: the one
+# latency statement, read by `manage.py slo` and the admin dashboard.
+SLO_SQL = f"""
+SELECT count(*),
+       count(*) FILTER (WHERE finished_at - {DUE} <= %(slo)s * interval '1 second'),
+       count(*) FILTER (WHERE status = '{Status.DONE}'),
+       count(*) FILTER (WHERE status = '{Status.FAILED}'),
+       percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP
+         (ORDER BY extract(epoch FROM finished_at - {DUE}))
+FROM {T}
+WHERE finished_at >= now() - %(window)s * interval '1 second'"""
+
+
 def slo_report(window_seconds: float, slo_seconds: float) -> SloReport:
     """Due → terminal latency over jobs finished in the window (failures counted): from
     submission for an immediate job, from run_at for a scheduled one (SPEC §6)."""
-    row = _fetch(
-        f"""SELECT count(*),
-                   count(*) FILTER (WHERE finished_at - {DUE}
-                                    <= %(slo)s * interval '1 second'),
-                   count(*) FILTER (WHERE status = 'done'),
-                   count(*) FILTER (WHERE status = 'failed'),
-                   percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP
-                     (ORDER BY extract(epoch FROM finished_at - {DUE}))
-            FROM {T}
-            WHERE finished_at >= now() - %(window)s * interval '1 second'""",
-        {"slo": slo_seconds, "window": window_seconds},
-    )[0]
+    row = _fetch(SLO_SQL, {"slo": slo_seconds, "window": window_seconds})[0]
     pct = row[4] or [None, None, None]
     return SloReport(window_seconds, slo_seconds, row[0], row[1], row[2], row[3], *pct)
 

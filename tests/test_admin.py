@@ -14,7 +14,8 @@ from django.core.cache import cache
 from django.urls import reverse
 
 from jobs import services
-from jobs.admin import CappedCountPaginator, JobAdmin
+from jobs.admin.options import JobAdmin
+from jobs.admin.paginator import CappedCountPaginator
 from jobs.models import Client, Job, JobEvent
 from jobs.selectors import capped_count
 from jobs.transport import get_transport

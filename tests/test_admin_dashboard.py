@@ -11,6 +11,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from jobs import selectors, services
+from jobs.admin import dashboard
 from tests.factories import JobFactory, raw
 
 pytestmark = pytest.mark.django_db
@@ -68,7 +69,7 @@ def test_dashboard_figures(settings):
     settings.JOBS_LEASE_SECONDS = 15
     settings.JOBS_SLO_SECONDS = 25
     build_mix()
-    board = selectors.dashboard()
+    board = dashboard.dashboard()
     queues = {q.queue: q for q in board.queues}
     assert set(queues) == {"default", "mail"}
     d, m = queues["default"], queues["mail"]
@@ -90,11 +91,11 @@ def test_dashboard_figures(settings):
 
 def test_dashboard_is_cached_for_a_few_seconds():
     JobFactory.create()
-    first = selectors.cached_dashboard()
+    first = dashboard.cached_dashboard()
     JobFactory.create()
-    assert selectors.cached_dashboard().totals.queued == first.totals.queued == 1
+    assert dashboard.cached_dashboard().totals.queued == first.totals.queued == 1
     cache.clear()
-    assert selectors.cached_dashboard().totals.queued == 2
+    assert dashboard.cached_dashboard().totals.queued == 2
 
 
 def test_dashboard_page_renders_cards_chart_and_queue_table(client, staff):
@@ -123,7 +124,7 @@ def test_dashboard_queries_never_scan_the_jobs_table():
     build_mix()
     raw("ANALYZE jobs_job")
     queries = [
-        *selectors.dashboard_queries(),
+        *dashboard.dashboard_queries(),
         ("known_queues", selectors.KNOWN_QUEUES_SQL, {"recent": 10_000}),
     ]
     for name, sql, params in queries:

@@ -1,0 +1,10 @@
+"""The staff console: ModelAdmins (`options`), staff actions (`actions`), list filters,
+the capped-count paginator, the dashboard and the display helpers, registered here."""
+
+from django.contrib import admin
+
+from jobs.admin.options import ClientAdmin, JobAdmin
+from jobs.models import Client, Job
+
+admin.site.register(Job, JobAdmin)
+admin.site.register(Client, ClientAdmin)

@@ -1,0 +1,240 @@
+"""Staff repairs on selected jobs, each through its lifecycle service.
+
+`run_staff_action` is to these what Django's `delete_selected` is to deletion:
+a module-level action with its permission, a confirmation page, a LogEntry per
+changed job and a message counting what it did and what it skipped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.contrib.admin.models import CHANGE, LogEntry
+from django.db import transaction
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.template.response import TemplateResponse
+from django.utils.functional import Promise
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy, ngettext
+
+from jobs import selectors, services
+from jobs.admin.display import budget_text, error_detail_html
+from jobs.lifecycle import Status
+from jobs.models import Job
+
+
+@dataclass(frozen=True)
+class StaffAction:
+    """One repair a staff member may run on selected jobs."""
+
+    name: str
+    permission: str  # has_<permission>_permission, backed by jobs.<permission>_job
+    label: str | Promise
+    button: str | Promise  # short label on the job's detail page
+    verb: str | Promise  # "3 retried"
+    eligible: tuple[Status, ...]
+    skip_reason: str | Promise  # "1 skipped: not failed"
+    explanation: str | Promise
+    service: Callable[[Sequence[int], str], list[int]]
+
+    @property
+    def eligible_values(self) -> list[str]:
+        return [s.value for s in self.eligible]
+
+
+RETRY = StaffAction(
+    name="retry_jobs",
+    permission="retry",
+    label=gettext_lazy("Retry failed jobs (resets the retry budget)"),
+    button=gettext_lazy("Retry"),
+    verb=gettext_lazy("retried"),
+    eligible=(Status.FAILED,),
+    skip_reason=gettext_lazy("not failed"),
+    explanation=gettext_lazy(
+        "Each failed job goes back to queued with retry_count reset to 0, its result "
+        "cleared and run_at set to now; workers are signalled after commit. Jobs that "
+        "are not failed are left alone."
+    ),
+    service=services.staff_retry,
+)
+REPAIR = StaffAction(
+    name="repair_jobs",
+    permission="repair",
+    label=gettext_lazy("Repair enqueue_failed jobs (requeue and re-signal)"),
+    button=gettext_lazy("Repair"),
+    verb=gettext_lazy("repaired"),
+    eligible=(Status.ENQUEUE_FAILED,),
+    skip_reason=gettext_lazy("not enqueue_failed"),
+    explanation=gettext_lazy(
+        "Each enqueue_failed job goes back to queued and its id is pushed to Redis "
+        "again after commit. Jobs in any other state are left alone."
+    ),
+    service=services.staff_repair,
+)
+REVOKE = StaffAction(
+    name="revoke_jobs",
+    permission="revoke",
+    label=gettext_lazy("Revoke lease and requeue processing jobs"),
+    button=gettext_lazy("Revoke lease"),
+    verb=gettext_lazy("revoked"),
+    eligible=(Status.PROCESSING,),
+    skip_reason=gettext_lazy("not processing"),
+    explanation=gettext_lazy(
+        "Each processing job goes back to queued with lease_version bumped and its "
+        "owner cleared, so the worker still running it is fenced off: its heartbeat and "
+        "its final write are rejected. No retry is spent. Jobs that are not processing "
+        "are left alone."
+    ),
+    service=services.revoke,
+)
+CANCEL_RUNNING = StaffAction(
+    name="cancel_running_jobs",
+    permission="cancel_running",
+    label=gettext_lazy("Cancel running jobs (ask the handler to stop)"),
+    button=gettext_lazy("Cancel running"),
+    verb=gettext_lazy("asked to stop"),
+    eligible=(Status.PROCESSING,),
+    skip_reason=gettext_lazy("not processing"),
+    explanation=gettext_lazy(
+        "Each processing job gets a cancel request: its worker tells the handler at its "
+        "next heartbeat (within a third of the lease). A handler that stops ends failed "
+        'with the error "cancelled"; one that finishes anyway ends done (the cancel came '
+        "too late). A retry or an expired lease never runs it again. The lease is not "
+        "revoked. Jobs that are not processing are left alone."
+    ),
+    service=services.staff_cancel_running,
+)
+CANCEL = StaffAction(
+    name="cancel_jobs",
+    permission="cancel",
+    label=gettext_lazy("Cancel jobs that have not started"),
+    button=gettext_lazy("Cancel"),
+    verb=gettext_lazy("cancelled"),
+    eligible=(Status.QUEUED, Status.ENQUEUE_FAILED),
+    skip_reason=gettext_lazy("already started or finished"),
+    explanation=gettext_lazy(
+        'Each queued or enqueue_failed job ends as failed with the error "cancelled". '
+        "Jobs already processing or finished are left alone (revoke a processing job "
+        "first if it must not run)."
+    ),
+    service=services.cancel,
+)
+STAFF_ACTIONS: tuple[StaffAction, ...] = (RETRY, REPAIR, REVOKE, CANCEL_RUNNING, CANCEL)
+
+
+def staff_actor(request: HttpRequest) -> str:
+    return f"staff:{request.user.get_username()}"
+
+
+def eligible_id_chunks(
+    queryset: QuerySet, spec: StaffAction, chunk_size: int
+) -> Iterator[list[int]]:
+    """Ids of the selected jobs in an eligible state, in pk order, a chunk at a time.
+
+    Keyset pagination keeps each read small and lets select-across act on a
+    filtered set of any size without holding its ids in memory at once.
+    """
+    eligible = queryset.filter(status__in=spec.eligible_values).order_by("pk")
+    last = 0
+    while True:
+        chunk = list(eligible.filter(pk__gt=last).values_list("pk", flat=True)[:chunk_size])
+        if not chunk:
+            return
+        yield chunk
+        last = chunk[-1]
+
+
+def run_staff_action(
+    modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet, spec: StaffAction
+) -> TemplateResponse | None:
+    """Confirm first; on confirmation run the service chunk by chunk and report."""
+    if request.POST.get("post") != "yes":
+        return confirmation(modeladmin, request, queryset, spec)
+    actor = staff_actor(request)
+    cap = modeladmin.action_count_cap
+    selected, exact = selectors.capped_count(queryset, cap)
+    applied = 0
+    message = f"{spec.label}: {spec.verb} by {actor}"
+    for chunk in eligible_id_chunks(queryset, spec, modeladmin.action_chunk_size):
+        with transaction.atomic():
+            done = spec.service(chunk, actor)
+            if done:
+                LogEntry.objects.log_actions(
+                    request.user.pk,
+                    Job.objects.filter(pk__in=done).only("id", "task", "status"),
+                    CHANGE,
+                    change_message=message,
+                )
+        applied += len(done)
+    skipped = selected - applied if exact else 0
+    text = ngettext("%(count)d %(verb)s", "%(count)d %(verb)s", applied) % {
+        "count": applied,
+        "verb": spec.verb,
+    }
+    if skipped:
+        text += ngettext(
+            ", %(count)d skipped: %(reason)s", ", %(count)d skipped: %(reason)s", skipped
+        ) % {"count": skipped, "reason": spec.skip_reason}
+    elif not exact:
+        text += _(" (over %(cap)s selected: the skipped are not counted)") % {"cap": f"{cap:,}"}
+    modeladmin.message_user(request, text, messages.WARNING if skipped else messages.SUCCESS)
+    return None
+
+
+def confirmation(
+    modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet, spec: StaffAction
+) -> TemplateResponse:
+    """What will change, to how many, and a sample with the errors staff decide on."""
+    cap = modeladmin.action_count_cap
+    selected, selected_exact = selectors.capped_count(queryset, cap)
+    eligible_qs = queryset.filter(status__in=spec.eligible_values)
+    eligible, eligible_exact = selectors.capped_count(eligible_qs, cap)
+    # The budget spent and the last error with its traceback: a "card declined"
+    # should not be retried blindly.
+    sample = [
+        {
+            **row,
+            "budget": budget_text(row["retry_count"], row["max_retries"]),
+            "error_html": error_detail_html(
+                row["error"], row["error_class"], row["error_traceback"], open_traceback=False
+            ),
+        }
+        for row in eligible_qs.order_by("pk").values(
+            "pk", "task", "queue", "status", "retry_count", "max_retries",
+            "error", "error_class", "error_traceback",
+        )[:20]
+    ]  # fmt: skip
+    context = {
+        **modeladmin.admin_site.each_context(request),
+        "title": spec.label,
+        "opts": modeladmin.opts,
+        "spec": spec,
+        "selected_count": selected,
+        "eligible_count": eligible,
+        "skipped_count": selected - eligible if selected_exact and eligible_exact else 0,
+        "selected_exact": selected_exact,
+        "eligible_exact": eligible_exact,
+        "sample": sample,
+        "eligible_states": ", ".join(spec.eligible_values),
+        "selected_ids": request.POST.getlist(helpers.ACTION_CHECKBOX_NAME),
+        "select_across": request.POST.get("select_across", "0"),
+        "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+        "actor": staff_actor(request),
+        "changelist_url": request.get_full_path(),
+    }
+    return TemplateResponse(request, "admin/jobs/job/action_confirmation.html", context)
+
+
+def make_action(spec: StaffAction) -> Callable:
+    """The admin action for one spec: its permission, its label, `run_staff_action`."""
+
+    @admin.action(permissions=[spec.permission], description=spec.label)
+    def action(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet):
+        return run_staff_action(modeladmin, request, queryset, spec)
+
+    action.__name__ = spec.name
+    return action
