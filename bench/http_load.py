@@ -24,15 +24,18 @@ def not_measured(name: str) -> dict:
     }
 
 
-def _gunicorn(ctx: Any, web_concurrency: int) -> tuple[Service, str]:
+def _gunicorn(ctx: Any, code: Any, web_concurrency: int | None) -> tuple[Service, str]:
+    """gunicorn from `code`'s tree with that tree's own defaults (gunicorn.conf.py), unless
+    --web-concurrency says how many workers."""
     port = free_port()
+    web = {"WEB_CONCURRENCY": str(web_concurrency)} if web_concurrency else {}
     server = ctx.procs.api(
         port,
-        root=ctx.code.root,
-        WEB_CONCURRENCY=str(web_concurrency),
+        root=code.root,
         LOG_LEVEL="WARNING",
         JOBS_MAX_QUEUE_DEPTH="100000000",
         JOBS_API_THROTTLE="100000000/minute",
+        **web,
     )
     return server, f"http://127.0.0.1:{port}"
 
@@ -57,15 +60,21 @@ def _load(ctx: Any, url: str, body: Any, seconds: float, clients: int, threads: 
     return {"statuses": statuses, "latencies": latencies, "seconds": elapsed}
 
 
-def _run(ctx: Any, name: str, body: Any, jobs_per_request: int, clients: int, threads: int):
-    web = ctx.args.web_concurrency or 2
+def _run(
+    ctx: Any, code: Any, name: str, body: Any, jobs_per_request: int, clients: int, threads: int
+):
+    web = ctx.args.web_concurrency
     seconds = 2.0 if ctx.quick else 10.0
-    server, url = _gunicorn(ctx, web)
+    server, url = _gunicorn(ctx, code, web)
     path = "/api/v1/jobs/batch/" if jobs_per_request > 1 else "/api/v1/jobs/"
-    profiler = Profiler(ctx.args.profile, [server], name)
+    before = sql("SELECT coalesce(max(id), 0) FROM jobs_job")[0][0]
+    profiler = Profiler(ctx.args.profile, [server], f"{name}-{code.label}")
     got = _load(ctx, url + path, body, seconds, clients, threads)
     profiler.stop()
-    created = sql("SELECT count(*), min(created_at), max(created_at) FROM jobs_job")[0]
+    server.stop()
+    created = sql(
+        "SELECT count(*), min(created_at), max(created_at) FROM jobs_job WHERE id > %s", [before]
+    )[0]
     ok = got["statuses"].get("201", 0)
     pct = percentiles(got["latencies"])
     jobs = ok * jobs_per_request
@@ -73,8 +82,9 @@ def _run(ctx: Any, name: str, body: Any, jobs_per_request: int, clients: int, th
     target = ">= 30,000 jobs/s" if jobs_per_request > 1 else ">= 1,500 jobs/s"
     return {
         "scenario": name,
-        "code": ctx.code.label,
-        "figure": f"HTTP POST {path} through gunicorn ({web} sync workers), "
+        "code": code.label,
+        "figure": f"HTTP POST {path} through gunicorn "
+        f"({f'{web} workers' if web else 'its gunicorn.conf.py defaults'}), "
         f"{jobs_per_request} job(s) per request",
         "value": jobs / got["seconds"],
         "unit": "jobs/s",
@@ -97,10 +107,13 @@ def _run(ctx: Any, name: str, body: Any, jobs_per_request: int, clients: int, th
 
 
 def single(ctx: Any) -> Iterator[dict]:
-    yield _run(ctx, "http-single", {"task": "echo", "payload": {"n": 1}}, 1, 2, 4)
+    """8 client threads (2 processes x 4), each code's gunicorn in turn (baseline first)."""
+    for code in ctx.codes():
+        yield _run(ctx, code, "http-single", {"task": "echo", "payload": {"n": 1}}, 1, 2, 4)
 
 
 def bulk(ctx: Any) -> Iterator[dict]:
     size = 1000
     body = {"jobs": [{"task": "echo", "payload": {"n": n}} for n in range(size)]}
-    yield _run(ctx, "http-bulk", body, size, 1, 2)
+    for code in ctx.codes():
+        yield _run(ctx, code, "http-bulk", body, size, 1, 2)
