@@ -814,9 +814,8 @@ class ClientAdmin(admin.ModelAdmin):
 
     @admin.action(permissions=["change"], description="Deactivate selected clients")
     def deactivate_clients(self, request, queryset):
-        targets = list(queryset.filter(is_active=True).values_list("pk", flat=True))
         with transaction.atomic():
-            Client.objects.filter(pk__in=targets).update(is_active=False)
+            targets = services.deactivate_clients(list(queryset.values_list("pk", flat=True)))
             if targets:
                 LogEntry.objects.log_actions(
                     request.user.pk,
