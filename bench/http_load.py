@@ -8,9 +8,18 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
-from bench.measure import Profiler, fmt_pcts, percentiles, released_together, sql
+from bench.measure import (
+    Profiler,
+    backend_pids,
+    cpu_seconds,
+    fmt_pcts,
+    percentiles,
+    released_together,
+    sql,
+)
 from harness import Service, free_port
 
 
@@ -38,6 +47,15 @@ def _gunicorn(ctx: Any, code: Any, web_concurrency: int | None) -> tuple[Service
         **web,
     )
     return server, f"http://127.0.0.1:{port}"
+
+
+def _children(pid: int) -> list[int]:
+    """gunicorn's master and its workers."""
+    try:
+        kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        kids = []
+    return [pid, *map(int, kids)]
 
 
 def _load(ctx: Any, url: str, body: Any, seconds: float, clients: int, threads: int) -> dict:
@@ -69,7 +87,12 @@ def _run(
     path = "/api/v1/jobs/batch/" if jobs_per_request > 1 else "/api/v1/jobs/"
     before = sql("SELECT coalesce(max(id), 0) FROM jobs_job")[0][0]
     profiler = Profiler(ctx.args.profile, [server], f"{name}-{code.label}")
+    # CPU per request of the API's processes and their database backends: on a busy
+    # machine, a steadier side-by-side figure than requests per second.
+    web_pids = _children(server.pid)
+    cpu0 = cpu_seconds(web_pids), cpu_seconds(backend_pids())
     got = _load(ctx, url + path, body, seconds, clients, threads)
+    cpu1 = cpu_seconds(web_pids), cpu_seconds(backend_pids())
     profiler.stop()
     server.stop()
     created = sql(
@@ -92,7 +115,9 @@ def _run(
         "summary": f"{ok} x 201 in {got['seconds']:.2f}s ({ok / got['seconds']:,.0f} req/s), "
         f"statuses {got['statuses']}, {created[0]} rows; request latency "
         + (fmt_pcts(pct) if pct else "-")
-        + f"; {clients}x{threads} client threads",
+        + f"; {clients}x{threads} client threads; CPU per request: gunicorn "
+        f"{1000 * (cpu1[0] - cpu0[0]) / max(ok, 1):.2f} ms, PostgreSQL "
+        f"{1000 * (cpu1[1] - cpu0[1]) / max(ok, 1):.2f} ms",
         "details": {
             "requests_ok": ok,
             "statuses": got["statuses"],
@@ -102,6 +127,8 @@ def _run(
             "latency_ms": pct,
             "web_concurrency": web,
             "client_threads": clients * threads,
+            "gunicorn_cpu_ms_per_request": 1000 * (cpu1[0] - cpu0[0]) / max(ok, 1),
+            "postgres_cpu_ms_per_request": 1000 * (cpu1[1] - cpu0[1]) / max(ok, 1),
         },
     }
 
