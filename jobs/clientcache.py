@@ -36,7 +36,7 @@ def active_client(token_hash: str) -> Client | None:
     try:
         hit = _cache().get(token_hash)
     except Exception:  # the cache is an optimisation: the database answers
-        hit = None
+        hit = _TOMBSTONE  # and a cache that just failed is not written to (one timeout)
     if isinstance(hit, tuple):
         pk, name = hit
         client = Client(pk=pk, name=name, token_hash=token_hash, is_active=True)

@@ -5,6 +5,9 @@ give exactly what DRF and the standard library give."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -233,3 +236,44 @@ def test_parser_keeps_the_standard_librarys_answers_at_the_edges(raw):
             BoundedJSONParser().parse(_Stream(raw), "application/json")
         return
     assert BoundedJSONParser().parse(_Stream(raw), "application/json") == expected
+
+
+# --- a failing cache ----------------------------------------------------------------------
+
+
+def _cache_at(settings, url: str) -> None:
+    settings.CACHES = {
+        **settings.CACHES,
+        "api_clients": {**settings.CACHES["api_clients"], "LOCATION": url},
+    }
+
+
+@pytest.mark.django_db
+def test_a_stopped_cache_leaves_authentication_to_the_database(settings, private_redis):
+    _cache_at(settings, private_redis.url)
+    client, token = new_client()
+    api = authed(token)
+    assert api.get(URL).status_code == 200
+    assert private_redis.client().keys("*client*")  # cached there
+    private_redis.stop()
+    assert api.post(URL, data=BODY, content_type="application/json").status_code == 201
+    services.deactivate_clients([client.pk])  # the tombstone cannot be written: logged
+    assert api.get(URL).status_code == 401  # the database answers
+
+
+@pytest.mark.django_db
+def test_a_frozen_cache_costs_one_timeout_per_request(settings, private_redis):
+    _cache_at(settings, private_redis.url)
+    _, token = new_client()
+    api = authed(token)
+    assert api.get(URL).status_code == 200
+    os.kill(private_redis.proc.pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        assert api.get(URL).status_code == 200
+        took = time.monotonic() - started
+    finally:
+        os.kill(private_redis.proc.pid, signal.SIGCONT)
+    timeout = settings.CACHES["api_clients"]["OPTIONS"]["socket_timeout"]
+    # One read timeout, not a second one for storing the answer (generous for a busy machine).
+    assert took < 2 * timeout, took
