@@ -1,11 +1,12 @@
 """Browser middleware that the token-authenticated API does not need.
 
-The admin needs sessions, CSRF, request.user and messages; the API under /api/
-authenticates every request by its token (DRF, which also exempts its views from
-CSRF) and never reads a session, a cookie or a message. Running them there costs
-a cookie signer per request and a session lookup when a browser sends its cookie,
-for nothing. These are Django's own classes, skipped for /api/ paths only, so the
-admin keeps them exactly (and Django's admin checks still find them).
+The admin needs sessions, request.user and messages; the API under /api/
+authenticates every request by its token and never reads a session, a cookie or a
+message. Running them there costs a cookie signer per request and a session lookup
+when a browser sends its cookie, for nothing. These are Django's own classes, skipped
+for /api/ paths only, so the admin keeps them exactly (and Django's admin checks still
+find them). CSRF stays Django's own middleware, unwrapped: `check --deploy` looks for it
+by name, and DRF already exempts its token-authenticated views.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 from django.contrib.auth import middleware as auth
 from django.contrib.messages import middleware as messages
 from django.contrib.sessions import middleware as sessions
-from django.middleware import csrf
 
 API_PREFIX = "/api/"
 
@@ -30,17 +30,8 @@ class _SkippedForAPI:
             return self.get_response(request)
         return super().__call__(request)
 
-    def process_view(self, request, callback, callback_args, callback_kwargs):
-        if is_api(request) or not hasattr(super(), "process_view"):
-            return None
-        return super().process_view(request, callback, callback_args, callback_kwargs)
-
 
 class SessionMiddleware(_SkippedForAPI, sessions.SessionMiddleware):
-    pass
-
-
-class CsrfViewMiddleware(_SkippedForAPI, csrf.CsrfViewMiddleware):
     pass
 
 

@@ -74,11 +74,11 @@ MIDDLEWARE = [
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
-    # Django's session, CSRF, auth and messages middleware, skipped under /api/ (token
+    # Django's session, auth and messages middleware, skipped under /api/ (token
     # authenticated, no cookies): see jobservice/middleware.py.
     "jobservice.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
-    "jobservice.middleware.CsrfViewMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
     "jobservice.middleware.AuthenticationMiddleware",
     "jobservice.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
