@@ -84,7 +84,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--web-concurrency",
         type=int,
         default=None,
-        help="gunicorn workers for the HTTP scenarios (default 2, as WEB_CONCURRENCY).",
+        help="gunicorn workers for the HTTP scenarios (default: each tree's gunicorn.conf.py).",
     )
     p.add_argument("--out", type=Path, default=None, help="JSON lines file to append to.")
     p.add_argument("--keep-db", action="store_true", help="Do not drop the scratch database.")

@@ -26,10 +26,10 @@ import psycopg
 from django.conf import settings
 from django.db import connection, models, transaction
 
-from jobs import metrics
+from jobs import clientcache, metrics
 from jobs.lifecycle import CANCELLED, TERMINAL, Status, due_sql
 from jobs.logconfig import job_log_fields
-from jobs.models import Job, JobEvent, WorkerProcess
+from jobs.models import Client, Job, JobEvent, WorkerProcess
 from jobs.transport import TransportError, get_transport
 
 log = logging.getLogger(__name__)
@@ -235,6 +235,7 @@ def submit(
     idempotency_key: str | None = None,
     request_hash: str | None = None,
     actor: str = "app",
+    payload_json: str | None = None,
 ) -> tuple[Job, bool]:
     """Insert a queued job inside the caller's transaction (the outbox of seed 002).
 
@@ -248,7 +249,9 @@ def submit(
         max_retries = settings.JOBS_MAX_RETRIES
     params = [
         task,
-        json.dumps(payload if payload is not None else {}),
+        payload_json
+        if payload_json is not None  # already serialised by the caller's validation
+        else json.dumps(payload if payload is not None else {}),
         queue,
         priority,
         run_at,
@@ -1104,3 +1107,17 @@ def prune_finished(older_than_seconds: float, statuses: Sequence[str], batch: in
         {"statuses": sorted(set(statuses)), "age": older_than_seconds, "batch": batch},
     )
     return rows[0][0]
+
+
+def deactivate_clients(client_ids: Sequence[int]) -> list[int]:
+    """Deactivate these API clients; the ids that were active. Their tokens stop working
+    at once in every process: the client cache is told before the change commits."""
+    with transaction.atomic():
+        rows = list(
+            Client.objects.select_for_update()
+            .filter(pk__in=client_ids, is_active=True)
+            .values_list("pk", "token_hash")
+        )
+        clientcache.forget(h for _, h in rows)
+        Client.objects.filter(pk__in=[pk for pk, _ in rows]).update(is_active=False)
+    return [pk for pk, _ in rows]

@@ -355,6 +355,7 @@ def _submit_checked(item: dict[str, Any], client: Client | None) -> tuple[Job, b
             idempotency_key=idempotency_key,
             request_hash=digest,
             actor=f"client:{client.name}" if client is not None else "app",
+            payload_json=item["payload_json"],
         )
     except services.IdempotencyConflict as exc:
         raise IdempotencyConflict(exc.job) from exc

@@ -75,11 +75,13 @@ MIDDLEWARE = [
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
-    "django.contrib.sessions.middleware.SessionMiddleware",
+    # Django's session, auth and messages middleware, skipped under /api/ (token
+    # authenticated, no cookies): see jobservice/middleware.py.
+    "jobservice.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
-    "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "django.contrib.messages.middleware.MessageMiddleware",
+    "jobservice.middleware.AuthenticationMiddleware",
+    "jobservice.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_prometheus.middleware.PrometheusAfterMiddleware",
 ]
@@ -179,6 +181,25 @@ TASKS = {
 }
 
 # --- API ------------------------------------------------------------------------
+# Active API clients by token hash (jobs/clientcache.py): shared through Redis so a
+# deactivation reaches every process at once; without Redis, no cache.
+JOBS_CLIENT_CACHE_SECONDS = env.float("JOBS_CLIENT_CACHE_SECONDS", default=10.0)
+CACHES = {
+    # Throttle counters: per process (see jobs.api.auth.ClientRateThrottle).
+    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    "api_clients": (
+        {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_URL,
+            "KEY_PREFIX": f"{JOBS_REDIS_PREFIX}client",
+            "TIMEOUT": JOBS_CLIENT_CACHE_SECONDS,
+            # A stalled Redis costs a request this much before the database answers.
+            "OPTIONS": {"socket_timeout": 0.25, "socket_connect_timeout": 0.25},
+        }
+        if REDIS_URL and JOBS_CLIENT_CACHE_SECONDS > 0
+        else {"BACKEND": "django.core.cache.backends.dummy.DummyCache"}
+    ),
+}
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["jobs.api.auth.ClientTokenAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["jobs.api.auth.IsClient"],
@@ -189,6 +210,10 @@ REST_FRAMEWORK = {
     "EXCEPTION_HANDLER": "jobs.api.errors.exception_handler",
     "DEFAULT_THROTTLE_RATES": {"client": env.str("JOBS_API_THROTTLE", default="100000/minute")},
     "UNAUTHENTICATED_USER": None,
+    "DEFAULT_RENDERER_CLASSES": [
+        "jobs.api.renderers.ORJSONRenderer",
+        "rest_framework.renderers.BrowsableAPIRenderer",
+    ],
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "jobservice API",

@@ -27,7 +27,7 @@ from django.utils.cache import add_never_cache_headers
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
-from jobs import selectors
+from jobs import selectors, services
 from jobs.admin import dashboard
 from jobs.admin.actions import STAFF_ACTIONS, make_action
 from jobs.admin.display import (
@@ -419,9 +419,9 @@ class ClientAdmin(admin.ModelAdmin):
 
     @admin.action(permissions=["change"], description=gettext_lazy("Deactivate selected clients"))
     def deactivate_clients(self, request, queryset):
-        targets = list(queryset.filter(is_active=True).values_list("pk", flat=True))
         with transaction.atomic():
-            Client.objects.filter(pk__in=targets).update(is_active=False)
+            # Through the service: it also revokes the clients' cached tokens at once.
+            targets = services.deactivate_clients(list(queryset.values_list("pk", flat=True)))
             if targets:
                 LogEntry.objects.log_actions(
                     request.user.pk,

@@ -15,6 +15,7 @@ from rest_framework.request import Request
 from rest_framework.settings import api_settings
 from rest_framework.throttling import SimpleRateThrottle
 
+from jobs import clientcache
 from jobs.models import Client
 
 KEYWORD = "Token"
@@ -35,7 +36,7 @@ class ClientTokenAuthentication(BaseAuthentication):
             token = parts[1].decode("ascii")
         except UnicodeDecodeError as exc:
             raise exceptions.AuthenticationFailed("Invalid token.") from exc
-        client = Client.objects.filter(token_hash=Client.hash_token(token)).first()
+        client = clientcache.active_client(Client.hash_token(token))
         if client is None:
             raise exceptions.AuthenticationFailed("Invalid token.")
         if not client.is_active:

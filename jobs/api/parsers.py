@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import codecs
 import json
+import re
 from typing import Any
 
+import orjson
 from django.conf import settings
 from django.utils.http import parse_header_parameters
 from rest_framework.exceptions import ParseError, UnsupportedMediaType
@@ -50,11 +52,20 @@ class BoundedJSONParser(JSONParser):
                 media_type,
                 detail=f"JSON must be UTF-8 (RFC 8259); charset={encoding!r} is not supported.",
             )
+        if not _LONG_NUMBER.search(raw):  # orjson reads integers past 64 bits as floats
+            try:
+                return orjson.loads(raw)  # strict RFC 8259: NaN and Infinity refused too
+            except orjson.JSONDecodeError:
+                pass  # the standard parser decides, and words the error, as it always has
         try:
             text = raw.decode(encoding)
             return json.loads(text, parse_constant=_reject_constant)
         except (ValueError, RecursionError) as exc:
             raise ParseError(f"JSON parse error - {exc}") from exc
+
+
+# 19 digits in a row: possibly an integer orjson cannot hold (the standard parser can).
+_LONG_NUMBER = re.compile(rb"\d{19}")
 
 
 def _is_utf8(encoding: str) -> bool:

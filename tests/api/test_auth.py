@@ -8,6 +8,7 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 
+from jobs import services
 from jobs.models import Client, Job
 from tests.api.conftest import RecordingAPIClient, authed, counts
 
@@ -57,7 +58,7 @@ def test_inactive_client_is_401(client_and_token):
     client, token = client_and_token
     api = authed(token)
     assert api.get(URL).status_code == 200
-    Client.objects.filter(pk=client.pk).update(is_active=False)
+    services.deactivate_clients([client.pk])  # the client cache forgets it at once
     r = api.get(URL)
     assert r.status_code == 401
     assert r.json()["code"] == "authentication_failed"
