@@ -36,9 +36,9 @@ from django.utils.cache import add_never_cache_headers
 from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 
-from jobs import selectors, services
+from jobs import lifecycle, selectors, services
 from jobs import tasks as task_registry
-from jobs.lifecycle import Status
+from jobs.lifecycle import Move, Status
 from jobs.models import Client, Job, JobEvent
 from jobs.selectors import progress_of
 
@@ -186,10 +186,7 @@ class StuckFilter(admin.SimpleListFilter):
 
     def queryset(self, request, queryset):
         if self.value() == "yes":
-            return queryset.filter(
-                status=Status.PROCESSING,
-                heartbeat_at__lt=Now() - timedelta(seconds=settings.JOBS_LEASE_SECONDS),
-            )
+            return queryset.stuck(settings.JOBS_LEASE_SECONDS)
         return queryset
 
 
@@ -245,10 +242,14 @@ class StaffAction:
     label: str
     button: str  # short label on the job's detail page
     verb: str  # "3 retried"
-    eligible: tuple[Status, ...]
+    move: Move  # the lifecycle move the service makes: its sources are the eligible states
     skip_reason: str  # "1 skipped: not failed"
     explanation: str
     service: Callable[[Sequence[int], str], list[int]]
+
+    @property
+    def eligible(self) -> tuple[Status, ...]:
+        return self.move.states
 
 
 RETRY = StaffAction(
@@ -257,7 +258,7 @@ RETRY = StaffAction(
     label="Retry failed jobs (resets the retry budget)",
     button="Retry",
     verb="retried",
-    eligible=(Status.FAILED,),
+    move=lifecycle.STAFF_RETRY,
     skip_reason="not failed",
     explanation=(
         "Each failed job goes back to queued with retry_count reset to 0, its result "
@@ -272,7 +273,7 @@ REPAIR = StaffAction(
     label="Repair enqueue_failed jobs (requeue and re-signal)",
     button="Repair",
     verb="repaired",
-    eligible=(Status.ENQUEUE_FAILED,),
+    move=lifecycle.REPAIR,
     skip_reason="not enqueue_failed",
     explanation=(
         "Each enqueue_failed job goes back to queued and its id is pushed to Redis "
@@ -286,7 +287,7 @@ REVOKE = StaffAction(
     label="Revoke lease and requeue processing jobs",
     button="Revoke lease",
     verb="revoked",
-    eligible=(Status.PROCESSING,),
+    move=lifecycle.REVOKE,
     skip_reason="not processing",
     explanation=(
         "Each processing job goes back to queued with lease_version bumped and its "
@@ -302,7 +303,7 @@ CANCEL_RUNNING = StaffAction(
     label="Cancel running jobs (ask the handler to stop)",
     button="Cancel running",
     verb="asked to stop",
-    eligible=(Status.PROCESSING,),
+    move=lifecycle.CANCEL_RUNNING,
     skip_reason="not processing",
     explanation=(
         "Each processing job gets a cancel request: its worker tells the handler at its "
@@ -319,7 +320,7 @@ CANCEL = StaffAction(
     label="Cancel jobs that have not started",
     button="Cancel",
     verb="cancelled",
-    eligible=(Status.QUEUED, Status.ENQUEUE_FAILED),
+    move=lifecycle.CANCEL,
     skip_reason="already started or finished",
     explanation=(
         'Each queued or enqueue_failed job ends as failed with the error "cancelled". '
@@ -332,7 +333,7 @@ STAFF_ACTIONS: tuple[StaffAction, ...] = (RETRY, REPAIR, REVOKE, CANCEL_RUNNING,
 
 
 def staff_actor(request: HttpRequest) -> str:
-    return f"staff:{request.user.get_username()}"
+    return lifecycle.actor(lifecycle.Role.STAFF, request.user.get_username())
 
 
 def _make_action(spec: StaffAction) -> Callable:
@@ -650,7 +651,7 @@ class JobAdmin(admin.ModelAdmin):
         Keyset pagination keeps each read small and lets select-across act on a
         filtered set of any size without holding its ids in memory at once.
         """
-        eligible = queryset.filter(status__in=[s.value for s in spec.eligible]).order_by("pk")
+        eligible = queryset.eligible_for(spec.move).order_by("pk")
         last = 0
         while True:
             chunk = list(
@@ -698,7 +699,7 @@ class JobAdmin(admin.ModelAdmin):
     ) -> TemplateResponse:
         cap = self.action_count_cap
         selected, selected_exact = selectors.capped_count(queryset, cap)
-        eligible_qs = queryset.filter(status__in=[s.value for s in spec.eligible])
+        eligible_qs = queryset.eligible_for(spec.move)
         eligible, eligible_exact = selectors.capped_count(eligible_qs, cap)
         # What staff need to decide: the budget spent and the last error with its
         # traceback (a "card declined" should not be retried blindly).

@@ -24,10 +24,10 @@ from typing import Any
 
 import psycopg
 from django.conf import settings
-from django.db import connection, models, transaction
+from django.db import connection, transaction
 
-from jobs import metrics
-from jobs.lifecycle import CANCELLED, TERMINAL, Status, due_sql
+from jobs import lifecycle, metrics
+from jobs.lifecycle import CANCELLED, TERMINAL, Role, Status, actor_role, actor_sql, due_sql
 from jobs.logconfig import job_log_fields
 from jobs.models import Job, JobEvent, WorkerProcess
 from jobs.transport import TransportError, get_transport
@@ -35,13 +35,6 @@ from jobs.transport import TransportError, get_transport
 log = logging.getLogger(__name__)
 
 T = Job._meta.db_table
-QUEUED, PROCESSING, DONE, FAILED, ENQUEUE_FAILED = (
-    Status.QUEUED.value,
-    Status.PROCESSING.value,
-    Status.DONE.value,
-    Status.FAILED.value,
-    Status.ENQUEUE_FAILED.value,
-)
 # What a finished row needs to report its metrics. Latency counts from when the job
 # became due (SPEC §6): `due_at`, or created_at on rows older than that column.
 _FINISH_RETURNING = (
@@ -93,24 +86,7 @@ class Finished:
 
 
 def worker_actor(worker_id: str) -> str:
-    return f"worker:{worker_id}"
-
-
-class Role(models.TextChoices):
-    """Who made a change, as an API client may see it: the actor's kind, never its
-    identity (hosts, pids and usernames stay in the admin)."""
-
-    WORKER = "worker"
-    REAPER = "reaper"
-    STAFF = "staff"
-    CLIENT = "client"
-    API = "api"  # the service itself: the application's own code, migrations, repairs
-
-
-def actor_role(actor: str | None) -> str:
-    """`worker:<host>:<pid>:…` → "worker", `staff:<username>` → "staff", and so on."""
-    kind = (actor or "").split(":", 1)[0]
-    return kind if kind in Role.values and kind != Role.API else Role.API
+    return lifecycle.actor(Role.WORKER, worker_id)
 
 
 # --- helpers ------------------------------------------------------------------
@@ -210,7 +186,7 @@ _JOB_FIELDS = [f.attname for f in Job._meta.concrete_fields]
 _INSERT_SQL = f"""
 INSERT INTO {T} (task, payload, queue, priority, run_at, max_retries, client_id,
                  idempotency_key, request_hash, updated_by, status, retry_count, lease_version)
-VALUES (%s, %s::jsonb, %s, %s, COALESCE(%s, now()), %s, %s, %s, %s, %s, '{QUEUED}', 0, 0)
+VALUES (%s, %s::jsonb, %s, %s, COALESCE(%s, now()), %s, %s, %s, %s, %s, '{Status.QUEUED}', 0, 0)
 ON CONFLICT DO NOTHING
 RETURNING {", ".join(_JOB_FIELDS)}, run_at <= now()
 """
@@ -272,7 +248,7 @@ def submit(
     if due:
         def parked(ids: list[int]) -> None:
             if job.pk in ids:  # callers reading the job after commit see the parked state
-                job.status = ENQUEUE_FAILED
+                job.status = Status.ENQUEUE_FAILED
 
         signal_after_commit([(job.pk, queue)], park_on_failure=True, on_parked=parked)
     return job, True
@@ -329,7 +305,7 @@ WITH input AS MATERIALIZED (
                    idempotency_key, request_hash, updated_by, status, retry_count,
                    lease_version)
   SELECT id, task, payload::jsonb, queue, priority, COALESCE(run_at, now()), max_retries,
-         %(client)s, key, hash, %(actor)s, '{QUEUED}', 0, 0
+         %(client)s, key, hash, %(actor)s, '{Status.QUEUED}', 0, 0
   FROM input ORDER BY ord
   ON CONFLICT DO NOTHING
   RETURNING id, created_at, run_at
@@ -400,7 +376,9 @@ def submit_many(
                 job_id, _, status, queue, task, created_at, run_at = existing[item.idempotency_key]
                 out.append(Submitted(job_id, False, status, queue, task, created_at, run_at))
                 continue
-            out.append(Submitted(row[0], True, QUEUED, item.queue, item.task, row[1], row[2]))
+            out.append(
+                Submitted(row[0], True, Status.QUEUED, item.queue, item.task, row[1], row[2])
+            )
             counts[(item.queue, item.task)] += 1
             if row[3]:
                 due.append((row[0], item.queue))
@@ -413,8 +391,8 @@ def submit_many(
 def mark_enqueue_failed(job_ids: Sequence[int], reason: str = "") -> list[int]:
     """queued → enqueue_failed for rows whose push failed and nobody has claimed yet."""
     rows = _rows(
-        f"""UPDATE {T} SET status = '{ENQUEUE_FAILED}', updated_by = 'api'
-            WHERE id = ANY(%s) AND status = '{QUEUED}' RETURNING id, queue""",
+        f"""UPDATE {T} SET status = '{Status.ENQUEUE_FAILED}', updated_by = '{Role.API}'
+            WHERE id = ANY(%s) AND {lifecycle.PARK.where()} RETURNING id, queue""",
         [list(job_ids)],
     )
     for _, queue in rows:
@@ -427,7 +405,7 @@ def mark_enqueue_failed(job_ids: Sequence[int], reason: str = "") -> list[int]:
 # The claimed rows come back in claim order, so a batch starts best-first too.
 _CLAIM_SET = f"""
 , u AS (
-UPDATE {T} j SET status = '{PROCESSING}', lease_version = j.lease_version + 1,
+UPDATE {T} j SET status = '{Status.PROCESSING}', lease_version = j.lease_version + 1,
        owned_by = %(worker)s, claimed_at = now(), heartbeat_at = now(),
        updated_by = %(actor)s
 WHERE j.id = ANY(ARRAY(SELECT id FROM c))
@@ -440,7 +418,7 @@ FROM u ORDER BY priority DESC, run_at, id
 _CLAIM_NEXT_SQL = f"""
 WITH c AS (
   SELECT id FROM {T}
-  WHERE status = '{QUEUED}' AND queue = %(queue)s AND run_at <= now()
+  WHERE {lifecycle.CLAIM.where()} AND queue = %(queue)s AND run_at <= now()
   ORDER BY priority DESC, run_at, id
   LIMIT %(limit)s
   FOR UPDATE SKIP LOCKED
@@ -450,7 +428,7 @@ WITH c AS (
 _CLAIM_IDS_SQL = f"""
 WITH c AS (
   SELECT id FROM {T}
-  WHERE id = ANY(%(ids)s) AND status = '{QUEUED}' AND run_at <= now()
+  WHERE id = ANY(%(ids)s) AND {lifecycle.CLAIM.where()} AND run_at <= now()
   ORDER BY priority DESC, run_at, id
   FOR UPDATE SKIP LOCKED
 )
@@ -520,8 +498,11 @@ def claim(worker_id: str, job_id: int) -> Lease | None:
 # The authority predicate of SPEC §3, per row of a batch. Statements also say
 # `j.id = ANY(ids)` so the planner reaches the rows through the primary key.
 _FENCE = (
-    "j.id = f.id AND j.lease_version = f.lv AND j.owned_by = f.owner AND j.status = 'processing'"
+    "j.id = f.id AND j.lease_version = f.lv AND j.owned_by = f.owner"
+    f" AND j.status = '{Status.PROCESSING}'"
 )
+_HOLDER = actor_sql(Role.WORKER, "f.owner")
+_BY_HOLDER = f"updated_by = {_HOLDER}"
 
 
 def _fence_arrays(leases: Sequence[Lease]) -> tuple[list[int], list[int], list[str]]:
@@ -587,7 +568,7 @@ def _finished(rows: list[tuple]) -> dict[int, Finished]:
     for r in rows:
         f = Finished(r[0], r[1], r[2], r[3], r[4], r[5], float(r[6]) if r[6] is not None else None)
         out[f.job_id] = f
-        if f.status in (DONE, FAILED):
+        if f.status in (Status.DONE, Status.FAILED):
             # Immediate in autocommit; inside a transaction (a transactional handler),
             # only once the terminal state has committed.
             transaction.on_commit(
@@ -604,8 +585,8 @@ def _finished(rows: list[tuple]) -> dict[int, Finished]:
 
 
 _COMPLETE_SQL = f"""
-UPDATE {T} j SET status = '{DONE}', result = f.result::jsonb, error = NULL,
-       {_UNOWN}, finished_at = statement_timestamp(), updated_by = 'worker:' || f.owner
+UPDATE {T} j SET status = '{Status.DONE}', result = f.result::jsonb, error = NULL,
+       {_UNOWN}, finished_at = statement_timestamp(), {_BY_HOLDER}
 FROM unnest(%(ids)s::bigint[], %(lvs)s::bigint[], %(owners)s::text[], %(results)s::text[])
      AS f(id, lv, owner, result)
 WHERE j.id = ANY(%(ids)s::bigint[]) AND {_FENCE} RETURNING {_FINISH_RETURNING}
@@ -641,11 +622,11 @@ UPDATE {T} j SET
        retry_count = j.retry_count + CASE WHEN f.permanent THEN 0 ELSE 1 END,
        error = f.error, error_class = f.error_class, error_traceback = f.traceback,
        result = NULL,
-       status = CASE WHEN {_RETRY} THEN '{QUEUED}' ELSE '{FAILED}' END,
+       status = CASE WHEN {_RETRY} THEN '{Status.QUEUED}' ELSE '{Status.FAILED}' END,
        lease_version = j.lease_version + CASE WHEN {_RETRY} THEN 1 ELSE 0 END,
        run_at = CASE WHEN {_RETRY} THEN {_BACKOFF} ELSE j.run_at END,
        finished_at = CASE WHEN {_RETRY} THEN NULL ELSE statement_timestamp() END,
-       {_UNOWN}, updated_by = 'worker:' || f.owner
+       {_UNOWN}, {_BY_HOLDER}
 FROM unnest(%(ids)s::bigint[], %(lvs)s::bigint[], %(owners)s::text[],
             %(errors)s::text[], %(permanent)s::boolean[], %(classes)s::text[],
             %(tracebacks)s::text[])
@@ -685,17 +666,17 @@ def fail(items: Sequence[tuple]) -> dict[int, Finished]:
     )
     finished = _finished([r[:-1] for r in rows])
     for f in finished.values():
-        if f.status == QUEUED:
+        if f.status == Status.QUEUED:
             metrics.child(metrics.RETRIED, f.queue, f.task).inc()
     signal_after_commit(
-        [(r[0], r[2]) for r in rows if r[1] == QUEUED and r[-1]], park_on_failure=False
+        [(r[0], r[2]) for r in rows if r[1] == Status.QUEUED and r[-1]], park_on_failure=False
     )
     return finished
 
 
 _RELEASE_SQL = f"""
-UPDATE {T} j SET status = '{QUEUED}', lease_version = j.lease_version + 1,
-       run_at = now(), error = %(reason)s::text, {_UNOWN}, updated_by = 'worker:' || f.owner
+UPDATE {T} j SET status = '{Status.QUEUED}', lease_version = j.lease_version + 1,
+       run_at = now(), error = %(reason)s::text, {_UNOWN}, {_BY_HOLDER}
 FROM unnest(%(ids)s::bigint[], %(lvs)s::bigint[], %(owners)s::text[]) AS f(id, lv, owner)
 WHERE j.id = ANY(%(ids)s::bigint[]) AND {_FENCE} RETURNING j.id, j.queue, j.status
 """
@@ -710,7 +691,7 @@ def release(leases: Sequence[Lease], reason: str = "released by worker shutdown"
         return set()
     rows = _hot_rows(_RELEASE_SQL, {"reason": reason, **_fence_params(leases)})
     # A job with a cancel request pending ended failed instead (lifecycle): no signal.
-    signal_after_commit([r[:2] for r in rows if r[2] == QUEUED], park_on_failure=False)
+    signal_after_commit([r[:2] for r in rows if r[2] == Status.QUEUED], park_on_failure=False)
     return {r[0] for r in rows}
 
 
@@ -722,7 +703,7 @@ def record_fence_rejections(leases: Sequence[Lease], op: str) -> None:
     rows = _rows(
         f"""INSERT INTO jobs_jobevent (job_id, kind, at, from_status, to_status, actor,
                                       lease_version, retry_count, error)
-            SELECT j.id, 'fence_rejected', now(), j.status, j.status, 'worker:' || f.owner,
+            SELECT j.id, 'fence_rejected', now(), j.status, j.status, {_HOLDER},
                    f.lv, j.retry_count,
                    format('stale %%s rejected: held lease %%s, row is at lease %%s '
                           '(%%s, owner %%s)', %s::text, f.lv, j.lease_version, j.status,
@@ -756,11 +737,11 @@ def _reap(candidates: str, error: str, params: dict[str, Any]) -> list[tuple]:
         f"""WITH {candidates}
             UPDATE {T} j SET retry_count = j.retry_count + 1, result = NULL,
                    error = {error},
-                   status = CASE WHEN {retry} THEN '{QUEUED}' ELSE '{FAILED}' END,
+                   status = CASE WHEN {retry} THEN '{Status.QUEUED}' ELSE '{Status.FAILED}' END,
                    lease_version = j.lease_version + 1,
                    run_at = CASE WHEN {retry} THEN now() ELSE j.run_at END,
                    finished_at = CASE WHEN {retry} THEN NULL ELSE now() END,
-                   {_UNOWN}, updated_by = 'reaper'
+                   {_UNOWN}, updated_by = '{Role.REAPER}'
             FROM c WHERE j.id = c.id
             RETURNING {_FINISH_RETURNING}, c.owned_by""",
         params,
@@ -787,7 +768,7 @@ def _after_reap(rows: list[tuple], message: str, **fields: Any) -> dict[int, Fin
             ),
         )
     signal_after_commit(
-        [(f.job_id, f.queue) for f in finished.values() if f.status == QUEUED],
+        [(f.job_id, f.queue) for f in finished.values() if f.status == Status.QUEUED],
         park_on_failure=False,
     )
     return finished
@@ -802,7 +783,7 @@ def reap_expired(lease_seconds: float, limit: int = 500) -> dict[int, Finished]:
     rows = _reap(
         f"""c AS (
               SELECT id, owned_by FROM {T}
-              WHERE status = '{PROCESSING}'
+              WHERE {lifecycle.EXPIRE.where()}
                 AND heartbeat_at < now() - %(lease)s * interval '1 second'
               ORDER BY heartbeat_at LIMIT %(limit)s
               FOR UPDATE SKIP LOCKED)""",
@@ -892,7 +873,7 @@ def reap_gone_owners(grace_seconds: float, limit: int = 500) -> dict[int, Finish
         f"""gone AS ({_GONE_WORKERS}),
             c AS (
               SELECT j.id, j.owned_by FROM {T} j
-              WHERE j.status = '{PROCESSING}' AND j.owned_by IN (SELECT id FROM gone)
+              WHERE {lifecycle.EXPIRE.where('j.status')} AND j.owned_by IN (SELECT id FROM gone)
               ORDER BY j.id LIMIT %(limit)s
               FOR UPDATE OF j SKIP LOCKED)""",
         "format('worker gone: the session of %%s ended', j.owned_by)",
@@ -909,7 +890,7 @@ def forget_workers(grace_seconds: float, stale_seconds: float) -> int:
             WHERE (w.id IN ({_GONE_WORKERS})
                    OR w.heartbeat_at < now() - %(stale)s * interval '1 second')
               AND NOT EXISTS (SELECT 1 FROM {T} j
-                              WHERE j.status = '{PROCESSING}' AND j.owned_by = w.id)
+                              WHERE j.status = '{Status.PROCESSING}' AND j.owned_by = w.id)
             RETURNING w.id""",
         {"grace": grace_seconds, "stale": stale_seconds},
     )
@@ -919,14 +900,14 @@ def forget_workers(grace_seconds: float, stale_seconds: float) -> int:
 
 
 def repair_enqueue_failed(
-    limit: int = 500, job_ids: Sequence[int] | None = None, actor: str = "reaper"
+    limit: int = 500, job_ids: Sequence[int] | None = None, actor: str = Role.REAPER.value
 ) -> list[int]:
     """enqueue_failed → queued, re-signalled after commit."""
     where = "AND id = ANY(%(ids)s)" if job_ids is not None else ""
     rows = _rows(
-        f"""WITH c AS (SELECT id FROM {T} WHERE status = '{ENQUEUE_FAILED}' {where}
+        f"""WITH c AS (SELECT id FROM {T} WHERE {lifecycle.REPAIR.where()} {where}
                        ORDER BY id LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
-            UPDATE {T} j SET status = '{QUEUED}', updated_by = %(actor)s
+            UPDATE {T} j SET status = '{Status.QUEUED}', updated_by = %(actor)s
             FROM c WHERE j.id = c.id RETURNING j.id, j.queue""",
         {"ids": list(job_ids or []), "limit": limit, "actor": actor},
     )
@@ -938,13 +919,13 @@ def fail_over_budget(limit: int = 500) -> dict[int, Finished]:
     """queued / enqueue_failed rows whose retry_count already exceeds the budget → failed."""
     rows = _rows(
         f"""WITH c AS (SELECT id FROM {T}
-                       WHERE status IN ('{QUEUED}', '{ENQUEUE_FAILED}')
+                       WHERE {lifecycle.OVER_BUDGET.where()}
                          AND retry_count > max_retries
                        LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
-            UPDATE {T} j SET status = '{FAILED}', finished_at = now(), result = NULL,
+            UPDATE {T} j SET status = '{Status.FAILED}', finished_at = now(), result = NULL,
                    error = format('retry budget exhausted (%%s retries > max %%s)',
                                   j.retry_count, j.max_retries),
-                   updated_by = 'reaper'
+                   updated_by = '{Role.REAPER}'
             FROM c WHERE j.id = c.id RETURNING {_FINISH_RETURNING}""",
         {"limit": limit},
     )
@@ -961,10 +942,10 @@ def staff_retry(job_ids: Sequence[int], actor: str) -> list[int]:
     earlier cancel request is forgotten: the retry is a new decision to run it.
     """
     rows = _rows(
-        f"""UPDATE {T} j SET status = '{QUEUED}', retry_count = 0, result = NULL,
+        f"""UPDATE {T} j SET status = '{Status.QUEUED}', retry_count = 0, result = NULL,
                    finished_at = NULL, run_at = now(), due_at = now(),
                    cancel_requested_at = NULL, updated_by = %s
-            WHERE id = ANY(%s) AND status = '{FAILED}' RETURNING id, queue""",
+            WHERE id = ANY(%s) AND {lifecycle.STAFF_RETRY.where()} RETURNING id, queue""",
         [actor, list(job_ids)],
     )
     _count_on_commit(metrics.STAFF_ACTIONS.labels("retry"), len(rows))
@@ -982,14 +963,14 @@ def revoke(job_ids: Sequence[int], actor: str) -> list[int]:
     """processing → queued with the lease bumped and the owner cleared, so the
     running worker's late write is rejected by the fence. No retry is spent."""
     rows = _rows(
-        f"""UPDATE {T} j SET status = '{QUEUED}', lease_version = j.lease_version + 1,
+        f"""UPDATE {T} j SET status = '{Status.QUEUED}', lease_version = j.lease_version + 1,
                    run_at = now(), error = 'lease revoked by ' || %s, {_UNOWN},
                    updated_by = %s
-            WHERE id = ANY(%s) AND status = '{PROCESSING}' RETURNING id, queue, status""",
+            WHERE id = ANY(%s) AND {lifecycle.REVOKE.where()} RETURNING id, queue, status""",
         [actor, actor, list(job_ids)],
     )
     _count_on_commit(metrics.STAFF_ACTIONS.labels("revoke"), len(rows))
-    signal_after_commit([r[:2] for r in rows if r[2] == QUEUED], park_on_failure=False)
+    signal_after_commit([r[:2] for r in rows if r[2] == Status.QUEUED], park_on_failure=False)
     return [r[0] for r in rows]
 
 
@@ -1000,14 +981,14 @@ def cancel(job_ids: Sequence[int], actor: str, client_id: int | None = None) -> 
     """
     client_clause = "AND client_id = %(client)s" if client_id is not None else ""
     rows = _rows(
-        f"""UPDATE {T} j SET status = '{FAILED}', error = 'cancelled', finished_at = now(),
+        f"""UPDATE {T} j SET status = '{Status.FAILED}', error = '{CANCELLED}', finished_at = now(),
                    result = NULL, updated_by = %(actor)s
-            WHERE id = ANY(%(ids)s) AND status IN ('{QUEUED}', '{ENQUEUE_FAILED}')
+            WHERE id = ANY(%(ids)s) AND {lifecycle.CANCEL.where()}
                   {client_clause}
             RETURNING {_FINISH_RETURNING}""",
         {"actor": actor, "ids": list(job_ids), "client": client_id},
     )
-    if actor.startswith("staff:"):
+    if actor_role(actor) == Role.STAFF:
         _count_on_commit(metrics.STAFF_ACTIONS.labels("cancel"), len(rows))
     return list(_finished(rows))
 
@@ -1015,15 +996,16 @@ def cancel(job_ids: Sequence[int], actor: str, client_id: int | None = None) -> 
 _REQUEST_CANCEL_SQL = f"""
 WITH u AS (
   UPDATE {T} j SET
-         status = CASE WHEN j.status = '{PROCESSING}' THEN j.status ELSE '{FAILED}' END,
-         error = CASE WHEN j.status = '{PROCESSING}' THEN j.error ELSE '{CANCELLED}' END,
-         result = CASE WHEN j.status = '{PROCESSING}' THEN j.result END,
-         finished_at = CASE WHEN j.status = '{PROCESSING}' THEN NULL ELSE now() END,
-         cancel_requested_at = CASE WHEN j.status = '{PROCESSING}'
+         status = CASE WHEN j.status = '{Status.PROCESSING}' THEN j.status
+                       ELSE '{Status.FAILED}' END,
+         error = CASE WHEN j.status = '{Status.PROCESSING}' THEN j.error ELSE '{CANCELLED}' END,
+         result = CASE WHEN j.status = '{Status.PROCESSING}' THEN j.result END,
+         finished_at = CASE WHEN j.status = '{Status.PROCESSING}' THEN NULL ELSE now() END,
+         cancel_requested_at = CASE WHEN j.status = '{Status.PROCESSING}'
                                     THEN coalesce(j.cancel_requested_at, now())
                                     ELSE j.cancel_requested_at END,
          updated_by = %(actor)s
-  WHERE id = ANY(%(ids)s) AND status IN ('{QUEUED}', '{ENQUEUE_FAILED}', '{PROCESSING}')
+  WHERE id = ANY(%(ids)s) AND {lifecycle.REQUEST_CANCEL.where()}
         {{client_clause}}
   RETURNING {_FINISH_RETURNING}),
 ev AS (
@@ -1031,7 +1013,7 @@ ev AS (
     (job_id, kind, at, from_status, to_status, actor, lease_version, retry_count, error)
   SELECT u.id, '{JobEvent.CANCEL_REQUESTED}', now(), u.status, u.status, %(actor)s,
          u.lease_version, u.retry_count, 'cancel requested by ' || %(actor)s
-  FROM u WHERE u.status = '{PROCESSING}')
+  FROM u WHERE u.status = '{Status.PROCESSING}')
 SELECT * FROM u
 """
 
@@ -1053,10 +1035,10 @@ def request_cancel(
         _REQUEST_CANCEL_SQL.replace("{client_clause}", client_clause),
         {"actor": actor, "ids": list(job_ids), "client": client_id},
     )
-    _finished([r for r in rows if r[1] == FAILED])
-    out = {r[0]: ("requested" if r[1] == PROCESSING else "cancelled") for r in rows}
+    _finished([r for r in rows if r[1] == Status.FAILED])
+    out = {r[0]: ("requested" if r[1] == Status.PROCESSING else "cancelled") for r in rows}
     for r in rows:
-        if r[1] == PROCESSING:
+        if r[1] == Status.PROCESSING:
             log.info(
                 "cancel requested by %s",
                 actor,
