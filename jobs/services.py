@@ -315,6 +315,13 @@ FROM input LEFT JOIN ins ON ins.id = input.id ORDER BY input.ord
 """
 
 
+_EXISTING_KEYS_SQL = f"""
+SELECT idempotency_key, id, request_hash, status, queue, task,
+       created_at, run_at
+FROM {T} WHERE client_id IS NOT DISTINCT FROM %s
+  AND idempotency_key = ANY(%s)"""
+
+
 def submit_many(
     items: Sequence[NewJob], *, client_id: int | None = None, actor: str = "app"
 ) -> list[Submitted]:
@@ -354,10 +361,7 @@ def submit_many(
             existing = {
                 r[0]: r[1:]
                 for r in _rows(
-                    f"""SELECT idempotency_key, id, request_hash, status, queue, task,
-                               created_at, run_at
-                        FROM {T} WHERE client_id IS NOT DISTINCT FROM %s
-                          AND idempotency_key = ANY(%s)""",
+                    _EXISTING_KEYS_SQL,
                     [client_id, keys],
                 )
             }
@@ -388,11 +392,15 @@ def submit_many(
     return out
 
 
+_PARK_SQL = f"""
+UPDATE {T} SET status = '{Status.ENQUEUE_FAILED}', updated_by = '{Role.API}'
+WHERE id = ANY(%s) AND {lifecycle.PARK.where()} RETURNING id, queue"""
+
+
 def mark_enqueue_failed(job_ids: Sequence[int], reason: str = "") -> list[int]:
     """queued → enqueue_failed for rows whose push failed and nobody has claimed yet."""
     rows = _rows(
-        f"""UPDATE {T} SET status = '{Status.ENQUEUE_FAILED}', updated_by = '{Role.API}'
-            WHERE id = ANY(%s) AND {lifecycle.PARK.where()} RETURNING id, queue""",
+        _PARK_SQL,
         [list(job_ids)],
     )
     for _, queue in rows:
@@ -695,22 +703,26 @@ def release(leases: Sequence[Lease], reason: str = "released by worker shutdown"
     return {r[0] for r in rows}
 
 
+_FENCE_REJECTED_SQL = f"""
+INSERT INTO jobs_jobevent (job_id, kind, at, from_status, to_status, actor,
+                          lease_version, retry_count, error)
+SELECT j.id, 'fence_rejected', now(), j.status, j.status, {_HOLDER},
+       f.lv, j.retry_count,
+       format('stale %%s rejected: held lease %%s, row is at lease %%s '
+              '(%%s, owner %%s)', %s::text, f.lv, j.lease_version, j.status,
+              coalesce(j.owned_by, '-'))
+FROM unnest(%s::bigint[], %s::bigint[], %s::text[]) AS f(id, lv, owner)
+JOIN {T} j ON j.id = f.id
+RETURNING job_id, (SELECT lease_version FROM {T} WHERE id = job_id)"""
+
+
 def record_fence_rejections(leases: Sequence[Lease], op: str) -> None:
     """Count, log and record stale writes that the fence turned away (SPEC §3)."""
     if not leases:
         return
     ids, lvs, owners = _fence_arrays(leases)
     rows = _rows(
-        f"""INSERT INTO jobs_jobevent (job_id, kind, at, from_status, to_status, actor,
-                                      lease_version, retry_count, error)
-            SELECT j.id, 'fence_rejected', now(), j.status, j.status, {_HOLDER},
-                   f.lv, j.retry_count,
-                   format('stale %%s rejected: held lease %%s, row is at lease %%s '
-                          '(%%s, owner %%s)', %s::text, f.lv, j.lease_version, j.status,
-                          coalesce(j.owned_by, '-'))
-            FROM unnest(%s::bigint[], %s::bigint[], %s::text[]) AS f(id, lv, owner)
-            JOIN {T} j ON j.id = f.id
-            RETURNING job_id, (SELECT lease_version FROM {T} WHERE id = job_id)""",
+        _FENCE_REJECTED_SQL,
         [op, ids, lvs, owners],
     )
     current = dict(rows)
@@ -882,16 +894,20 @@ def reap_gone_owners(grace_seconds: float, limit: int = 500) -> dict[int, Finish
     return _after_reap(rows, "worker gone: its session ended; job %s")
 
 
+_FORGET_WORKERS_SQL = f"""
+DELETE FROM {W} w
+WHERE (w.id IN ({_GONE_WORKERS})
+       OR w.heartbeat_at < now() - %(stale)s * interval '1 second')
+  AND NOT EXISTS (SELECT 1 FROM {T} j
+                  WHERE j.status = '{Status.PROCESSING}' AND j.owned_by = w.id)
+RETURNING w.id"""
+
+
 def forget_workers(grace_seconds: float, stale_seconds: float) -> int:
     """Delete registry rows of gone workers, and rows not beaten for `stale_seconds`,
     once they own no processing job (a worker that comes back registers again)."""
     rows = _rows(
-        f"""DELETE FROM {W} w
-            WHERE (w.id IN ({_GONE_WORKERS})
-                   OR w.heartbeat_at < now() - %(stale)s * interval '1 second')
-              AND NOT EXISTS (SELECT 1 FROM {T} j
-                              WHERE j.status = '{Status.PROCESSING}' AND j.owned_by = w.id)
-            RETURNING w.id""",
+        _FORGET_WORKERS_SQL,
         {"grace": grace_seconds, "stale": stale_seconds},
     )
     for (worker_id,) in rows:
@@ -899,40 +915,55 @@ def forget_workers(grace_seconds: float, stale_seconds: float) -> int:
     return len(rows)
 
 
+_REPAIR_SQL = f"""
+WITH c AS (SELECT id FROM {T} WHERE {lifecycle.REPAIR.where()} {{ids_clause}}
+           ORDER BY id LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
+UPDATE {T} j SET status = '{Status.QUEUED}', updated_by = %(actor)s
+FROM c WHERE j.id = c.id RETURNING j.id, j.queue"""
+
+
 def repair_enqueue_failed(
     limit: int = 500, job_ids: Sequence[int] | None = None, actor: str = Role.REAPER.value
 ) -> list[int]:
     """enqueue_failed → queued, re-signalled after commit."""
-    where = "AND id = ANY(%(ids)s)" if job_ids is not None else ""
+    ids_clause = "AND id = ANY(%(ids)s)" if job_ids is not None else ""
     rows = _rows(
-        f"""WITH c AS (SELECT id FROM {T} WHERE {lifecycle.REPAIR.where()} {where}
-                       ORDER BY id LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
-            UPDATE {T} j SET status = '{Status.QUEUED}', updated_by = %(actor)s
-            FROM c WHERE j.id = c.id RETURNING j.id, j.queue""",
+        _REPAIR_SQL.replace("{ids_clause}", ids_clause),
         {"ids": list(job_ids or []), "limit": limit, "actor": actor},
     )
     signal_after_commit(rows, park_on_failure=False)
     return [r[0] for r in rows]
 
 
+_OVER_BUDGET_SQL = f"""
+WITH c AS (SELECT id FROM {T}
+           WHERE {lifecycle.OVER_BUDGET.where()}
+             AND retry_count > max_retries
+           LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
+UPDATE {T} j SET status = '{Status.FAILED}', finished_at = now(), result = NULL,
+       error = format('retry budget exhausted (%%s retries > max %%s)',
+                      j.retry_count, j.max_retries),
+       updated_by = '{Role.REAPER}'
+FROM c WHERE j.id = c.id RETURNING {_FINISH_RETURNING}"""
+
+
 def fail_over_budget(limit: int = 500) -> dict[int, Finished]:
     """queued / enqueue_failed rows whose retry_count already exceeds the budget → failed."""
     rows = _rows(
-        f"""WITH c AS (SELECT id FROM {T}
-                       WHERE {lifecycle.OVER_BUDGET.where()}
-                         AND retry_count > max_retries
-                       LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
-            UPDATE {T} j SET status = '{Status.FAILED}', finished_at = now(), result = NULL,
-                   error = format('retry budget exhausted (%%s retries > max %%s)',
-                                  j.retry_count, j.max_retries),
-                   updated_by = '{Role.REAPER}'
-            FROM c WHERE j.id = c.id RETURNING {_FINISH_RETURNING}""",
+        _OVER_BUDGET_SQL,
         {"limit": limit},
     )
     return _finished(rows)
 
 
 # --- staff and clients ------------------------------------------------------------
+
+
+_STAFF_RETRY_SQL = f"""
+UPDATE {T} j SET status = '{Status.QUEUED}', retry_count = 0, result = NULL,
+       finished_at = NULL, run_at = now(), due_at = now(),
+       cancel_requested_at = NULL, updated_by = %s
+WHERE id = ANY(%s) AND {lifecycle.STAFF_RETRY.where()} RETURNING id, queue"""
 
 
 def staff_retry(job_ids: Sequence[int], actor: str) -> list[int]:
@@ -942,10 +973,7 @@ def staff_retry(job_ids: Sequence[int], actor: str) -> list[int]:
     earlier cancel request is forgotten: the retry is a new decision to run it.
     """
     rows = _rows(
-        f"""UPDATE {T} j SET status = '{Status.QUEUED}', retry_count = 0, result = NULL,
-                   finished_at = NULL, run_at = now(), due_at = now(),
-                   cancel_requested_at = NULL, updated_by = %s
-            WHERE id = ANY(%s) AND {lifecycle.STAFF_RETRY.where()} RETURNING id, queue""",
+        _STAFF_RETRY_SQL,
         [actor, list(job_ids)],
     )
     _count_on_commit(metrics.STAFF_ACTIONS.labels("retry"), len(rows))
@@ -959,19 +987,31 @@ def staff_repair(job_ids: Sequence[int], actor: str) -> list[int]:
     return repaired
 
 
+_REVOKE_SQL = f"""
+UPDATE {T} j SET status = '{Status.QUEUED}', lease_version = j.lease_version + 1,
+       run_at = now(), error = 'lease revoked by ' || %s, {_UNOWN},
+       updated_by = %s
+WHERE id = ANY(%s) AND {lifecycle.REVOKE.where()} RETURNING id, queue, status"""
+
+
 def revoke(job_ids: Sequence[int], actor: str) -> list[int]:
     """processing → queued with the lease bumped and the owner cleared, so the
     running worker's late write is rejected by the fence. No retry is spent."""
     rows = _rows(
-        f"""UPDATE {T} j SET status = '{Status.QUEUED}', lease_version = j.lease_version + 1,
-                   run_at = now(), error = 'lease revoked by ' || %s, {_UNOWN},
-                   updated_by = %s
-            WHERE id = ANY(%s) AND {lifecycle.REVOKE.where()} RETURNING id, queue, status""",
+        _REVOKE_SQL,
         [actor, actor, list(job_ids)],
     )
     _count_on_commit(metrics.STAFF_ACTIONS.labels("revoke"), len(rows))
     signal_after_commit([r[:2] for r in rows if r[2] == Status.QUEUED], park_on_failure=False)
     return [r[0] for r in rows]
+
+
+_CANCEL_SQL = f"""
+UPDATE {T} j SET status = '{Status.FAILED}', error = '{CANCELLED}', finished_at = now(),
+       result = NULL, updated_by = %(actor)s
+WHERE id = ANY(%(ids)s) AND {lifecycle.CANCEL.where()}
+      {{client_clause}}
+RETURNING {_FINISH_RETURNING}"""
 
 
 def cancel(job_ids: Sequence[int], actor: str, client_id: int | None = None) -> list[int]:
@@ -981,11 +1021,7 @@ def cancel(job_ids: Sequence[int], actor: str, client_id: int | None = None) -> 
     """
     client_clause = "AND client_id = %(client)s" if client_id is not None else ""
     rows = _rows(
-        f"""UPDATE {T} j SET status = '{Status.FAILED}', error = '{CANCELLED}', finished_at = now(),
-                   result = NULL, updated_by = %(actor)s
-            WHERE id = ANY(%(ids)s) AND {lifecycle.CANCEL.where()}
-                  {client_clause}
-            RETURNING {_FINISH_RETURNING}""",
+        _CANCEL_SQL.replace("{client_clause}", client_clause),
         {"actor": actor, "ids": list(job_ids), "client": client_id},
     )
     if actor_role(actor) == Role.STAFF:
@@ -1060,6 +1096,18 @@ TERMINAL_STATUSES: frozenset[str] = frozenset(s.value for s in TERMINAL)
 _H = JobEvent._meta.db_table
 
 
+_PRUNE_SQL = f"""
+WITH victims AS (
+  SELECT id FROM {T}
+  WHERE status = ANY(%(statuses)s)
+    AND finished_at < now() - %(age)s * interval '1 second'
+  LIMIT %(batch)s
+  FOR UPDATE SKIP LOCKED),
+ev AS (DELETE FROM {_H} WHERE job_id IN (SELECT id FROM victims)),
+gone AS (DELETE FROM {T} WHERE id IN (SELECT id FROM victims) RETURNING 1)
+SELECT count(*) FROM gone"""
+
+
 def prune_finished(older_than_seconds: float, statuses: Sequence[str], batch: int) -> int:
     """Delete one batch of terminal jobs finished more than `older_than_seconds` ago
     (database clock), with their history; returns how many jobs went.
@@ -1074,15 +1122,7 @@ def prune_finished(older_than_seconds: float, statuses: Sequence[str], batch: in
     if older_than_seconds <= 0 or batch <= 0:
         raise ValueError("older_than_seconds and batch must be positive")
     rows = _rows(
-        f"""WITH victims AS (
-              SELECT id FROM {T}
-              WHERE status = ANY(%(statuses)s)
-                AND finished_at < now() - %(age)s * interval '1 second'
-              LIMIT %(batch)s
-              FOR UPDATE SKIP LOCKED),
-            ev AS (DELETE FROM {_H} WHERE job_id IN (SELECT id FROM victims)),
-            gone AS (DELETE FROM {T} WHERE id IN (SELECT id FROM victims) RETURNING 1)
-            SELECT count(*) FROM gone""",
+        _PRUNE_SQL,
         {"statuses": sorted(set(statuses)), "age": older_than_seconds, "batch": batch},
     )
     return rows[0][0]
