@@ -1092,7 +1092,6 @@ def staff_cancel_running(job_ids: Sequence[int], actor: str) -> list[int]:
 
 # --- retention --------------------------------------------------------------------
 
-TERMINAL_STATUSES: frozenset[str] = frozenset(s.value for s in TERMINAL)
 _H = JobEvent._meta.db_table
 
 
@@ -1116,7 +1115,7 @@ def prune_finished(older_than_seconds: float, statuses: Sequence[str], batch: in
     so workers, the reaper and a concurrent prune never wait on it. Only terminal
     statuses are accepted, and the table's trigger refuses to delete any other row.
     """
-    bad = sorted(set(statuses) - TERMINAL_STATUSES)
+    bad = sorted(set(statuses) - TERMINAL)
     if bad or not statuses:
         raise ValueError(f"only terminal jobs can be pruned, not {', '.join(bad) or 'nothing'}")
     if older_than_seconds <= 0 or batch <= 0:
