@@ -12,7 +12,7 @@ from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
 
-from jobs.lifecycle import NON_TERMINAL, STATUSES, TERMINAL, UNOWNED, Move, Status
+from jobs.lifecycle import STATUSES, TERMINAL, UNOWNED, Move, Status
 
 PRIORITY_MIN = -100
 PRIORITY_MAX = 100
@@ -25,7 +25,7 @@ class JobQuerySet(models.QuerySet):
     """The reads the ORM can say; the database clock (`Now()`) decides what is due."""
 
     def in_states(self, states) -> JobQuerySet:
-        return self.filter(status__in=[Status(s).value for s in states])
+        return self.filter(status__in=sorted(Status(s).value for s in states))
 
     def eligible_for(self, move: Move) -> JobQuerySet:
         """Rows a lifecycle move may take (its source states)."""
@@ -36,12 +36,6 @@ class JobQuerySet(models.QuerySet):
 
     def processing(self) -> JobQuerySet:
         return self.filter(status=Status.PROCESSING)
-
-    def live(self) -> JobQuerySet:
-        return self.in_states(NON_TERMINAL)
-
-    def finished(self) -> JobQuerySet:
-        return self.in_states(TERMINAL)
 
     def due(self, older_than: float = 0) -> JobQuerySet:
         """Queued rows whose run_at passed (at least `older_than` seconds ago)."""
