@@ -52,7 +52,7 @@ CANCELLED = "cancelled"
 
 class Move(NamedTuple):
     """A change a service makes: the states it takes a job from (its `WHERE status`)
-    and the states it may leave it in. `tests/test_lifecycle_db.py` checks every
+    and the states it may leave it in. `tests/test_vocabulary.py` checks every
     move against TRANSITIONS."""
 
     sources: frozenset[Status]
@@ -81,12 +81,12 @@ PARK = _move({Q}, E)  # the API: the push failed after commit
 CLAIM = _move({Q}, P)  # a worker
 COMPLETE = _move({P}, D)  # the lease holder's fenced final write
 FAIL_ATTEMPT = _move({P}, Q, F)  # the lease holder: retry if the budget allows
-RELEASE = _move({P}, Q)  # the lease holder gives the job back, no retry spent
+RELEASE = _move({P}, Q, F)  # the holder gives it back (failed if a cancel is pending)
 EXPIRE = _move({P}, Q, F)  # the reaper: lease expired or its worker gone
 REPAIR = _move({E}, Q)  # the reaper or staff: requeue and re-signal
 OVER_BUDGET = _move({Q, E}, F)  # the reaper: a row that may not run again
 STAFF_RETRY = _move({F}, Q)  # staff: a new budget
-REVOKE = _move({P}, Q)  # staff: fence the holder off, no retry spent
+REVOKE = _move({P}, Q, F)  # staff: fence the holder off (failed if a cancel is pending)
 CANCEL = _move({Q, E}, F)  # staff or client: a job that has not started
 CANCEL_RUNNING = _move({P}, P)  # staff: a cancel request; the holder ends the job
 REQUEST_CANCEL = _move({Q, E, P}, F, P)  # client: CANCEL, or CANCEL_RUNNING if it runs

@@ -41,6 +41,23 @@ def test_staff_action_eligibility_is_its_move(spec):
     assert all(any(is_legal(s, t) for t in spec.move.targets) for s in spec.eligible)
 
 
+@pytest.mark.parametrize(
+    "move,sql",
+    [
+        (lifecycle.CLAIM, services._CLAIM_NEXT_SQL),
+        (lifecycle.CLAIM, services._CLAIM_IDS_SQL),
+        (lifecycle.COMPLETE, services._COMPLETE_SQL),
+        (lifecycle.FAIL_ATTEMPT, services._FAIL_SQL),
+        (lifecycle.RELEASE, services._RELEASE_SQL),
+    ],
+    ids=["claim_next", "claim_ids", "complete", "fail", "release"],
+)
+def test_worker_statements_select_their_moves_sources(move, sql):
+    """The claim and the fenced writes (whose fence names the held state) read the
+    rows their move takes, and only those."""
+    assert move.where() in sql or move.where("j.status") in sql
+
+
 def _one_job_per_state() -> dict[Status, Job]:
     return {s: JobFactory.create(status=s.value) for s in Status}
 
