@@ -24,6 +24,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from jobs import metrics, selectors
+from jobs.lifecycle import NON_TERMINAL, Status
 
 if TYPE_CHECKING:
     from jobs.reaper import Reaper
@@ -104,10 +105,10 @@ class DepthCollector(Collector):
         depth = GaugeMetricFamily("jobs_depth", DEPTH_HELP, labels=["state", "queue"])
         age = GaugeMetricFamily("jobs_oldest_age_seconds", AGE_HELP, labels=["state", "queue"])
         for queue in sorted(self._seen):
-            for state in selectors.NON_TERMINAL:
+            for state in NON_TERMINAL:
                 count, oldest = found.get((state, queue), (0, 0.0))
-                depth.add_metric([state, queue], count)
-                age.add_metric([state, queue], oldest)
+                depth.add_metric([state.value, queue], count)
+                age.add_metric([state.value, queue], oldest)
         yield depth
         yield age
 
@@ -150,7 +151,7 @@ class ConsumersCollector(Collector):
         consumers_of = self._read()
         if rows is None or consumers_of is None:
             return
-        queued = {queue: count for state, queue, count, _ in rows if state == "queued"}
+        queued = {queue: count for state, queue, count, _ in rows if state == Status.QUEUED}
         consumers = GaugeMetricFamily("jobs_queue_consumers", CONSUMERS_HELP, labels=["queue"])
         unserved = GaugeMetricFamily("jobs_unserved_queue_depth", UNSERVED_HELP, labels=["queue"])
         for queue in sorted(self.depth._seen):

@@ -6,19 +6,24 @@ database trigger, the services and the admin all read them from here.
 
 from __future__ import annotations
 
-from enum import StrEnum
+from typing import NamedTuple
+
+from django.db import models
 
 
-class Status(StrEnum):
-    QUEUED = "queued"
-    PROCESSING = "processing"
-    DONE = "done"
-    FAILED = "failed"
-    ENQUEUE_FAILED = "enqueue_failed"
+class Status(models.TextChoices):
+    # Labels are the values: the API, the admin and the database all speak them.
+    QUEUED = "queued", "queued"
+    PROCESSING = "processing", "processing"
+    DONE = "done", "done"
+    FAILED = "failed", "failed"
+    ENQUEUE_FAILED = "enqueue_failed", "enqueue_failed"
 
 
-STATUSES: tuple[str, ...] = tuple(s.value for s in Status)
+STATUSES: tuple[str, ...] = tuple(Status.values)
 TERMINAL: frozenset[Status] = frozenset({Status.DONE, Status.FAILED})
+# Live rows: the reaper watches them, the depth gauges count them, retention keeps them.
+NON_TERMINAL: tuple[Status, ...] = tuple(s for s in Status if s not in TERMINAL)
 # Rows that hold no lease: nobody owns them and nobody has claimed them.
 UNOWNED: frozenset[Status] = frozenset(set(Status) - {Status.PROCESSING})
 
@@ -45,6 +50,92 @@ INITIAL: Status = Status.QUEUED
 CANCELLED = "cancelled"
 
 
+class Move(NamedTuple):
+    """A change a service makes: the states it takes a job from (its `WHERE status`)
+    and the states it may leave it in. `tests/test_vocabulary.py` checks every
+    move against TRANSITIONS."""
+
+    sources: frozenset[Status]
+    targets: frozenset[Status]
+
+    @property
+    def states(self) -> tuple[Status, ...]:
+        """The sources in the order Status declares them (for display)."""
+        return tuple(s for s in Status if s in self.sources)
+
+    def where(self, column: str = "status") -> str:
+        """The SQL predicate for the sources: `=` for one state, so a partial index
+        on that state still matches, `IN (...)` for several."""
+        if len(self.sources) == 1:
+            return f"{column} = '{next(iter(self.sources))}'"
+        return f"{column} IN ({sql_list(self.sources)})"
+
+
+def _move(sources: set[Status], *targets: Status) -> Move:
+    return Move(frozenset(sources), frozenset(targets))
+
+
+Q, P, D, F, E = (Status.QUEUED, Status.PROCESSING, Status.DONE, Status.FAILED,
+                 Status.ENQUEUE_FAILED)  # fmt: skip
+PARK = _move({Q}, E)  # the API: the push failed after commit
+CLAIM = _move({Q}, P)  # a worker
+COMPLETE = _move({P}, D)  # the lease holder's fenced final write
+FAIL_ATTEMPT = _move({P}, Q, F)  # the lease holder: retry if the budget allows
+RELEASE = _move({P}, Q, F)  # the holder gives it back (failed if a cancel is pending)
+EXPIRE = _move({P}, Q, F)  # the reaper: lease expired or its worker gone
+REPAIR = _move({E}, Q)  # the reaper or staff: requeue and re-signal
+OVER_BUDGET = _move({Q, E}, F)  # the reaper: a row that may not run again
+STAFF_RETRY = _move({F}, Q)  # staff: a new budget
+REVOKE = _move({P}, Q, F)  # staff: fence the holder off (failed if a cancel is pending)
+CANCEL = _move({Q, E}, F)  # staff or client: a job that has not started
+CANCEL_RUNNING = _move({P}, P)  # staff: a cancel request; the holder ends the job
+REQUEST_CANCEL = _move({Q, E, P}, F, P)  # client: CANCEL, or CANCEL_RUNNING if it runs
+del Q, P, D, F, E
+MOVES: dict[str, Move] = {
+    "park": PARK,
+    "claim": CLAIM,
+    "complete": COMPLETE,
+    "fail_attempt": FAIL_ATTEMPT,
+    "release": RELEASE,
+    "expire": EXPIRE,
+    "repair": REPAIR,
+    "over_budget": OVER_BUDGET,
+    "staff_retry": STAFF_RETRY,
+    "revoke": REVOKE,
+    "cancel": CANCEL,
+    "cancel_running": CANCEL_RUNNING,
+    "request_cancel": REQUEST_CANCEL,
+}
+
+
+class Role(models.TextChoices):
+    """Who made a change, as an API client may see it: the actor's kind, never its
+    identity (hosts, pids and usernames stay in the admin). An actor is recorded as
+    `<role>:<identity>` (see `actor`), or a bare role."""
+
+    WORKER = "worker"
+    REAPER = "reaper"
+    STAFF = "staff"
+    CLIENT = "client"
+    API = "api"  # the service itself: the application's own code, migrations, repairs
+
+
+def actor(role: Role, identity: str | None = None) -> str:
+    """The `updated_by` / history actor: `worker:<id>`, `staff:<username>`, `reaper`."""
+    return f"{role.value}:{identity}" if identity is not None else role.value
+
+
+def actor_sql(role: Role, identity_sql: str) -> str:
+    """`actor` as an SQL expression over a column or parameter."""
+    return f"'{role.value}:' || {identity_sql}"
+
+
+def actor_role(actor: str | None) -> str:
+    """`worker:<host>:<pid>:…` → "worker", `staff:<username>` → "staff", and so on."""
+    kind = (actor or "").split(":", 1)[0]
+    return kind if kind in Role.values and kind != Role.API else Role.API
+
+
 def due_sql(alias: str = "") -> str:
     """SQL for when a job became due, where its latency SLO starts (SPEC §6):
     `due_at` (the later of submission and run_at, restarted by a staff retry), or
@@ -58,11 +149,8 @@ def is_legal(old: str, new: str) -> bool:
     return old == new or (Status(old), Status(new)) in TRANSITIONS
 
 
-def is_terminal(status: str) -> bool:
-    return Status(status) in TERMINAL
-
-
-def _sql_list(values) -> str:
+def sql_list(values) -> str:
+    """`'a', 'b'` for an SQL `IN (...)`, from a set of statuses (sorted: stable text)."""
     return ", ".join(f"'{v}'" for v in sorted(str(x) for x in values))
 
 
@@ -106,7 +194,7 @@ BEGIN
     RETURN NEW;
   END IF;
   IF TG_OP = 'DELETE' THEN
-    IF OLD.status NOT IN ({_sql_list(TERMINAL)}) THEN
+    IF OLD.status NOT IN ({sql_list(TERMINAL)}) THEN
       RAISE EXCEPTION 'illegal job delete: job % is %', OLD.id, OLD.status
         USING ERRCODE = 'check_violation', CONSTRAINT = '{table}_delete_terminal_only';
     END IF;

@@ -5,19 +5,45 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from datetime import timedelta
 
 from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
 
-from jobs.lifecycle import STATUSES, TERMINAL, UNOWNED, Status
+from jobs.lifecycle import STATUSES, TERMINAL, UNOWNED, Move, Status
 
 PRIORITY_MIN = -100
 PRIORITY_MAX = 100
 
 _OWNED = Q(owned_by__isnull=False, claimed_at__isnull=False, heartbeat_at__isnull=False)
 _UNOWNED = Q(owned_by__isnull=True, claimed_at__isnull=True, heartbeat_at__isnull=True)
+
+
+class JobQuerySet(models.QuerySet):
+    """The reads the ORM can say; the database clock (`Now()`) decides what is due."""
+
+    def in_states(self, states) -> JobQuerySet:
+        return self.filter(status__in=sorted(Status(s).value for s in states))
+
+    def eligible_for(self, move: Move) -> JobQuerySet:
+        """Rows a lifecycle move may take (its source states)."""
+        return self.in_states(move.sources)
+
+    def queued(self) -> JobQuerySet:
+        return self.filter(status=Status.QUEUED)
+
+    def processing(self) -> JobQuerySet:
+        return self.filter(status=Status.PROCESSING)
+
+    def due(self, older_than: float = 0) -> JobQuerySet:
+        """Queued rows whose run_at passed (at least `older_than` seconds ago)."""
+        return self.queued().filter(run_at__lte=Now() - timedelta(seconds=older_than))
+
+    def stuck(self, lease_seconds: float) -> JobQuerySet:
+        """Processing rows whose heartbeat is older than the lease."""
+        return self.processing().filter(heartbeat_at__lt=Now() - timedelta(seconds=lease_seconds))
 
 
 class Client(models.Model):
@@ -64,7 +90,7 @@ class Job(models.Model):
     queue = models.CharField(max_length=100, default="default")
     priority = models.SmallIntegerField(default=0, help_text="Higher runs first.")
     status = models.CharField(
-        max_length=20, choices=[(s, s) for s in STATUSES], default=Status.QUEUED
+        max_length=20, choices=Status.choices, default=Status.QUEUED
     )
     result = models.JSONField(null=True, blank=True)
     error = models.TextField(null=True, blank=True)
@@ -102,6 +128,8 @@ class Job(models.Model):
     # A cancel asked of a processing job: the worker stops the handler at its next
     # heartbeat; a requeue with a request pending ends the job instead (lifecycle).
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
+
+    objects = JobQuerySet.as_manager()
 
     class Meta:
         db_table = "jobs_job"
@@ -188,10 +216,6 @@ class Job(models.Model):
 
     def __str__(self) -> str:
         return f"job {self.id} {self.task} [{self.status}]"
-
-    @property
-    def is_terminal(self) -> bool:
-        return Status(self.status) in TERMINAL
 
 
 class JobEvent(models.Model):

@@ -18,6 +18,7 @@ from django.conf import settings
 from django.db import DatabaseError, InterfaceError, close_old_connections, connection
 
 from jobs import metrics, selectors, services
+from jobs.lifecycle import Status
 from jobs.transport import TransportError, get_transport
 
 log = logging.getLogger(__name__)
@@ -151,7 +152,7 @@ class Reaper:
         while True:
             reaped = services.reap_expired(self.lease, self.batch)
             for f in reaped.values():
-                if f.status == "queued":
+                if f.status == Status.QUEUED:
                     report.lease_requeued += 1
                 else:
                     report.lease_failed += 1
@@ -164,7 +165,7 @@ class Reaper:
             report.repaired += len(repaired)
             if len(repaired) < self.batch:
                 break
-        metrics.RECOVERED.labels("enqueue_failed").inc(report.repaired)
+        metrics.RECOVERED.labels(Status.ENQUEUE_FAILED.value).inc(report.repaired)
         # 3. Rows over budget that never got to run again.
         report.over_budget = len(services.fail_over_budget(self.batch))
         metrics.RECOVERED.labels("over_budget").inc(report.over_budget)

@@ -11,14 +11,16 @@ from the database clock. The admin dashboard's own statements live in
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
 from django.core.cache import cache
 from django.db import connection
-from django.db.models import QuerySet
+from django.db.models import F, QuerySet
+from django.db.models.functions import Now
 
-from jobs.lifecycle import Status, due_sql
+from jobs.lifecycle import NON_TERMINAL, Status, due_sql, sql_list
 from jobs.models import Job, WorkerProcess
 
 T = Job._meta.db_table
@@ -44,7 +46,7 @@ def _fetch(sql: str, params: dict[str, Any] | list[Any]) -> list[tuple]:
 # those among the newest jobs (pk index, bounded) — never DISTINCT over the table.
 KNOWN_QUEUES_SQL = f"""
 SELECT queue FROM {T}
-WHERE status IN ('{Status.QUEUED}', '{Status.PROCESSING}', '{Status.ENQUEUE_FAILED}')
+WHERE status IN ({sql_list(NON_TERMINAL)})
 UNION
 SELECT queue FROM (SELECT queue FROM {T} ORDER BY id DESC LIMIT %(recent)s) AS newest"""
 
@@ -113,51 +115,43 @@ def queue_consumers(lease_seconds: float | None = None):
 
 
 def db_now():
-    """The database clock, which decides everything (SPEC §1)."""
+    """The database clock, which decides everything (SPEC §1): the one way to read it."""
     return _fetch(NOW_SQL, [])[0][0]
 
 
 def came_due(since, until, limit: int) -> list[tuple[int, str]]:
     """Queued jobs whose run_at passed in (since, until] and lay in the future when the
     row was last written (scheduled or backed off): nobody signalled them when due."""
-    return _fetch(
-        f"""SELECT id, queue FROM {T}
-            WHERE status = 'queued' AND run_at > %s AND run_at <= %s
-              AND run_at > updated_at
-            ORDER BY run_at LIMIT %s""",
-        [since, until, limit],
-    )
+    rows = Job.objects.queued().filter(run_at__gt=since, run_at__lte=until)
+    rows = rows.filter(run_at__gt=F("updated_at"))
+    return list(rows.order_by("run_at").values_list("id", "queue")[:limit])
 
 
 def waiting_too_long(
     queues: list[str] | None, older_than: float, limit: int
 ) -> list[tuple[int, str]]:
     """Due queued jobs untouched for `older_than` seconds: their signal may be lost."""
-    queue_clause = "AND queue = ANY(%(queues)s)" if queues is not None else ""
-    return _fetch(
-        f"""SELECT id, queue FROM {T}
-            WHERE status = 'queued' {queue_clause}
-              AND run_at <= now() - %(age)s * interval '1 second'
-              AND updated_at <= now() - %(age)s * interval '1 second'
-            ORDER BY priority DESC, run_at, id LIMIT %(limit)s""",
-        {"queues": queues, "age": older_than, "limit": limit},
+    rows = Job.objects.due(older_than).filter(
+        updated_at__lte=Now() - timedelta(seconds=older_than)
     )
+    if queues is not None:
+        rows = rows.filter(queue__in=queues)
+    return list(rows.order_by("-priority", "run_at", "id").values_list("id", "queue")[:limit])
+
+
+# A loose index scan over the partial claim index: one probe per distinct queue.
+QUEUED_QUEUES_SQL = f"""
+WITH RECURSIVE q AS (
+  (SELECT queue FROM {T} WHERE status = '{Status.QUEUED}' ORDER BY queue LIMIT 1)
+  UNION ALL
+  SELECT (SELECT queue FROM {T} WHERE status = '{Status.QUEUED}' AND queue > q.queue
+          ORDER BY queue LIMIT 1) FROM q WHERE q.queue IS NOT NULL)
+SELECT queue FROM q WHERE queue IS NOT NULL"""
 
 
 def queued_queues() -> list[str]:
-    """Queues that have queued jobs (a loose index scan over the partial claim index)."""
-    return [
-        r[0]
-        for r in _fetch(
-            f"""WITH RECURSIVE q AS (
-                  (SELECT queue FROM {T} WHERE status = 'queued' ORDER BY queue LIMIT 1)
-                  UNION ALL
-                  SELECT (SELECT queue FROM {T} WHERE status = 'queued' AND queue > q.queue
-                          ORDER BY queue LIMIT 1) FROM q WHERE q.queue IS NOT NULL)
-                SELECT queue FROM q WHERE queue IS NOT NULL""",
-            [],
-        )
-    ]
+    """Queues that have queued jobs (see QUEUED_QUEUES_SQL)."""
+    return [r[0] for r in _fetch(QUEUED_QUEUES_SQL, [])]
 
 
 @dataclass(frozen=True)
@@ -182,17 +176,21 @@ class SloReport:
         return self.done / self.terminal if self.terminal else None
 
 
-# Due → terminal over jobs finished in the window, through job_finished_idx: the one
-# latency statement, read by `manage.py slo` and the admin dashboard.
+# Due → terminal latency (SPEC §6) of the jobs finished in a window, failures counted:
+# the one definition of the latency percentiles and of "within the SLO", read by
+# `manage.py slo` and the admin dashboard.
+FINISHED_IN_WINDOW = "finished_at >= now() - %(window)s * interval '1 second'"
+WITHIN_SLO = f"finished_at - {DUE} <= %(slo)s * interval '1 second'"
+LATENCY_PERCENTILES = (
+    "percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP"
+    f" (ORDER BY extract(epoch FROM finished_at - {DUE}))"
+)
 SLO_SQL = f"""
-SELECT count(*),
-       count(*) FILTER (WHERE finished_at - {DUE} <= %(slo)s * interval '1 second'),
+SELECT count(*), count(*) FILTER (WHERE {WITHIN_SLO}),
        count(*) FILTER (WHERE status = '{Status.DONE}'),
        count(*) FILTER (WHERE status = '{Status.FAILED}'),
-       percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP
-         (ORDER BY extract(epoch FROM finished_at - {DUE}))
-FROM {T}
-WHERE finished_at >= now() - %(window)s * interval '1 second'"""
+       {LATENCY_PERCENTILES}
+FROM {T} WHERE {FINISHED_IN_WINDOW}"""
 
 
 def slo_report(window_seconds: float, slo_seconds: float) -> SloReport:
@@ -205,7 +203,16 @@ def slo_report(window_seconds: float, slo_seconds: float) -> SloReport:
 
 # --- metrics: depth and age by state (exported by the reaper) ---------------------
 
-NON_TERMINAL = ("queued", "processing", "enqueue_failed")
+DEPTH_SQL = f"""
+SELECT status, queue, count(*),
+       extract(epoch FROM now() - min(CASE status
+         WHEN '{Status.QUEUED}' THEN CASE WHEN run_at <= now()
+                                          THEN greatest(run_at, updated_at) END
+         WHEN '{Status.PROCESSING}' THEN claimed_at
+         ELSE updated_at END))
+FROM {T}
+WHERE status IN ({sql_list(NON_TERMINAL)})
+GROUP BY status, queue"""
 
 
 def depth_by_state() -> list[tuple[str, str, int, float]]:
@@ -220,18 +227,7 @@ def depth_by_state() -> list[tuple[str, str, int, float]]:
     """
     return [
         (status, queue, count, max(0.0, float(age or 0.0)))
-        for status, queue, count, age in _fetch(
-            f"""SELECT status, queue, count(*),
-                       extract(epoch FROM now() - min(CASE status
-                         WHEN 'queued' THEN CASE WHEN run_at <= now()
-                                                 THEN greatest(run_at, updated_at) END
-                         WHEN 'processing' THEN claimed_at
-                         ELSE updated_at END))
-                FROM {T}
-                WHERE status IN ('queued', 'processing', 'enqueue_failed')
-                GROUP BY status, queue""",
-            [],
-        )
+        for status, queue, count, age in _fetch(DEPTH_SQL, [])
     ]
 
 

@@ -24,10 +24,10 @@ from typing import Any
 
 import psycopg
 from django.conf import settings
-from django.db import connection, models, transaction
+from django.db import connection, transaction
 
-from jobs import clientcache, metrics
-from jobs.lifecycle import CANCELLED, TERMINAL, Status, due_sql
+from jobs import clientcache, lifecycle, metrics
+from jobs.lifecycle import CANCELLED, TERMINAL, Role, Status, actor_role, actor_sql, due_sql
 from jobs.logconfig import job_log_fields
 from jobs.models import Client, Job, JobEvent, WorkerProcess
 from jobs.transport import TransportError, get_transport
@@ -35,13 +35,6 @@ from jobs.transport import TransportError, get_transport
 log = logging.getLogger(__name__)
 
 T = Job._meta.db_table
-QUEUED, PROCESSING, DONE, FAILED, ENQUEUE_FAILED = (
-    Status.QUEUED.value,
-    Status.PROCESSING.value,
-    Status.DONE.value,
-    Status.FAILED.value,
-    Status.ENQUEUE_FAILED.value,
-)
 # What a finished row needs to report its metrics. Latency counts from when the job
 # became due (SPEC §6): `due_at`, or created_at on rows older than that column.
 _FINISH_RETURNING = (
@@ -93,24 +86,7 @@ class Finished:
 
 
 def worker_actor(worker_id: str) -> str:
-    return f"worker:{worker_id}"
-
-
-class Role(models.TextChoices):
-    """Who made a change, as an API client may see it: the actor's kind, never its
-    identity (hosts, pids and usernames stay in the admin)."""
-
-    WORKER = "worker"
-    REAPER = "reaper"
-    STAFF = "staff"
-    CLIENT = "client"
-    API = "api"  # the service itself: the application's own code, migrations, repairs
-
-
-def actor_role(actor: str | None) -> str:
-    """`worker:<host>:<pid>:…` → "worker", `staff:<username>` → "staff", and so on."""
-    kind = (actor or "").split(":", 1)[0]
-    return kind if kind in Role.values and kind != Role.API else Role.API
+    return lifecycle.actor(Role.WORKER, worker_id)
 
 
 # --- helpers ------------------------------------------------------------------
@@ -210,7 +186,7 @@ _JOB_FIELDS = [f.attname for f in Job._meta.concrete_fields]
 _INSERT_SQL = f"""
 INSERT INTO {T} (task, payload, queue, priority, run_at, max_retries, client_id,
                  idempotency_key, request_hash, updated_by, status, retry_count, lease_version)
-VALUES (%s, %s::jsonb, %s, %s, COALESCE(%s, now()), %s, %s, %s, %s, %s, '{QUEUED}', 0, 0)
+VALUES (%s, %s::jsonb, %s, %s, COALESCE(%s, now()), %s, %s, %s, %s, %s, '{Status.QUEUED}', 0, 0)
 ON CONFLICT DO NOTHING
 RETURNING {", ".join(_JOB_FIELDS)}, run_at <= now()
 """
@@ -275,7 +251,7 @@ def submit(
     if due:
         def parked(ids: list[int]) -> None:
             if job.pk in ids:  # callers reading the job after commit see the parked state
-                job.status = ENQUEUE_FAILED
+                job.status = Status.ENQUEUE_FAILED
 
         signal_after_commit([(job.pk, queue)], park_on_failure=True, on_parked=parked)
     return job, True
@@ -332,7 +308,7 @@ WITH input AS MATERIALIZED (
                    idempotency_key, request_hash, updated_by, status, retry_count,
                    lease_version)
   SELECT id, task, payload::jsonb, queue, priority, COALESCE(run_at, now()), max_retries,
-         %(client)s, key, hash, %(actor)s, '{QUEUED}', 0, 0
+         %(client)s, key, hash, %(actor)s, '{Status.QUEUED}', 0, 0
   FROM input ORDER BY ord
   ON CONFLICT DO NOTHING
   RETURNING id, created_at, run_at
@@ -340,6 +316,13 @@ WITH input AS MATERIALIZED (
 SELECT ins.id, ins.created_at, ins.run_at, ins.run_at <= now()
 FROM input LEFT JOIN ins ON ins.id = input.id ORDER BY input.ord
 """
+
+
+_EXISTING_KEYS_SQL = f"""
+SELECT idempotency_key, id, request_hash, status, queue, task,
+       created_at, run_at
+FROM {T} WHERE client_id IS NOT DISTINCT FROM %s
+  AND idempotency_key = ANY(%s)"""
 
 
 def submit_many(
@@ -381,10 +364,7 @@ def submit_many(
             existing = {
                 r[0]: r[1:]
                 for r in _rows(
-                    f"""SELECT idempotency_key, id, request_hash, status, queue, task,
-                               created_at, run_at
-                        FROM {T} WHERE client_id IS NOT DISTINCT FROM %s
-                          AND idempotency_key = ANY(%s)""",
+                    _EXISTING_KEYS_SQL,
                     [client_id, keys],
                 )
             }
@@ -403,7 +383,9 @@ def submit_many(
                 job_id, _, status, queue, task, created_at, run_at = existing[item.idempotency_key]
                 out.append(Submitted(job_id, False, status, queue, task, created_at, run_at))
                 continue
-            out.append(Submitted(row[0], True, QUEUED, item.queue, item.task, row[1], row[2]))
+            out.append(
+                Submitted(row[0], True, Status.QUEUED, item.queue, item.task, row[1], row[2])
+            )
             counts[(item.queue, item.task)] += 1
             if row[3]:
                 due.append((row[0], item.queue))
@@ -413,11 +395,15 @@ def submit_many(
     return out
 
 
+_PARK_SQL = f"""
+UPDATE {T} SET status = '{Status.ENQUEUE_FAILED}', updated_by = '{Role.API}'
+WHERE id = ANY(%s) AND {lifecycle.PARK.where()} RETURNING id, queue"""
+
+
 def mark_enqueue_failed(job_ids: Sequence[int], reason: str = "") -> list[int]:
     """queued → enqueue_failed for rows whose push failed and nobody has claimed yet."""
     rows = _rows(
-        f"""UPDATE {T} SET status = '{ENQUEUE_FAILED}', updated_by = 'api'
-            WHERE id = ANY(%s) AND status = '{QUEUED}' RETURNING id, queue""",
+        _PARK_SQL,
         [list(job_ids)],
     )
     for _, queue in rows:
@@ -430,7 +416,7 @@ def mark_enqueue_failed(job_ids: Sequence[int], reason: str = "") -> list[int]:
 # The claimed rows come back in claim order, so a batch starts best-first too.
 _CLAIM_SET = f"""
 , u AS (
-UPDATE {T} j SET status = '{PROCESSING}', lease_version = j.lease_version + 1,
+UPDATE {T} j SET status = '{Status.PROCESSING}', lease_version = j.lease_version + 1,
        owned_by = %(worker)s, claimed_at = now(), heartbeat_at = now(),
        updated_by = %(actor)s
 WHERE j.id = ANY(ARRAY(SELECT id FROM c))
@@ -443,7 +429,7 @@ FROM u ORDER BY priority DESC, run_at, id
 _CLAIM_NEXT_SQL = f"""
 WITH c AS (
   SELECT id FROM {T}
-  WHERE status = '{QUEUED}' AND queue = %(queue)s AND run_at <= now()
+  WHERE {lifecycle.CLAIM.where()} AND queue = %(queue)s AND run_at <= now()
   ORDER BY priority DESC, run_at, id
   LIMIT %(limit)s
   FOR UPDATE SKIP LOCKED
@@ -453,7 +439,7 @@ WITH c AS (
 _CLAIM_IDS_SQL = f"""
 WITH c AS (
   SELECT id FROM {T}
-  WHERE id = ANY(%(ids)s) AND status = '{QUEUED}' AND run_at <= now()
+  WHERE id = ANY(%(ids)s) AND {lifecycle.CLAIM.where()} AND run_at <= now()
   ORDER BY priority DESC, run_at, id
   FOR UPDATE SKIP LOCKED
 )
@@ -523,8 +509,11 @@ def claim(worker_id: str, job_id: int) -> Lease | None:
 # The authority predicate of SPEC §3, per row of a batch. Statements also say
 # `j.id = ANY(ids)` so the planner reaches the rows through the primary key.
 _FENCE = (
-    "j.id = f.id AND j.lease_version = f.lv AND j.owned_by = f.owner AND j.status = 'processing'"
+    "j.id = f.id AND j.lease_version = f.lv AND j.owned_by = f.owner"
+    f" AND j.status = '{Status.PROCESSING}'"
 )
+_HOLDER = actor_sql(Role.WORKER, "f.owner")
+_BY_HOLDER = f"updated_by = {_HOLDER}"
 
 
 def _fence_arrays(leases: Sequence[Lease]) -> tuple[list[int], list[int], list[str]]:
@@ -590,7 +579,7 @@ def _finished(rows: list[tuple]) -> dict[int, Finished]:
     for r in rows:
         f = Finished(r[0], r[1], r[2], r[3], r[4], r[5], float(r[6]) if r[6] is not None else None)
         out[f.job_id] = f
-        if f.status in (DONE, FAILED):
+        if f.status in (Status.DONE, Status.FAILED):
             # Immediate in autocommit; inside a transaction (a transactional handler),
             # only once the terminal state has committed.
             transaction.on_commit(
@@ -607,8 +596,8 @@ def _finished(rows: list[tuple]) -> dict[int, Finished]:
 
 
 _COMPLETE_SQL = f"""
-UPDATE {T} j SET status = '{DONE}', result = f.result::jsonb, error = NULL,
-       {_UNOWN}, finished_at = statement_timestamp(), updated_by = 'worker:' || f.owner
+UPDATE {T} j SET status = '{Status.DONE}', result = f.result::jsonb, error = NULL,
+       {_UNOWN}, finished_at = statement_timestamp(), {_BY_HOLDER}
 FROM unnest(%(ids)s::bigint[], %(lvs)s::bigint[], %(owners)s::text[], %(results)s::text[])
      AS f(id, lv, owner, result)
 WHERE j.id = ANY(%(ids)s::bigint[]) AND {_FENCE} RETURNING {_FINISH_RETURNING}
@@ -644,11 +633,11 @@ UPDATE {T} j SET
        retry_count = j.retry_count + CASE WHEN f.permanent THEN 0 ELSE 1 END,
        error = f.error, error_class = f.error_class, error_traceback = f.traceback,
        result = NULL,
-       status = CASE WHEN {_RETRY} THEN '{QUEUED}' ELSE '{FAILED}' END,
+       status = CASE WHEN {_RETRY} THEN '{Status.QUEUED}' ELSE '{Status.FAILED}' END,
        lease_version = j.lease_version + CASE WHEN {_RETRY} THEN 1 ELSE 0 END,
        run_at = CASE WHEN {_RETRY} THEN {_BACKOFF} ELSE j.run_at END,
        finished_at = CASE WHEN {_RETRY} THEN NULL ELSE statement_timestamp() END,
-       {_UNOWN}, updated_by = 'worker:' || f.owner
+       {_UNOWN}, {_BY_HOLDER}
 FROM unnest(%(ids)s::bigint[], %(lvs)s::bigint[], %(owners)s::text[],
             %(errors)s::text[], %(permanent)s::boolean[], %(classes)s::text[],
             %(tracebacks)s::text[])
@@ -688,17 +677,17 @@ def fail(items: Sequence[tuple]) -> dict[int, Finished]:
     )
     finished = _finished([r[:-1] for r in rows])
     for f in finished.values():
-        if f.status == QUEUED:
+        if f.status == Status.QUEUED:
             metrics.child(metrics.RETRIED, f.queue, f.task).inc()
     signal_after_commit(
-        [(r[0], r[2]) for r in rows if r[1] == QUEUED and r[-1]], park_on_failure=False
+        [(r[0], r[2]) for r in rows if r[1] == Status.QUEUED and r[-1]], park_on_failure=False
     )
     return finished
 
 
 _RELEASE_SQL = f"""
-UPDATE {T} j SET status = '{QUEUED}', lease_version = j.lease_version + 1,
-       run_at = now(), error = %(reason)s::text, {_UNOWN}, updated_by = 'worker:' || f.owner
+UPDATE {T} j SET status = '{Status.QUEUED}', lease_version = j.lease_version + 1,
+       run_at = now(), error = %(reason)s::text, {_UNOWN}, {_BY_HOLDER}
 FROM unnest(%(ids)s::bigint[], %(lvs)s::bigint[], %(owners)s::text[]) AS f(id, lv, owner)
 WHERE j.id = ANY(%(ids)s::bigint[]) AND {_FENCE} RETURNING j.id, j.queue, j.status
 """
@@ -713,8 +702,21 @@ def release(leases: Sequence[Lease], reason: str = "released by worker shutdown"
         return set()
     rows = _hot_rows(_RELEASE_SQL, {"reason": reason, **_fence_params(leases)})
     # A job with a cancel request pending ended failed instead (lifecycle): no signal.
-    signal_after_commit([r[:2] for r in rows if r[2] == QUEUED], park_on_failure=False)
+    signal_after_commit([r[:2] for r in rows if r[2] == Status.QUEUED], park_on_failure=False)
     return {r[0] for r in rows}
+
+
+_FENCE_REJECTED_SQL = f"""
+INSERT INTO jobs_jobevent (job_id, kind, at, from_status, to_status, actor,
+                          lease_version, retry_count, error)
+SELECT j.id, 'fence_rejected', now(), j.status, j.status, {_HOLDER},
+       f.lv, j.retry_count,
+       format('stale %%s rejected: held lease %%s, row is at lease %%s '
+              '(%%s, owner %%s)', %s::text, f.lv, j.lease_version, j.status,
+              coalesce(j.owned_by, '-'))
+FROM unnest(%s::bigint[], %s::bigint[], %s::text[]) AS f(id, lv, owner)
+JOIN {T} j ON j.id = f.id
+RETURNING job_id, (SELECT lease_version FROM {T} WHERE id = job_id)"""
 
 
 def record_fence_rejections(leases: Sequence[Lease], op: str) -> None:
@@ -723,16 +725,7 @@ def record_fence_rejections(leases: Sequence[Lease], op: str) -> None:
         return
     ids, lvs, owners = _fence_arrays(leases)
     rows = _rows(
-        f"""INSERT INTO jobs_jobevent (job_id, kind, at, from_status, to_status, actor,
-                                      lease_version, retry_count, error)
-            SELECT j.id, 'fence_rejected', now(), j.status, j.status, 'worker:' || f.owner,
-                   f.lv, j.retry_count,
-                   format('stale %%s rejected: held lease %%s, row is at lease %%s '
-                          '(%%s, owner %%s)', %s::text, f.lv, j.lease_version, j.status,
-                          coalesce(j.owned_by, '-'))
-            FROM unnest(%s::bigint[], %s::bigint[], %s::text[]) AS f(id, lv, owner)
-            JOIN {T} j ON j.id = f.id
-            RETURNING job_id, (SELECT lease_version FROM {T} WHERE id = job_id)""",
+        _FENCE_REJECTED_SQL,
         [op, ids, lvs, owners],
     )
     current = dict(rows)
@@ -759,11 +752,11 @@ def _reap(candidates: str, error: str, params: dict[str, Any]) -> list[tuple]:
         f"""WITH {candidates}
             UPDATE {T} j SET retry_count = j.retry_count + 1, result = NULL,
                    error = {error},
-                   status = CASE WHEN {retry} THEN '{QUEUED}' ELSE '{FAILED}' END,
+                   status = CASE WHEN {retry} THEN '{Status.QUEUED}' ELSE '{Status.FAILED}' END,
                    lease_version = j.lease_version + 1,
                    run_at = CASE WHEN {retry} THEN now() ELSE j.run_at END,
                    finished_at = CASE WHEN {retry} THEN NULL ELSE now() END,
-                   {_UNOWN}, updated_by = 'reaper'
+                   {_UNOWN}, updated_by = '{Role.REAPER}'
             FROM c WHERE j.id = c.id
             RETURNING {_FINISH_RETURNING}, c.owned_by""",
         params,
@@ -790,7 +783,7 @@ def _after_reap(rows: list[tuple], message: str, **fields: Any) -> dict[int, Fin
             ),
         )
     signal_after_commit(
-        [(f.job_id, f.queue) for f in finished.values() if f.status == QUEUED],
+        [(f.job_id, f.queue) for f in finished.values() if f.status == Status.QUEUED],
         park_on_failure=False,
     )
     return finished
@@ -805,7 +798,7 @@ def reap_expired(lease_seconds: float, limit: int = 500) -> dict[int, Finished]:
     rows = _reap(
         f"""c AS (
               SELECT id, owned_by FROM {T}
-              WHERE status = '{PROCESSING}'
+              WHERE {lifecycle.EXPIRE.where()}
                 AND heartbeat_at < now() - %(lease)s * interval '1 second'
               ORDER BY heartbeat_at LIMIT %(limit)s
               FOR UPDATE SKIP LOCKED)""",
@@ -895,7 +888,7 @@ def reap_gone_owners(grace_seconds: float, limit: int = 500) -> dict[int, Finish
         f"""gone AS ({_GONE_WORKERS}),
             c AS (
               SELECT j.id, j.owned_by FROM {T} j
-              WHERE j.status = '{PROCESSING}' AND j.owned_by IN (SELECT id FROM gone)
+              WHERE {lifecycle.EXPIRE.where('j.status')} AND j.owned_by IN (SELECT id FROM gone)
               ORDER BY j.id LIMIT %(limit)s
               FOR UPDATE OF j SKIP LOCKED)""",
         "format('worker gone: the session of %%s ended', j.owned_by)",
@@ -904,16 +897,20 @@ def reap_gone_owners(grace_seconds: float, limit: int = 500) -> dict[int, Finish
     return _after_reap(rows, "worker gone: its session ended; job %s")
 
 
+_FORGET_WORKERS_SQL = f"""
+DELETE FROM {W} w
+WHERE (w.id IN ({_GONE_WORKERS})
+       OR w.heartbeat_at < now() - %(stale)s * interval '1 second')
+  AND NOT EXISTS (SELECT 1 FROM {T} j
+                  WHERE j.status = '{Status.PROCESSING}' AND j.owned_by = w.id)
+RETURNING w.id"""
+
+
 def forget_workers(grace_seconds: float, stale_seconds: float) -> int:
     """Delete registry rows of gone workers, and rows not beaten for `stale_seconds`,
     once they own no processing job (a worker that comes back registers again)."""
     rows = _rows(
-        f"""DELETE FROM {W} w
-            WHERE (w.id IN ({_GONE_WORKERS})
-                   OR w.heartbeat_at < now() - %(stale)s * interval '1 second')
-              AND NOT EXISTS (SELECT 1 FROM {T} j
-                              WHERE j.status = '{PROCESSING}' AND j.owned_by = w.id)
-            RETURNING w.id""",
+        _FORGET_WORKERS_SQL,
         {"grace": grace_seconds, "stale": stale_seconds},
     )
     for (worker_id,) in rows:
@@ -921,40 +918,55 @@ def forget_workers(grace_seconds: float, stale_seconds: float) -> int:
     return len(rows)
 
 
+_REPAIR_SQL = f"""
+WITH c AS (SELECT id FROM {T} WHERE {lifecycle.REPAIR.where()} {{ids_clause}}
+           ORDER BY id LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
+UPDATE {T} j SET status = '{Status.QUEUED}', updated_by = %(actor)s
+FROM c WHERE j.id = c.id RETURNING j.id, j.queue"""
+
+
 def repair_enqueue_failed(
-    limit: int = 500, job_ids: Sequence[int] | None = None, actor: str = "reaper"
+    limit: int = 500, job_ids: Sequence[int] | None = None, actor: str = Role.REAPER.value
 ) -> list[int]:
     """enqueue_failed → queued, re-signalled after commit."""
-    where = "AND id = ANY(%(ids)s)" if job_ids is not None else ""
+    ids_clause = "AND id = ANY(%(ids)s)" if job_ids is not None else ""
     rows = _rows(
-        f"""WITH c AS (SELECT id FROM {T} WHERE status = '{ENQUEUE_FAILED}' {where}
-                       ORDER BY id LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
-            UPDATE {T} j SET status = '{QUEUED}', updated_by = %(actor)s
-            FROM c WHERE j.id = c.id RETURNING j.id, j.queue""",
+        _REPAIR_SQL.replace("{ids_clause}", ids_clause),
         {"ids": list(job_ids or []), "limit": limit, "actor": actor},
     )
     signal_after_commit(rows, park_on_failure=False)
     return [r[0] for r in rows]
 
 
+_OVER_BUDGET_SQL = f"""
+WITH c AS (SELECT id FROM {T}
+           WHERE {lifecycle.OVER_BUDGET.where()}
+             AND retry_count > max_retries
+           LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
+UPDATE {T} j SET status = '{Status.FAILED}', finished_at = now(), result = NULL,
+       error = format('retry budget exhausted (%%s retries > max %%s)',
+                      j.retry_count, j.max_retries),
+       updated_by = '{Role.REAPER}'
+FROM c WHERE j.id = c.id RETURNING {_FINISH_RETURNING}"""
+
+
 def fail_over_budget(limit: int = 500) -> dict[int, Finished]:
     """queued / enqueue_failed rows whose retry_count already exceeds the budget → failed."""
     rows = _rows(
-        f"""WITH c AS (SELECT id FROM {T}
-                       WHERE status IN ('{QUEUED}', '{ENQUEUE_FAILED}')
-                         AND retry_count > max_retries
-                       LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
-            UPDATE {T} j SET status = '{FAILED}', finished_at = now(), result = NULL,
-                   error = format('retry budget exhausted (%%s retries > max %%s)',
-                                  j.retry_count, j.max_retries),
-                   updated_by = 'reaper'
-            FROM c WHERE j.id = c.id RETURNING {_FINISH_RETURNING}""",
+        _OVER_BUDGET_SQL,
         {"limit": limit},
     )
     return _finished(rows)
 
 
 # --- staff and clients ------------------------------------------------------------
+
+
+_STAFF_RETRY_SQL = f"""
+UPDATE {T} j SET status = '{Status.QUEUED}', retry_count = 0, result = NULL,
+       finished_at = NULL, run_at = now(), due_at = now(),
+       cancel_requested_at = NULL, updated_by = %s
+WHERE id = ANY(%s) AND {lifecycle.STAFF_RETRY.where()} RETURNING id, queue"""
 
 
 def staff_retry(job_ids: Sequence[int], actor: str) -> list[int]:
@@ -964,10 +976,7 @@ def staff_retry(job_ids: Sequence[int], actor: str) -> list[int]:
     earlier cancel request is forgotten: the retry is a new decision to run it.
     """
     rows = _rows(
-        f"""UPDATE {T} j SET status = '{QUEUED}', retry_count = 0, result = NULL,
-                   finished_at = NULL, run_at = now(), due_at = now(),
-                   cancel_requested_at = NULL, updated_by = %s
-            WHERE id = ANY(%s) AND status = '{FAILED}' RETURNING id, queue""",
+        _STAFF_RETRY_SQL,
         [actor, list(job_ids)],
     )
     _count_on_commit(metrics.STAFF_ACTIONS.labels("retry"), len(rows))
@@ -981,19 +990,31 @@ def staff_repair(job_ids: Sequence[int], actor: str) -> list[int]:
     return repaired
 
 
+_REVOKE_SQL = f"""
+UPDATE {T} j SET status = '{Status.QUEUED}', lease_version = j.lease_version + 1,
+       run_at = now(), error = 'lease revoked by ' || %s, {_UNOWN},
+       updated_by = %s
+WHERE id = ANY(%s) AND {lifecycle.REVOKE.where()} RETURNING id, queue, status"""
+
+
 def revoke(job_ids: Sequence[int], actor: str) -> list[int]:
     """processing → queued with the lease bumped and the owner cleared, so the
     running worker's late write is rejected by the fence. No retry is spent."""
     rows = _rows(
-        f"""UPDATE {T} j SET status = '{QUEUED}', lease_version = j.lease_version + 1,
-                   run_at = now(), error = 'lease revoked by ' || %s, {_UNOWN},
-                   updated_by = %s
-            WHERE id = ANY(%s) AND status = '{PROCESSING}' RETURNING id, queue, status""",
+        _REVOKE_SQL,
         [actor, actor, list(job_ids)],
     )
     _count_on_commit(metrics.STAFF_ACTIONS.labels("revoke"), len(rows))
-    signal_after_commit([r[:2] for r in rows if r[2] == QUEUED], park_on_failure=False)
+    signal_after_commit([r[:2] for r in rows if r[2] == Status.QUEUED], park_on_failure=False)
     return [r[0] for r in rows]
+
+
+_CANCEL_SQL = f"""
+UPDATE {T} j SET status = '{Status.FAILED}', error = '{CANCELLED}', finished_at = now(),
+       result = NULL, updated_by = %(actor)s
+WHERE id = ANY(%(ids)s) AND {lifecycle.CANCEL.where()}
+      {{client_clause}}
+RETURNING {_FINISH_RETURNING}"""
 
 
 def cancel(job_ids: Sequence[int], actor: str, client_id: int | None = None) -> list[int]:
@@ -1003,14 +1024,10 @@ def cancel(job_ids: Sequence[int], actor: str, client_id: int | None = None) -> 
     """
     client_clause = "AND client_id = %(client)s" if client_id is not None else ""
     rows = _rows(
-        f"""UPDATE {T} j SET status = '{FAILED}', error = 'cancelled', finished_at = now(),
-                   result = NULL, updated_by = %(actor)s
-            WHERE id = ANY(%(ids)s) AND status IN ('{QUEUED}', '{ENQUEUE_FAILED}')
-                  {client_clause}
-            RETURNING {_FINISH_RETURNING}""",
+        _CANCEL_SQL.replace("{client_clause}", client_clause),
         {"actor": actor, "ids": list(job_ids), "client": client_id},
     )
-    if actor.startswith("staff:"):
+    if actor_role(actor) == Role.STAFF:
         _count_on_commit(metrics.STAFF_ACTIONS.labels("cancel"), len(rows))
     return list(_finished(rows))
 
@@ -1018,15 +1035,16 @@ def cancel(job_ids: Sequence[int], actor: str, client_id: int | None = None) -> 
 _REQUEST_CANCEL_SQL = f"""
 WITH u AS (
   UPDATE {T} j SET
-         status = CASE WHEN j.status = '{PROCESSING}' THEN j.status ELSE '{FAILED}' END,
-         error = CASE WHEN j.status = '{PROCESSING}' THEN j.error ELSE '{CANCELLED}' END,
-         result = CASE WHEN j.status = '{PROCESSING}' THEN j.result END,
-         finished_at = CASE WHEN j.status = '{PROCESSING}' THEN NULL ELSE now() END,
-         cancel_requested_at = CASE WHEN j.status = '{PROCESSING}'
+         status = CASE WHEN j.status = '{Status.PROCESSING}' THEN j.status
+                       ELSE '{Status.FAILED}' END,
+         error = CASE WHEN j.status = '{Status.PROCESSING}' THEN j.error ELSE '{CANCELLED}' END,
+         result = CASE WHEN j.status = '{Status.PROCESSING}' THEN j.result END,
+         finished_at = CASE WHEN j.status = '{Status.PROCESSING}' THEN NULL ELSE now() END,
+         cancel_requested_at = CASE WHEN j.status = '{Status.PROCESSING}'
                                     THEN coalesce(j.cancel_requested_at, now())
                                     ELSE j.cancel_requested_at END,
          updated_by = %(actor)s
-  WHERE id = ANY(%(ids)s) AND status IN ('{QUEUED}', '{ENQUEUE_FAILED}', '{PROCESSING}')
+  WHERE id = ANY(%(ids)s) AND {lifecycle.REQUEST_CANCEL.where()}
         {{client_clause}}
   RETURNING {_FINISH_RETURNING}),
 ev AS (
@@ -1034,7 +1052,7 @@ ev AS (
     (job_id, kind, at, from_status, to_status, actor, lease_version, retry_count, error)
   SELECT u.id, '{JobEvent.CANCEL_REQUESTED}', now(), u.status, u.status, %(actor)s,
          u.lease_version, u.retry_count, 'cancel requested by ' || %(actor)s
-  FROM u WHERE u.status = '{PROCESSING}')
+  FROM u WHERE u.status = '{Status.PROCESSING}')
 SELECT * FROM u
 """
 
@@ -1056,10 +1074,10 @@ def request_cancel(
         _REQUEST_CANCEL_SQL.replace("{client_clause}", client_clause),
         {"actor": actor, "ids": list(job_ids), "client": client_id},
     )
-    _finished([r for r in rows if r[1] == FAILED])
-    out = {r[0]: ("requested" if r[1] == PROCESSING else "cancelled") for r in rows}
+    _finished([r for r in rows if r[1] == Status.FAILED])
+    out = {r[0]: ("requested" if r[1] == Status.PROCESSING else "cancelled") for r in rows}
     for r in rows:
-        if r[1] == PROCESSING:
+        if r[1] == Status.PROCESSING:
             log.info(
                 "cancel requested by %s",
                 actor,
@@ -1077,8 +1095,19 @@ def staff_cancel_running(job_ids: Sequence[int], actor: str) -> list[int]:
 
 # --- retention --------------------------------------------------------------------
 
-TERMINAL_STATUSES: frozenset[str] = frozenset(s.value for s in TERMINAL)
 _H = JobEvent._meta.db_table
+
+
+_PRUNE_SQL = f"""
+WITH victims AS (
+  SELECT id FROM {T}
+  WHERE status = ANY(%(statuses)s)
+    AND finished_at < now() - %(age)s * interval '1 second'
+  LIMIT %(batch)s
+  FOR UPDATE SKIP LOCKED),
+ev AS (DELETE FROM {_H} WHERE job_id IN (SELECT id FROM victims)),
+gone AS (DELETE FROM {T} WHERE id IN (SELECT id FROM victims) RETURNING 1)
+SELECT count(*) FROM gone"""
 
 
 def prune_finished(older_than_seconds: float, statuses: Sequence[str], batch: int) -> int:
@@ -1089,21 +1118,13 @@ def prune_finished(older_than_seconds: float, statuses: Sequence[str], batch: in
     so workers, the reaper and a concurrent prune never wait on it. Only terminal
     statuses are accepted, and the table's trigger refuses to delete any other row.
     """
-    bad = sorted(set(statuses) - TERMINAL_STATUSES)
+    bad = sorted(set(statuses) - TERMINAL)
     if bad or not statuses:
         raise ValueError(f"only terminal jobs can be pruned, not {', '.join(bad) or 'nothing'}")
     if older_than_seconds <= 0 or batch <= 0:
         raise ValueError("older_than_seconds and batch must be positive")
     rows = _rows(
-        f"""WITH victims AS (
-              SELECT id FROM {T}
-              WHERE status = ANY(%(statuses)s)
-                AND finished_at < now() - %(age)s * interval '1 second'
-              LIMIT %(batch)s
-              FOR UPDATE SKIP LOCKED),
-            ev AS (DELETE FROM {_H} WHERE job_id IN (SELECT id FROM victims)),
-            gone AS (DELETE FROM {T} WHERE id IN (SELECT id FROM victims) RETURNING 1)
-            SELECT count(*) FROM gone""",
+        _PRUNE_SQL,
         {"statuses": sorted(set(statuses)), "age": older_than_seconds, "batch": batch},
     )
     return rows[0][0]

@@ -52,7 +52,7 @@ from jobs.errors import (
     log_failed_attempt,
     storable,
 )
-from jobs.lifecycle import CANCELLED
+from jobs.lifecycle import CANCELLED, TERMINAL
 from jobs.presence import Presence
 from jobs.services import Lease
 from jobs.tasks import InvalidPayload, JobContext, PermanentError
@@ -638,7 +638,7 @@ class Worker:
         stale_ops.update({item[0].job_id: "fail" for item in failed})
         for op in ("complete", "fail"):
             services.record_fence_rejections([s for s in stale if stale_ops[s.job_id] == op], op)
-        self.finished += len(ok_done) + sum(1 for f in ok_fail.values() if f.status == "failed")
+        self.finished += len(ok_done) + sum(1 for f in ok_fail.values() if f.status in TERMINAL)
         for o in batch:
             if o.kind == "release" and o.lease.job_id in ok_rel:
                 log.info("released on shutdown", extra=o.lease.log_fields())

@@ -21,9 +21,9 @@ from django.utils.functional import Promise
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
-from jobs import selectors, services
+from jobs import lifecycle, selectors, services
 from jobs.admin.display import budget_text, error_detail_html
-from jobs.lifecycle import Status
+from jobs.lifecycle import Move, Status
 from jobs.models import Job
 
 
@@ -36,14 +36,14 @@ class StaffAction:
     label: str | Promise
     button: str | Promise  # short label on the job's detail page
     verb: str | Promise  # "3 retried"
-    eligible: tuple[Status, ...]
+    move: Move  # the lifecycle move the service makes: its sources are the eligible states
     skip_reason: str | Promise  # "1 skipped: not failed"
     explanation: str | Promise
     service: Callable[[Sequence[int], str], list[int]]
 
     @property
-    def eligible_values(self) -> list[str]:
-        return [s.value for s in self.eligible]
+    def eligible(self) -> tuple[Status, ...]:
+        return self.move.states
 
 
 RETRY = StaffAction(
@@ -52,7 +52,7 @@ RETRY = StaffAction(
     label=gettext_lazy("Retry failed jobs (resets the retry budget)"),
     button=gettext_lazy("Retry"),
     verb=gettext_lazy("retried"),
-    eligible=(Status.FAILED,),
+    move=lifecycle.STAFF_RETRY,
     skip_reason=gettext_lazy("not failed"),
     explanation=gettext_lazy(
         "Each failed job goes back to queued with retry_count reset to 0, its result "
@@ -67,7 +67,7 @@ REPAIR = StaffAction(
     label=gettext_lazy("Repair enqueue_failed jobs (requeue and re-signal)"),
     button=gettext_lazy("Repair"),
     verb=gettext_lazy("repaired"),
-    eligible=(Status.ENQUEUE_FAILED,),
+    move=lifecycle.REPAIR,
     skip_reason=gettext_lazy("not enqueue_failed"),
     explanation=gettext_lazy(
         "Each enqueue_failed job goes back to queued and its id is pushed to Redis "
@@ -81,7 +81,7 @@ REVOKE = StaffAction(
     label=gettext_lazy("Revoke lease and requeue processing jobs"),
     button=gettext_lazy("Revoke lease"),
     verb=gettext_lazy("revoked"),
-    eligible=(Status.PROCESSING,),
+    move=lifecycle.REVOKE,
     skip_reason=gettext_lazy("not processing"),
     explanation=gettext_lazy(
         "Each processing job goes back to queued with lease_version bumped and its "
@@ -97,7 +97,7 @@ CANCEL_RUNNING = StaffAction(
     label=gettext_lazy("Cancel running jobs (ask the handler to stop)"),
     button=gettext_lazy("Cancel running"),
     verb=gettext_lazy("asked to stop"),
-    eligible=(Status.PROCESSING,),
+    move=lifecycle.CANCEL_RUNNING,
     skip_reason=gettext_lazy("not processing"),
     explanation=gettext_lazy(
         "Each processing job gets a cancel request: its worker tells the handler at its "
@@ -114,7 +114,7 @@ CANCEL = StaffAction(
     label=gettext_lazy("Cancel jobs that have not started"),
     button=gettext_lazy("Cancel"),
     verb=gettext_lazy("cancelled"),
-    eligible=(Status.QUEUED, Status.ENQUEUE_FAILED),
+    move=lifecycle.CANCEL,
     skip_reason=gettext_lazy("already started or finished"),
     explanation=gettext_lazy(
         'Each queued or enqueue_failed job ends as failed with the error "cancelled". '
@@ -127,7 +127,7 @@ STAFF_ACTIONS: tuple[StaffAction, ...] = (RETRY, REPAIR, REVOKE, CANCEL_RUNNING,
 
 
 def staff_actor(request: HttpRequest) -> str:
-    return f"staff:{request.user.get_username()}"
+    return lifecycle.actor(lifecycle.Role.STAFF, request.user.get_username())
 
 
 def eligible_id_chunks(
@@ -138,7 +138,7 @@ def eligible_id_chunks(
     Keyset pagination keeps each read small and lets select-across act on a
     filtered set of any size without holding its ids in memory at once.
     """
-    eligible = queryset.filter(status__in=spec.eligible_values).order_by("pk")
+    eligible = queryset.eligible_for(spec.move).order_by("pk")
     last = 0
     while True:
         chunk = list(eligible.filter(pk__gt=last).values_list("pk", flat=True)[:chunk_size])
@@ -191,7 +191,7 @@ def confirmation(
     """What will change, to how many, and a sample with the errors staff decide on."""
     cap = modeladmin.action_count_cap
     selected, selected_exact = selectors.capped_count(queryset, cap)
-    eligible_qs = queryset.filter(status__in=spec.eligible_values)
+    eligible_qs = queryset.eligible_for(spec.move)
     eligible, eligible_exact = selectors.capped_count(eligible_qs, cap)
     # The budget spent and the last error with its traceback: a "card declined"
     # should not be retried blindly.
@@ -219,7 +219,7 @@ def confirmation(
         "selected_exact": selected_exact,
         "eligible_exact": eligible_exact,
         "sample": sample,
-        "eligible_states": ", ".join(spec.eligible_values),
+        "eligible_states": ", ".join(s.value for s in spec.eligible),
         "selected_ids": request.POST.getlist(helpers.ACTION_CHECKBOX_NAME),
         "select_across": request.POST.get("select_across", "0"),
         "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,

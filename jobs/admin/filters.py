@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 from django.conf import settings
 from django.contrib import admin
-from django.db.models.functions import Now
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
@@ -32,10 +29,7 @@ class StuckFilter(admin.SimpleListFilter):
 
     def queryset(self, request, queryset):
         if self.value() == "yes":
-            return queryset.filter(
-                status=Status.PROCESSING,
-                heartbeat_at__lt=Now() - timedelta(seconds=settings.JOBS_LEASE_SECONDS),
-            )
+            return queryset.stuck(settings.JOBS_LEASE_SECONDS)
         return queryset
 
 

@@ -15,7 +15,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection, transaction
 
 from jobs import services
-from jobs.lifecycle import STATUSES
+from jobs.lifecycle import STATUSES, TERMINAL
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _DURATION = re.compile(r"^\s*(\d+)\s*([smhdw])\s*$", re.IGNORECASE)
@@ -41,11 +41,11 @@ def parse_statuses(text: str) -> list[str]:
     statuses = [s.strip() for s in (text or "").split(",") if s.strip()]
     if not statuses:
         raise CommandError("--status needs at least one status (done, failed)")
-    terminal = sorted(services.TERMINAL_STATUSES)
+    terminal = sorted(s.value for s in TERMINAL)
     for s in statuses:
         if s not in STATUSES:
             raise CommandError(f"--status {s!r} is not a job status; terminal ones: {terminal}")
-        if s not in services.TERMINAL_STATUSES:
+        if s not in TERMINAL:
             raise CommandError(
                 f"--status {s!r} is not terminal: only finished jobs ({', '.join(terminal)}) "
                 "can be pruned"

@@ -9,13 +9,14 @@ from django.core.management.base import BaseCommand, CommandError
 
 from jobs import metrics
 from jobs.collectors import ConsumersCollector, DepthCollector, ReaperCollector
+from jobs.lifecycle import Status
 from jobs.management.commands.runworker import add_metrics_arguments, start_metrics_server
 from jobs.reaper import Reaper
 
 RECOVERY_KINDS = (
     "worker_gone",
     "lease",
-    "enqueue_failed",
+    Status.ENQUEUE_FAILED.value,  # the state it repairs
     "lost_signal",
     "scheduled",
     "over_budget",
