@@ -171,13 +171,11 @@ def test_run_after_and_queue_names(stack, signal_log, tmp_path):
     worker(stack, signal_log, "--queues", "default", JOBS_QUEUES=json.dumps(declared))
     wait_until(lambda: finished(deferred, now), 30, message="default queue drained")
 
-    # The deferred task (priority 100) never starts before its run_after; the other one
-    # is not held back by it. (Their order alone would depend on how long the worker
-    # took to start on a busy machine.)
+    # The deferred task (priority 100) never starts before its run_after. (Which of the
+    # two starts first depends on how long the worker took to start on a busy machine:
+    # once both are due, priority decides.)
     assert sorted(Path(log).read_text().split()) == ["deferred", "now"]
     assert deferred.started_at >= later
-    assert now.started_at <= deferred.started_at
-    assert deferred.started_at >= later > now.finished_at
     email.refresh()
     assert email.status == TaskResultStatus.READY and email.worker_ids == []
     worker(stack, signal_log, "--queues", "emails", JOBS_QUEUES=json.dumps(declared))
@@ -201,7 +199,11 @@ def test_worker_killed_mid_task_completes_once_via_the_reaper(stack, signal_log,
     assert result.return_value["attempt"] == 2 and result.return_value["pid"] != killed_pid
     assert result.attempts == 2 and len(set(result.worker_ids)) == 2
     assert [e.exception_class for e in result.errors] == [AttemptLost]
-    assert "lease expired" in result.errors[0].traceback
+    # Recovered by crash detection (the session is gone) or, if the reaper's first
+    # look came later than the 2 s lease, by the lease's expiry.
+    assert "worker gone" in result.errors[0].traceback or (
+        "lease expired" in result.errors[0].traceback
+    )
     job_id = int(result.id)
     assert JobEvent.objects.filter(job_id=job_id, to_status="done").count() == 1
     assert Job.objects.get(pk=job_id).lease_version == 3  # claim, reap, claim
