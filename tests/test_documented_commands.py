@@ -412,12 +412,19 @@ SECTIONS_TESTED_AS_A_WHOLE = {
 }
 
 
+# Where commands are documented: the README and the guides it links to.
+DOCUMENTS = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
+
+
 def readme_commands() -> list[str]:
-    readme = (ROOT / "README.md").read_text()
-    parts = re.split(r"\n## ", readme)
+    parts = [
+        (path, part)
+        for path in DOCUMENTS
+        for part in re.split(r"\n## ", (ROOT / path).read_text())
+    ]
     commands = []
-    for part in parts:
-        if part.split("\n", 1)[0] in SECTIONS_TESTED_AS_A_WHOLE:
+    for path, part in parts:
+        if path == "README.md" and part.split("\n", 1)[0] in SECTIONS_TESTED_AS_A_WHOLE:
             continue
         for block in re.findall(r"```sh\n(.*?)```", part, flags=re.S):
             for line in block.replace("\\\n", " ").splitlines():
@@ -430,6 +437,10 @@ def readme_commands() -> list[str]:
 def test_every_readme_command_is_covered():
     commands = readme_commands()
     assert "make run" in commands and "python manage.py runreaper --once" in commands
+    # The guides' commands are read too (deployment, retention, benchmark, fault suite).
+    assert "docker compose up -d --build" in commands and "make chaos-long" in commands
+    assert any(c.startswith("manage.py prunejobs ") for c in commands)
+    assert any(c.startswith("python -m bench ") for c in commands)
     for command in commands:
         rule = next((why for pattern, why in README_COMMANDS if re.search(pattern, command)), None)
         assert rule, f"README command not covered by any test: {command!r}"

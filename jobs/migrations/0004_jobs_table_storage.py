@@ -8,7 +8,7 @@ starts; here vacuum and analyze start after 2 % / 1 % and are allowed to work
 about ten times faster. fillfactor 70 leaves room on each page so a row's new
 version lands on its own page (HOT when no indexed column changes, and cheaper
 index maintenance otherwise). Only pages written after this migration use it.
-See README "Scaling and deployment" for the reasoning and measured figures.
+See docs/operations.md "Scaling and deployment" for the reasoning and measured figures.
 """
 
 from django.db import migrations

@@ -1,0 +1,231 @@
+"""The import rules of docs/architecture.md, read from the source with `ast`.
+
+Every module of `jobs` sits in one layer and imports only from layers below it, so the
+lifecycle rules stay at the bottom and nothing runs back up. Imports inside functions
+and under `TYPE_CHECKING` count like any other: they are dependencies all the same.
+A rule this code breaks today is listed in KNOWN_EXCEPTIONS with the reason, not hidden.
+"""
+
+from __future__ import annotations
+
+import ast
+from fnmatch import fnmatchcase
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PROJECT = ("jobs", "jobservice", "harness", "tests", "bench", "chaos", "demo")
+
+# Lowest first. A module of `jobs` may import modules of lower layers only; in the
+# entry-point layer also modules of its own package (jobs.api.*, jobs.admin.*).
+LAYERS: list[tuple[str, list[str]]] = [
+    # Import nothing of the project: the lifecycle's states and transitions, metric
+    # definitions, the task registry, pure helpers. Empty package markers live here too.
+    ("leaves", [
+        "jobs", "jobs.lifecycle", "jobs.metrics", "jobs.errors", "jobs.exceptions",
+        "jobs.logconfig", "jobs.queues", "jobs.tasks", "jobs.tasks_compat", "jobs.dispatch",
+        "jobs.templatetags", "jobs.templatetags.*", "jobs.management",
+        "jobs.management.commands",
+    ]),
+    # Talk to the outside world; transport is the only module that imports redis.
+    ("infrastructure", ["jobs.transport", "jobs.runtime"]),
+    ("models", ["jobs.models"]),
+    # Caches of model rows that the writes keep honest (the API clients by token hash).
+    ("model caches", ["jobs.clientcache"]),
+    # Every write (one fenced compare-and-set each) and every read.
+    ("services and selectors", ["jobs.services", "jobs.selectors"]),
+    ("pipeline and presence", ["jobs.submission", "jobs.presence"]),
+    ("processes", ["jobs.worker", "jobs.reaper"]),
+    # Bridges to frameworks around the processes: Django Tasks, Prometheus scrapes.
+    ("adapters", ["jobs.backends", "jobs.collectors"]),
+    ("entry points", [
+        # apps: its ready() wires the client cache's signal receivers in.
+        "jobs.apps", "jobs.api", "jobs.api.*", "jobs.admin", "jobs.admin.*", "jobs.health",
+        "jobs.management.commands.*",
+    ]),
+]  # fmt: skip
+ENTRY_PACKAGES = ("jobs.api", "jobs.admin")
+
+# Imports that break a rule today, each with why; the test fails once one is gone, so
+# the list only shrinks.
+KNOWN_EXCEPTIONS = {
+    # The metrics HTTP server and its options live in runworker; a shared process
+    # runtime (issue 20, item 4) is meant to take them.
+    ("jobs.management.commands.runreaper", "jobs.management.commands.runworker"),
+}
+
+# Third-party modules only one module of the product (jobs, jobservice) may import; the
+# harness, tests, bench and chaos drive them directly.
+OWNED_IMPORTS = {"redis": {"jobs.transport"}}
+
+# What the packages around `jobs` must never import.
+FORBIDDEN = {
+    "jobs": ("harness", "tests", "bench", "chaos", "demo", "jobservice"),
+    "jobservice": ("harness", "tests", "bench", "chaos", "demo"),
+    "harness": ("jobs", "jobservice", "tests", "bench", "chaos", "demo"),
+    "bench": ("tests", "chaos"),
+    "chaos": ("tests", "bench"),
+    "demo": ("harness", "tests", "bench", "chaos"),
+}
+# The one module of jobservice that jobs may use: `runstack` starts the embedded
+# PostgreSQL, which imports nothing of jobs. Settings are read through django.conf.
+JOBS_MAY_IMPORT = {"jobservice.embedded"}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def is_module(name: str) -> bool:
+    base = ROOT.joinpath(*name.split("."))
+    return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
+
+
+def imports(module: str, source: str, is_package: bool = False) -> set[str]:
+    """Every module `source` imports, absolute; `from pkg import mod` names pkg.mod."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                package = module.split(".")[: None if is_package else -1]
+                package = package[: len(package) - node.level + 1]
+                base = ".".join([*package, *([node.module] if node.module else [])])
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                found.add(sub if is_module(sub) else base)
+    return found
+
+
+def project_modules(package: str) -> dict[str, Path]:
+    return {
+        module_name(p): p
+        for p in sorted((ROOT / package).rglob("*.py"))
+        if "migrations" not in p.parts
+    }
+
+
+def layer_of(module: str) -> int | None:
+    for index, (_, patterns) in enumerate(LAYERS):
+        if any(fnmatchcase(module, pattern) for pattern in patterns):
+            return index
+    return None
+
+
+def violations(module: str, targets: set[str]) -> list[str]:
+    """What `module` imports against the rules, as `module -> target: why` lines."""
+    top = module.split(".")[0]
+    found = []
+    for target in sorted(targets):
+        target_top = target.split(".")[0]
+        if (module, target) in KNOWN_EXCEPTIONS:
+            continue
+        owners = OWNED_IMPORTS.get(target_top)
+        if owners is not None and top in ("jobs", "jobservice") and module not in owners:
+            found.append(f"{module} -> {target}: only {sorted(owners)} may import {target_top}")
+        if target_top in FORBIDDEN.get(top, ()):
+            if not (top == "jobs" and target in JOBS_MAY_IMPORT):
+                found.append(f"{module} -> {target}: {top} never imports {target_top}")
+            continue
+        if top != "jobs" or target_top != "jobs" or target == module:
+            continue
+        mine, theirs = layer_of(module), layer_of(target)
+        if mine is None or theirs is None:
+            continue  # reported by test_every_jobs_module_has_a_layer
+        same_package = any(
+            f"{module}.".startswith(f"{p}.") and f"{target}.".startswith(f"{p}.")
+            for p in ENTRY_PACKAGES
+        )
+        if theirs >= mine and not same_package:
+            found.append(
+                f"{module} -> {target}: layer {LAYERS[mine][0]!r} may not import "
+                f"layer {LAYERS[theirs][0]!r}"
+            )
+    return found
+
+
+def all_imports() -> dict[str, set[str]]:
+    graph = {}
+    for package in PROJECT:
+        for module, path in project_modules(package).items():
+            graph[module] = imports(module, path.read_text(), path.name == "__init__.py")
+    return graph
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    return all_imports()
+
+
+def test_every_jobs_module_has_a_layer(graph):
+    unplaced = sorted(m for m in graph if m.split(".")[0] == "jobs" and layer_of(m) is None)
+    assert not unplaced, f"place these in LAYERS (and docs/architecture.md): {unplaced}"
+
+
+def test_imports_follow_the_rules(graph):
+    found = [line for module, targets in graph.items() for line in violations(module, targets)]
+    assert not found, "imports against docs/architecture.md:\n" + "\n".join(found)
+
+
+def test_known_exceptions_still_exist(graph):
+    """An exception that was fixed comes off the list, so it cannot come back unnoticed."""
+    gone = [pair for pair in KNOWN_EXCEPTIONS if pair[1] not in graph.get(pair[0], set())]
+    assert not gone, f"no longer imported, remove from KNOWN_EXCEPTIONS: {gone}"
+
+
+def test_the_lifecycle_imports_nothing_of_the_project(graph):
+    assert not {t for t in graph["jobs.lifecycle"] if t.split(".")[0] in PROJECT}
+
+
+@pytest.mark.parametrize(
+    ("module", "source", "expected"),
+    [
+        # an import running back up the layers, also inside a function
+        ("jobs.models", "from jobs.services import claim\n",
+         "jobs.models -> jobs.services: layer 'models' may not import layer 'services"),
+        ("jobs.services", "def f():\n    from jobs import worker\n",
+         "jobs.services -> jobs.worker: layer 'services and selectors' may not import"),
+        # a peer of the same layer, relative
+        ("jobs.worker", "from .reaper import Reaper\n",
+         "jobs.worker -> jobs.reaper: layer 'processes' may not import layer 'processes'"),
+        # one entry point reaching into another
+        ("jobs.api.views", "from jobs.admin import JobAdmin\n",
+         "jobs.api.views -> jobs.admin: layer 'entry points' may not import"),
+        ("jobs.management.commands.slo", "from jobs.management.commands import prunejobs\n",
+         "jobs.management.commands.slo -> jobs.management.commands.prunejobs: layer"),
+        ("jobs.lifecycle", "import jobs.models\n",
+         "jobs.lifecycle -> jobs.models: layer 'leaves' may not import layer 'models'"),
+        ("jobs.worker", "from tests.harness import wait_until\n",
+         "jobs.worker -> tests.harness: jobs never imports tests"),
+        ("jobs.worker", "from jobservice import settings\n",
+         "jobs.worker -> jobservice.settings: jobs never imports jobservice"),
+        ("harness.procs", "from jobs.models import Job\n",
+         "harness.procs -> jobs.models: harness never imports jobs"),
+        ("bench.scenarios", "from tests import harness\n",
+         "bench.scenarios -> tests.harness: bench never imports tests"),
+        ("jobs.services", "import redis\n",
+         "jobs.services -> redis: only ['jobs.transport'] may import redis"),
+    ],
+)  # fmt: skip
+def test_the_rules_catch_a_bad_import(module, source, expected):
+    """The checks above can fail: each kind of bad import is reported with its module."""
+    found = violations(module, imports(module, source))
+    assert len(found) == 1 and found[0].startswith(expected), found
+
+
+def test_allowed_imports_pass():
+    """Downward imports, an entry package's own modules and the embedded database pass."""
+    for module, source in [
+        ("jobs.worker", "from jobs import lifecycle, services\nfrom jobs.presence import x\n"),
+        ("jobs.api.views", "from .serializers import JobSerializer\nfrom jobs.backends import b\n"),
+        ("jobs.admin.actions", "from jobs.admin.dashboard import d\nfrom jobs import services\n"),
+        ("jobs.admin", "from jobs.admin.options import JobAdmin\nfrom jobs import selectors\n"),
+        ("jobs.management.commands.runstack", "from jobservice.embedded import ensure\n"),
+        ("jobs.transport", "import redis\nfrom jobs import metrics\n"),
+        ("bench.scenarios", "import harness\nfrom jobs import services\n"),
+    ]:
+        assert not violations(module, imports(module, source)), (module, source)
