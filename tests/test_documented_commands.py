@@ -69,7 +69,8 @@ def test_targets_are_discovered():
 
 def dry_run(*args: str) -> list[str]:
     out = subprocess.run(
-        ["make", "-n", *args], cwd=ROOT, capture_output=True, text=True, check=True
+        ["make", "--no-print-directory", "-n", *args],
+        cwd=ROOT, capture_output=True, text=True, check=True,
     ).stdout
     return [line for line in out.splitlines() if line and "pip install" not in line]
 
