@@ -49,11 +49,7 @@ ENTRY_PACKAGES = ("jobs.api", "jobs.admin")
 
 # Imports that break a rule today, each with why; the test fails once one is gone, so
 # the list only shrinks.
-KNOWN_EXCEPTIONS = {
-    # The metrics HTTP server and its options live in runworker; a shared process
-    # runtime (issue 20, item 4) is meant to take them.
-    ("jobs.management.commands.runreaper", "jobs.management.commands.runworker"),
-}
+KNOWN_EXCEPTIONS: set[tuple[str, str]] = set()
 
 # Third-party modules only one module of the product (jobs, jobservice) may import; the
 # harness, tests, bench and chaos drive them directly.
