@@ -53,7 +53,7 @@ from jobs.errors import (
     log_failed_attempt,
     storable,
 )
-from jobs.lifecycle import CANCELLED, TERMINAL
+from jobs.lifecycle import CANCELLED, TERMINAL, Status
 from jobs.presence import Presence
 from jobs.runtime import Backoff, StopRequests
 from jobs.services import Lease
@@ -119,7 +119,9 @@ def check_result(result: Any) -> Any:
 
 
 class OutcomeKind(enum.StrEnum):
-    DONE = "done"  # to write back as completed
+    """What an attempt ended with; the flusher writes one statement per kind."""
+
+    DONE = Status.DONE.value  # to write back as completed (the status it becomes)
     FAIL = "fail"  # to write back as failed (retry or terminal, by the lifecycle)
     RELEASE = "release"  # to hand back to the queue unrun (shutdown)
     SETTLED = "settled"  # already written (transactional handlers) or rejected: forget it
