@@ -19,6 +19,7 @@ from django.db import DatabaseError, InterfaceError, close_old_connections, conn
 
 from jobs import metrics, selectors, services
 from jobs.lifecycle import Status
+from jobs.runtime import Backoff, StopRequests
 from jobs.transport import TransportError, get_transport
 
 log = logging.getLogger(__name__)
@@ -77,26 +78,32 @@ class Reaper:
         self.transport = get_transport()
         self.stop = threading.Event()
         self._last_due_check = None
-        self._stop_requests = 0
+        self._stops = StopRequests(self.stop.set)
         self.last_sweep_at = 0.0  # unix time the last sweep finished (a gauge)
 
     def request_stop(self) -> None:
-        """First request: finish the current sweep and exit. Second: exit now."""
-        self._stop_requests += 1
-        if self._stop_requests > 1:
-            import os
+        """First request: finish the current sweep and exit. Second: raise ColdStop now
+        (a sweep cut short rolls back; the next reaper repeats it)."""
+        self._stops.request()
 
-            os._exit(130)
-        self.stop.set()
+    def install_signal_handlers(self) -> None:
+        self._stops.install()
 
     def run(self) -> None:
-        backoff = self.interval
+        backoff = Backoff(self.interval, 60.0)
         log.info("reaper started: lease %.1fs, interval %.1fs", self.lease, self.interval)
+        try:
+            self._run(backoff)
+        finally:
+            connection.close()
+        log.info("reaper stopped")
+
+    def _run(self, backoff: Backoff) -> None:
         while not self.stop.is_set():
             close_old_connections()
             try:
                 report = self.sweep()
-                backoff = self.interval
+                backoff.reset()
                 if report.total():
                     log.info("sweep repaired %d job(s)", report.total(), extra=vars(report))
                 wait = max(0.0, self.interval - report.seconds)
@@ -104,11 +111,8 @@ class Reaper:
                 metrics.DB_ERRORS.labels(op="sweep").inc()
                 log.warning("sweep failed, postgres unavailable: %s", exc)
                 connection.close()
-                wait = backoff
-                backoff = min(backoff * 2, 60.0)
+                wait = backoff.next()
             self._wait_checking_workers(wait)
-        connection.close()
-        log.info("reaper stopped")
 
     def _wait_checking_workers(self, wait: float) -> None:
         """Wait for the next sweep, looking for gone workers every presence period."""

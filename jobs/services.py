@@ -27,6 +27,7 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from jobs import clientcache, lifecycle, metrics
+from jobs.exceptions import BatchIdempotencyConflict, IdempotencyConflict
 from jobs.lifecycle import CANCELLED, TERMINAL, Role, Status, actor_role, actor_sql, due_sql
 from jobs.logconfig import job_log_fields
 from jobs.models import Client, Job, JobEvent, WorkerProcess
@@ -42,14 +43,6 @@ _FINISH_RETURNING = (
     f"extract(epoch FROM j.finished_at - {due_sql('j')})"
 )
 _UNOWN = "owned_by = NULL, claimed_at = NULL, heartbeat_at = NULL"
-
-
-class IdempotencyConflict(Exception):
-    """The idempotency key was used before with a different request."""
-
-    def __init__(self, job: Job) -> None:
-        super().__init__(f"idempotency key already used for job {job.pk} with another request")
-        self.job = job
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,6 +242,7 @@ def submit(
     # Counted when the caller's transaction commits: a rolled-back job never existed.
     transaction.on_commit(metrics.SUBMITTED.labels(queue, task).inc)
     if due:
+
         def parked(ids: list[int]) -> None:
             if job.pk in ids:  # callers reading the job after commit see the parked state
                 job.status = Status.ENQUEUE_FAILED
@@ -285,17 +279,6 @@ class Submitted:
     run_at: datetime
 
 
-class IdempotencyConflicts(Exception):
-    """Items of a batch reuse an idempotency key with another request; nothing was written.
-
-    `conflicts` maps the item's index to the job that holds the key.
-    """
-
-    def __init__(self, conflicts: dict[int, int]) -> None:
-        super().__init__(f"{len(conflicts)} idempotency key(s) already used with another request")
-        self.conflicts = conflicts
-
-
 _SUBMIT_MANY_SQL = f"""
 WITH input AS MATERIALIZED (
   SELECT u.*, nextval(pg_get_serial_sequence('{T}', 'id')) AS id
@@ -330,7 +313,7 @@ def submit_many(
 ) -> list[Submitted]:
     """Insert many queued jobs in one statement; one Redis push for all of them on commit.
 
-    All or nothing: runs in a (nested) transaction, and raises IdempotencyConflicts
+    All or nothing: runs in a (nested) transaction, and raises BatchIdempotencyConflict
     (writing nothing) when any item reuses a key with a different request_hash.
     An item whose key exists with the same request_hash reports the existing job
     (created=False), like `submit`. Validation is the caller's, as for `submit`.
@@ -374,7 +357,7 @@ def submit_many(
                 if existing[items[n].idempotency_key][1] != items[n].request_hash
             }
             if conflicts:
-                raise IdempotencyConflicts(conflicts)
+                raise BatchIdempotencyConflict(conflicts)
         out: list[Submitted] = []
         due: list[tuple[int, str]] = []
         counts: dict[tuple[str, str], int] = defaultdict(int)
@@ -615,9 +598,7 @@ def complete(items: Sequence[tuple[Lease, Any]]) -> dict[int, Finished]:
     ids, lvs, owners = _fence_arrays([lease for lease, _ in items])
     dumps = json.dumps
     results = [None if r is None else dumps(r) for _, r in items]
-    rows = _hot_rows(
-        _COMPLETE_SQL, {"ids": ids, "lvs": lvs, "owners": owners, "results": results}
-    )
+    rows = _hot_rows(_COMPLETE_SQL, {"ids": ids, "lvs": lvs, "owners": owners, "results": results})
     return _finished(rows)
 
 
@@ -888,7 +869,7 @@ def reap_gone_owners(grace_seconds: float, limit: int = 500) -> dict[int, Finish
         f"""gone AS ({_GONE_WORKERS}),
             c AS (
               SELECT j.id, j.owned_by FROM {T} j
-              WHERE {lifecycle.EXPIRE.where('j.status')} AND j.owned_by IN (SELECT id FROM gone)
+              WHERE {lifecycle.EXPIRE.where("j.status")} AND j.owned_by IN (SELECT id FROM gone)
               ORDER BY j.id LIMIT %(limit)s
               FOR UPDATE OF j SKIP LOCKED)""",
         "format('worker gone: the session of %%s ended', j.owned_by)",

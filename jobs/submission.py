@@ -29,6 +29,19 @@ from django.db import connection
 from django.utils.dateparse import parse_datetime
 
 from jobs import metrics, queues, services, tasks
+from jobs.exceptions import (  # noqa: F401  (re-exported: jobs.submission.QueueFull, ...)
+    RETRY_AFTER_SECONDS,
+    BatchIdempotencyConflict,
+    BatchInvalid,
+    IdempotencyConflict,
+    InvalidSubmission,
+    PayloadTooLarge,
+    QueueFull,
+    RequestInvalid,
+    SubmissionError,
+    UnknownQueue,
+    UnknownTask,
+)
 from jobs.lifecycle import Status
 from jobs.logconfig import job_log_fields
 from jobs.models import PRIORITY_MAX, PRIORITY_MIN, Client, Job
@@ -43,80 +56,6 @@ IDEMPOTENCY_KEY_RE = re.compile(r"[\x21-\x7e]{1,200}")  # printable ASCII, no sp
 TASK_NAME_MAX = 200
 # How long a queue-depth reading is trusted, and what 429 tells clients to wait.
 DEPTH_CACHE_SECONDS = 1.0
-RETRY_AFTER_SECONDS = 5
-
-
-class SubmissionError(Exception):
-    """A submission that was refused; nothing was written.
-
-    `code` is stable and machine-readable; `field` names the offending input
-    (None when the request as a whole is refused).
-    """
-
-    code = "invalid"
-
-    def __init__(self, message: str, *, field: str | None = None, code: str | None = None):
-        super().__init__(message)
-        self.message = message
-        self.field = field
-        if code is not None:
-            self.code = code
-
-
-class UnknownTask(SubmissionError):
-    code = "unknown_task"
-
-
-class InvalidSubmission(SubmissionError):
-    """A field is out of range or of the wrong type, or the task's validator refused it."""
-
-
-class UnknownQueue(SubmissionError):
-    """The queue is not declared in JOBS_QUEUES (jobs.queues)."""
-
-    code = "unknown_queue"
-
-
-class RequestInvalid(SubmissionError):
-    """Several rules broken at once; `errors` maps each field to [{message, code}]."""
-
-    def __init__(self, errors: dict[str, list[dict[str, str]]]) -> None:
-        codes = {e["code"] for items in errors.values() for e in items}
-        super().__init__("Invalid request.", code=codes.pop() if len(codes) == 1 else "invalid")
-        self.errors = errors
-
-
-class PayloadTooLarge(SubmissionError):
-    code = "payload_too_large"
-
-
-class QueueFull(SubmissionError):
-    """Backpressure (SPEC §8): the target queue is past JOBS_MAX_QUEUE_DEPTH."""
-
-    code = "queue_full"
-
-    def __init__(self, queue: str, depth: int, limit: int) -> None:
-        super().__init__(
-            f"queue {queue!r} holds more than {limit} queued jobs; retry later",
-            field="queue",
-        )
-        self.queue = queue
-        self.depth = depth
-        self.limit = limit
-        self.retry_after = RETRY_AFTER_SECONDS
-
-
-class IdempotencyConflict(SubmissionError):
-    """The idempotency key was used before with a different request."""
-
-    code = "idempotency_conflict"
-
-    def __init__(self, job: Job) -> None:
-        super().__init__(
-            f"idempotency key already used for job {job.pk} with a different request",
-            field="idempotency_key",
-        )
-        self.job = job
 
 
 # --- validation -------------------------------------------------------------------
@@ -343,22 +282,19 @@ def _submit_checked(item: dict[str, Any], client: Client | None) -> tuple[Job, b
         if existing.request_hash != digest:
             raise IdempotencyConflict(existing)
         return existing, False
-    try:
-        job, created = services.submit(
-            task,
-            payload,
-            queue=queue,
-            priority=item["priority"],
-            run_at=item["run_at"],
-            max_retries=item["max_retries"],
-            client_id=client.pk if client is not None else None,
-            idempotency_key=idempotency_key,
-            request_hash=digest,
-            actor=f"client:{client.name}" if client is not None else "app",
-            payload_json=item["payload_json"],
-        )
-    except services.IdempotencyConflict as exc:
-        raise IdempotencyConflict(exc.job) from exc
+    job, created = services.submit(
+        task,
+        payload,
+        queue=queue,
+        priority=item["priority"],
+        run_at=item["run_at"],
+        max_retries=item["max_retries"],
+        client_id=client.pk if client is not None else None,
+        idempotency_key=idempotency_key,
+        request_hash=digest,
+        actor=f"client:{client.name}" if client is not None else "app",
+        payload_json=item["payload_json"],
+    )
     if created:
         _count_accepted(queue)
         log.debug(  # per job on the hot path: quiet unless LOG_LEVEL=DEBUG
@@ -517,8 +453,8 @@ def _request_item(
         return {}, errors
     try:
         item["run_at"] = parse_run_at(item["run_at"], text=True)
-        item["run_at"], item["max_retries"], item["request_hash"], item["payload_json"] = (
-            _validate(**item)
+        item["run_at"], item["max_retries"], item["request_hash"], item["payload_json"] = _validate(
+            **item
         )
     except SubmissionError as exc:
         errors.append(exc)
@@ -560,43 +496,6 @@ def submit_request(
 # --- many at once -------------------------------------------------------------------
 
 MAX_BATCH = 1000
-
-
-class BatchInvalid(SubmissionError):
-    """Jobs of a batch were refused; nothing was written.
-
-    `errors` maps "jobs.<index>.<field>" to [{message, code}] (the API's error shape).
-    """
-
-    code = "invalid_batch"
-
-    def __init__(self, errors: dict[str, list[dict[str, str]]], refused: int, total: int):
-        super().__init__(f"{refused} of {total} job(s) refused; nothing was written")
-        self.errors = errors
-        self.refused = refused
-
-
-class BatchIdempotencyConflict(SubmissionError):
-    """Jobs of a batch reuse an idempotency key with a different request; nothing written."""
-
-    code = "idempotency_conflict"
-
-    def __init__(self, conflicts: dict[int, int]) -> None:
-        super().__init__(
-            f"{len(conflicts)} idempotency key(s) already used with a different request; "
-            "nothing was written"
-        )
-        self.conflicts = conflicts  # item index -> the job that holds the key
-        self.errors = {
-            f"jobs.{n}.idempotency_key": [
-                {
-                    "message": f"idempotency key already used for job {job_id} "
-                    "with a different request",
-                    "code": self.code,
-                }
-            ]
-            for n, job_id in conflicts.items()
-        }
 
 
 def submit_batch_request(body: Any, *, client: Client | None = None) -> list[Submitted]:
@@ -684,10 +583,10 @@ def submit_many(raw_items: Sequence[Any], *, client: Client | None = None) -> li
             client_id=client.pk if client is not None else None,
             actor=f"client:{client.name}" if client is not None else "app",
         )
-    except services.IdempotencyConflicts as exc:
+    except BatchIdempotencyConflict as exc:
         for n in exc.conflicts:
             metrics.SUBMISSIONS_REJECTED.labels(items[n]["queue"], "idempotency_conflict").inc()
-        raise BatchIdempotencyConflict(exc.conflicts) from exc
+        raise
     created = [o for o in out if o.created]
     for queue in per_queue:
         _count_accepted(queue, sum(1 for o in created if o.queue == queue))

@@ -19,6 +19,7 @@ per statement, without a fixed wait (`flush_interval` adds one, default 0).
 
 from __future__ import annotations
 
+import enum
 import json
 import logging
 import os
@@ -52,8 +53,9 @@ from jobs.errors import (
     log_failed_attempt,
     storable,
 )
-from jobs.lifecycle import CANCELLED, TERMINAL
+from jobs.lifecycle import CANCELLED, TERMINAL, Status
 from jobs.presence import Presence
+from jobs.runtime import Backoff, StopRequests
 from jobs.services import Lease
 from jobs.tasks import InvalidPayload, JobContext, PermanentError
 from jobs.transport import TransportError, get_transport
@@ -116,12 +118,21 @@ def check_result(result: Any) -> Any:
     return result
 
 
+class OutcomeKind(enum.StrEnum):
+    """What an attempt ended with; the flusher writes one statement per kind."""
+
+    DONE = Status.DONE.value  # to write back as completed (the status it becomes)
+    FAIL = "fail"  # to write back as failed (retry or terminal, by the lifecycle)
+    RELEASE = "release"  # to hand back to the queue unrun (shutdown)
+    SETTLED = "settled"  # already written (transactional handlers) or rejected: forget it
+
+
 @dataclass
 class Outcome:
     """What one attempt ended with, waiting to be written back."""
 
     lease: Lease
-    kind: str  # "done" | "fail" | "release" | "settled"
+    kind: OutcomeKind
     result: Any = None
     error: str = ""
     permanent: bool = False
@@ -210,29 +221,39 @@ class Worker:
         self._released: set[tuple[int, int]] = set()
         self.claimed = 0
         self.finished = 0
-        self._stop_requests = 0
+        self._finished_lock = threading.Lock()  # handler threads and the flusher add
+        self._stops = StopRequests(self._warm_stop, self._cold_stop)
         self._pg_had_work = False
         self._redis_down_until = 0.0
-        self._redis_backoff = 0.5
-        self._db_backoff = 0.2
+        self._redis_backoff = Backoff(0.5, REDIS_BACKOFF_MAX)
+        self._db_backoff = Backoff(0.2, DB_BACKOFF_MAX)
         self._found: list[str] = []  # queues with work, for a worker serving `*`
         self._found_at = float("-inf")
 
     # --- control ------------------------------------------------------------------
 
     def request_stop(self) -> None:
-        self._stop_requests += 1
-        if self._stop_requests == 1:
-            log.info(
-                "worker stopping: finishing in-flight jobs", extra={"worker_id": self.worker_id}
-            )
-            self.stopping.set()
-        else:
-            log.warning(
-                "worker exiting now; held leases will be reaped",
-                extra={"worker_id": self.worker_id},
-            )
-            os._exit(130)
+        """First call: warm stop. Second: raises ColdStop (from a signal handler, in the
+        main thread, so run()'s `finally` still closes connections and unregisters)."""
+        self._stops.request()
+
+    def install_signal_handlers(self) -> None:
+        self._stops.install()
+
+    def _warm_stop(self) -> None:
+        log.info("worker stopping: finishing in-flight jobs", extra={"worker_id": self.worker_id})
+        self.stopping.set()
+
+    def _cold_stop(self) -> None:
+        log.warning(
+            "worker exiting now; held leases will be reaped", extra={"worker_id": self.worker_id}
+        )
+        self.stopping.set()
+        self.halt.set()
+
+    def _count_finished(self, n: int) -> None:
+        with self._finished_lock:
+            self.finished += n
 
     @property
     def inflight(self) -> int:
@@ -299,8 +320,9 @@ class Worker:
             self.halt.set()
             for _ in handlers:
                 self._ready.put(None)
-            flusher.join(timeout=30)
-            beater.join(timeout=5)
+            # A cold stop does not wait for a write-back in flight: the reaper has it.
+            flusher.join(timeout=1 if self._stops.cold else 30)
+            beater.join(timeout=1 if self._stops.cold else 5)
             presence.stop()
             connection.close()
         log.info("worker stopped", extra={"worker_id": self.worker_id, "finished": self.finished})
@@ -329,43 +351,43 @@ class Worker:
                 try:
                     timeout = 0 if self._pg_had_work else self.poll_interval
                     queue, ids = self.transport.pop(order, timeout, free)
-                    self._redis_backoff = 0.5
+                    self._redis_backoff.reset()
                 except TransportError as exc:
-                    self._redis_down_until = time.monotonic() + self._redis_backoff
+                    down_for = self._redis_backoff.next()
+                    self._redis_down_until = time.monotonic() + down_for
                     log.warning(
                         "redis unavailable, claiming from postgres for %.1fs: %s",
-                        self._redis_backoff,
+                        down_for,
                         exc,
                         extra={"worker_id": self.worker_id},
                     )
-                    self._redis_backoff = min(self._redis_backoff * 2, REDIS_BACKOFF_MAX)
                     ids = []
                 if ids:
                     leases = services.claim_next(self.worker_id, [queue], len(ids))
                     dupes = len(ids) - len(leases)
                     if dupes:
                         metrics.child(metrics.DUPLICATE_DELIVERIES, queue).inc(dupes)
-                    self._db_backoff = 0.2
+                    self._db_backoff.reset()
                     if leases:
                         return leases
                     return None
             leases = services.claim_next(self.worker_id, order, free)
-            self._db_backoff = 0.2
+            self._db_backoff.reset()
             self._pg_had_work = len(leases) == free
             if not leases and (not self.transport.enabled or self._redis_down()):
                 self.stopping.wait(self.poll_interval if not self.burst else 0)
             return leases
         except (DatabaseError, InterfaceError) as exc:
             metrics.child(metrics.DB_ERRORS, "claim").inc()
+            wait = self._db_backoff.next()
             log.warning(
                 "postgres unavailable for claims, retrying in %.1fs: %s",
-                self._db_backoff,
+                wait,
                 exc,
                 extra={"worker_id": self.worker_id},
             )
             connection.close()
-            self.stopping.wait(self._db_backoff)
-            self._db_backoff = min(self._db_backoff * 2, DB_BACKOFF_MAX)
+            self.stopping.wait(wait)
             return None
 
     def _redis_down(self) -> bool:
@@ -409,39 +431,48 @@ class Worker:
         started = time.monotonic()
         outcome = self._execute(lease, ctx)
         metrics.child(metrics.DURATION, lease.queue, lease.task).observe(time.monotonic() - started)
-        if outcome.kind in ("done", "fail") and ctx.cancel_seen and not ctx.lost_authority:
+        if (
+            outcome.kind in (OutcomeKind.DONE, OutcomeKind.FAIL)
+            and ctx.cancel_seen
+            and not ctx.lost_authority
+        ):
             # The handler saw the cancel request and returned or raised: cancelled, no retry.
             log.info("cancelled: the handler stopped on request", extra=lease.log_fields())
             outcome = Outcome(
                 lease,
-                "fail",
+                OutcomeKind.FAIL,
                 error=CANCELLED,
                 permanent=True,
                 error_class=outcome.error_class,
                 traceback=outcome.traceback,
             )
         elif (
-            outcome.kind == "fail"
+            outcome.kind == OutcomeKind.FAIL
             and ctx.stop.is_set()
             and self.stopping.is_set()
             and not ctx.lost_authority
         ):
             # Interrupted by shutdown, not by its own fault: hand it back without a retry.
-            outcome = Outcome(lease, "release")
+            outcome = Outcome(lease, OutcomeKind.RELEASE)
         self._settle(outcome)
 
     def _execute(self, lease: Lease, ctx: JobContext) -> Outcome:
         spec = tasks.get(lease.task)
         if spec is None:
             return Outcome(
-                lease, "fail", error=storable(f"unknown task {lease.task!r}"), permanent=True
+                lease,
+                OutcomeKind.FAIL,
+                error=storable(f"unknown task {lease.task!r}"),
+                permanent=True,
             )
         try:
             if spec.validate is not None:
                 spec.validate(lease.payload)
             if spec.transactional:
                 return self._execute_transactional(spec, lease, ctx)
-            return Outcome(lease, "done", result=check_result(spec.fn(lease.payload, ctx)))
+            return Outcome(
+                lease, OutcomeKind.DONE, result=check_result(spec.fn(lease.payload, ctx))
+            )
         except InvalidPayload as exc:
             return self._failed(lease, exc, True, f"invalid payload: {exc}")
         except InvalidResult as exc:
@@ -462,7 +493,7 @@ class Worker:
         )  # fmt: skip
         return Outcome(
             lease,
-            "fail",
+            OutcomeKind.FAIL,
             error=err.message,
             permanent=permanent,
             error_class=err.error_class,
@@ -483,13 +514,13 @@ class Worker:
                     raise _FenceRejected
         except _FenceRejected:
             services.record_fence_rejections([lease], "complete")
-            return Outcome(lease, "settled")
+            return Outcome(lease, OutcomeKind.SETTLED)
         except _Cancelled:
-            return Outcome(lease, "fail", error=CANCELLED, permanent=True)
+            return Outcome(lease, OutcomeKind.FAIL, error=CANCELLED, permanent=True)
         finally:
             connection.close_if_unusable_or_obsolete()
-        self.finished += 1
-        return Outcome(lease, "settled")
+        self._count_finished(1)
+        return Outcome(lease, OutcomeKind.SETTLED)
 
     def _mark_finishing(self, lease: Lease) -> None:
         with self._lock:
@@ -499,7 +530,7 @@ class Worker:
                 self._running -= 1
 
     def _settle(self, outcome: Outcome) -> None:
-        if outcome.kind == "settled":
+        if outcome.kind == OutcomeKind.SETTLED:
             self._forget([outcome.lease])
         else:
             self._mark_finishing(outcome.lease)
@@ -580,13 +611,13 @@ class Worker:
         """
         with self._lock:
             batch = [o for o in batch if _key(o.lease) not in self._released]
-        done = [(o.lease, o.result) for o in batch if o.kind == "done"]
+        done = [(o.lease, o.result) for o in batch if o.kind == OutcomeKind.DONE]
         failed = [
             (o.lease, o.error, o.permanent, o.error_class, o.traceback)
             for o in batch
-            if o.kind == "fail"
+            if o.kind == OutcomeKind.FAIL
         ]
-        released = [o.lease for o in batch if o.kind == "release"]
+        released = [o.lease for o in batch if o.kind == OutcomeKind.RELEASE]
         unwritten: set[int] = set()  # job ids given up on: left to the reaper, not stale
 
         def refused_result(item: tuple, exc: Exception) -> None:
@@ -638,9 +669,11 @@ class Worker:
         stale_ops.update({item[0].job_id: "fail" for item in failed})
         for op in ("complete", "fail"):
             services.record_fence_rejections([s for s in stale if stale_ops[s.job_id] == op], op)
-        self.finished += len(ok_done) + sum(1 for f in ok_fail.values() if f.status in TERMINAL)
+        self._count_finished(
+            len(ok_done) + sum(1 for f in ok_fail.values() if f.status in TERMINAL)
+        )
         for o in batch:
-            if o.kind == "release" and o.lease.job_id in ok_rel:
+            if o.kind == OutcomeKind.RELEASE and o.lease.job_id in ok_rel:
                 log.info("released on shutdown", extra=o.lease.log_fields())
         self._forget([o.lease for o in batch])
 
@@ -661,7 +694,7 @@ class Worker:
         """
         landed: dict[int, Any] = {}
         pending = [items] if items else []
-        backoff = 0.1
+        backoff = Backoff(0.1, DB_BACKOFF_MAX)
         while pending:
             chunk = pending.pop()
             try:
@@ -685,16 +718,16 @@ class Worker:
             except (DatabaseError, InterfaceError) as exc:
                 pending.append(chunk)
                 metrics.child(metrics.DB_ERRORS, "write_back").inc()
+                wait = backoff.next()
                 log.warning(
                     "write-back failed, retrying in %.1fs: %s",
-                    backoff,
+                    wait,
                     exc,
                     extra={"worker_id": self.worker_id},
                 )
                 connection.close()
-                if self.halt.wait(backoff) and backoff >= DB_BACKOFF_MAX:
+                if self.halt.wait(wait) and wait >= DB_BACKOFF_MAX:
                     return None
-                backoff = min(backoff * 2, DB_BACKOFF_MAX)
                 continue
             landed.update(got if isinstance(got, dict) else dict.fromkeys(got))
         return landed

@@ -49,11 +49,7 @@ ENTRY_PACKAGES = ("jobs.api", "jobs.admin")
 
 # Imports that break a rule today, each with why; the test fails once one is gone, so
 # the list only shrinks.
-KNOWN_EXCEPTIONS = {
-    # The metrics HTTP server and its options live in runworker; a shared process
-    # runtime (issue 20, item 4) is meant to take them.
-    ("jobs.management.commands.runreaper", "jobs.management.commands.runworker"),
-}
+KNOWN_EXCEPTIONS: set[tuple[str, str]] = set()
 
 # Third-party modules only one module of the product (jobs, jobservice) may import; the
 # harness, tests, bench and chaos drive them directly.
@@ -229,3 +225,18 @@ def test_allowed_imports_pass():
         ("bench.scenarios", "import harness\nfrom jobs import services\n"),
     ]:
         assert not violations(module, imports(module, source)), (module, source)
+
+
+def test_each_exception_class_is_defined_once():
+    """One exception module (jobs.exceptions): a refusal has one class, so nothing
+    translates one `IdempotencyConflict` into another on the way to the API."""
+    defined: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "jobs").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            is_error = isinstance(node, ast.ClassDef) and node.name.endswith(
+                ("Error", "Exception", "Conflict", "Conflicts")
+            )
+            if is_error:
+                defined.setdefault(node.name, []).append(str(path.relative_to(ROOT)))
+    assert defined, "no exception classes found: the scan is broken"
+    assert {name: where for name, where in defined.items() if len(where) > 1} == {}

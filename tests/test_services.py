@@ -10,7 +10,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from jobs import selectors, services
+from jobs import exceptions, selectors, services
 from jobs.models import Job, JobEvent
 from tests.conftest import job_row
 from tests.factories import JobFactory, raw
@@ -355,7 +355,7 @@ def test_idempotency_key_same_request_returns_existing_other_request_conflicts()
     job, created = services.submit("echo", {"a": 1}, idempotency_key="k", request_hash="h1")
     again, created2 = services.submit("echo", {"a": 1}, idempotency_key="k", request_hash="h1")
     assert created and not created2 and again.pk == job.pk
-    with pytest.raises(services.IdempotencyConflict):
+    with pytest.raises(exceptions.IdempotencyConflict):
         services.submit("echo", {"a": 2}, idempotency_key="k", request_hash="h2")
     assert Job.objects.count() == 1
 
@@ -474,7 +474,7 @@ def test_submit_many_idempotent_replay_returns_existing_and_conflict_writes_noth
     assert replay[1].job_id == first[0].job_id and not replay[1].created
     assert replay[0].created
     before = Job.objects.count()
-    with pytest.raises(services.IdempotencyConflicts) as err:
+    with pytest.raises(exceptions.BatchIdempotencyConflict) as err:
         services.submit_many(
             [
                 services.NewJob("echo", {"d": 4}),
@@ -493,7 +493,7 @@ def test_submit_many_same_key_twice_in_one_batch():
         ]
     )
     assert same[0].created and not same[1].created and same[0].job_id == same[1].job_id
-    with pytest.raises(services.IdempotencyConflicts):
+    with pytest.raises(exceptions.BatchIdempotencyConflict):
         services.submit_many(
             [
                 services.NewJob("echo", {}, idempotency_key="dup2", request_hash="h1"),

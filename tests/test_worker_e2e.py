@@ -10,7 +10,7 @@ from django.db import connection
 
 from demo.models import Effect
 from jobs import services
-from jobs.models import Job, JobEvent
+from jobs.models import Job, JobEvent, WorkerProcess
 from tests.conftest import job_row
 from tests.harness import free_port, wait_until
 
@@ -160,6 +160,22 @@ def test_second_signal_exits_at_once(stack):
     assert w.wait(5) == 130
     assert time.monotonic() - sent < 2
     assert job_row(job.pk)["status"] == "processing"  # left for the reaper
+
+
+def test_second_signal_still_runs_cleanup(stack):
+    """The cold stop raises in the main thread instead of os._exit, so `finally` blocks
+    run: the worker unregisters (its jobs_worker row goes) on the way out."""
+    job, _ = services.submit("sleep", {"seconds": 30})
+    w = stack.worker("--concurrency", "1", "--grace", "30")
+    wait_until(lambda: job_row(job.pk)["status"] == "processing", 15, message="claimed")
+    owner = job_row(job.pk)["owned_by"]
+    assert WorkerProcess.objects.filter(pk=owner).exists()
+    w.signal(signal.SIGTERM)
+    time.sleep(0.3)
+    w.signal(signal.SIGTERM)
+    assert w.wait(5) == 130
+    assert not WorkerProcess.objects.filter(pk=owner).exists()
+    assert job_row(job.pk)["status"] == "processing"  # still left for the reaper
 
 
 def test_burst_and_max_jobs(stack):

@@ -18,18 +18,18 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from jobs import submission
+from jobs import exceptions as refusals
 
 _STATUS_FOR = {
-    submission.UnknownTask: status.HTTP_400_BAD_REQUEST,
-    submission.UnknownQueue: status.HTTP_400_BAD_REQUEST,
-    submission.RequestInvalid: status.HTTP_400_BAD_REQUEST,
-    submission.InvalidSubmission: status.HTTP_400_BAD_REQUEST,
-    submission.PayloadTooLarge: status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
-    submission.QueueFull: status.HTTP_429_TOO_MANY_REQUESTS,
-    submission.IdempotencyConflict: status.HTTP_409_CONFLICT,
-    submission.BatchInvalid: status.HTTP_400_BAD_REQUEST,
-    submission.BatchIdempotencyConflict: status.HTTP_409_CONFLICT,
+    refusals.UnknownTask: status.HTTP_400_BAD_REQUEST,
+    refusals.UnknownQueue: status.HTTP_400_BAD_REQUEST,
+    refusals.RequestInvalid: status.HTTP_400_BAD_REQUEST,
+    refusals.InvalidSubmission: status.HTTP_400_BAD_REQUEST,
+    refusals.PayloadTooLarge: status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
+    refusals.QueueFull: status.HTTP_429_TOO_MANY_REQUESTS,
+    refusals.IdempotencyConflict: status.HTTP_409_CONFLICT,
+    refusals.BatchInvalid: status.HTTP_400_BAD_REQUEST,
+    refusals.BatchIdempotencyConflict: status.HTTP_409_CONFLICT,
 }
 # DRF's own default codes renamed where the rule has a clearer name.
 _RENAMED = {"parse_error": "malformed_json"}
@@ -89,23 +89,21 @@ def error_body(
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     """DRF exception handler producing the shape above (set per view in jobs.api.views)."""
-    if isinstance(exc, submission.SubmissionError):
+    if isinstance(exc, refusals.SubmissionError):
         code = exc.code
         errors = {exc.field: [{"message": exc.message, "code": code}]} if exc.field else None
         if isinstance(
             exc,
-            submission.BatchInvalid
-            | submission.BatchIdempotencyConflict
-            | submission.RequestInvalid,
+            refusals.BatchInvalid | refusals.BatchIdempotencyConflict | refusals.RequestInvalid,
         ):
             errors = exc.errors
         more: dict[str, Any] = {}
         headers: dict[str, str] = {}
-        if isinstance(exc, submission.IdempotencyConflict):
+        if isinstance(exc, refusals.IdempotencyConflict):
             more["job_id"] = exc.job.pk
-        if isinstance(exc, submission.BatchIdempotencyConflict):
+        if isinstance(exc, refusals.BatchIdempotencyConflict):
             more["job_ids"] = {str(n): job_id for n, job_id in exc.conflicts.items()}
-        if isinstance(exc, submission.QueueFull):
+        if isinstance(exc, refusals.QueueFull):
             headers["Retry-After"] = str(exc.retry_after)
         return Response(
             error_body(exc.message, code, errors, **more),

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import signal
-
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from jobs import metrics
 from jobs.collectors import ConsumersCollector, DepthCollector, ReaperCollector
 from jobs.lifecycle import Status
-from jobs.management.commands.runworker import add_metrics_arguments, start_metrics_server
 from jobs.reaper import Reaper
+from jobs.runtime import add_metrics_arguments, start_metrics_server
 
 RECOVERY_KINDS = (
     "worker_gone",
@@ -75,8 +73,7 @@ class Command(BaseCommand):
             for kind in RECOVERY_KINDS:  # every kind shows 0 before its first repair
                 metrics.RECOVERED.labels(kind)
         start_metrics_server(opts["metrics_port"], opts["metrics_host"])
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: reaper.request_stop())
+        reaper.install_signal_handlers()
         if settings.LOG_FORMAT != "json":  # else "reaper started" is logged as JSON
             self.stdout.write(f"reaper: lease {reaper.lease}s, interval {reaper.interval}s")
         reaper.run()

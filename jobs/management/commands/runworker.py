@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import signal
-
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from jobs import dispatch
 from jobs.collectors import WorkerCollector
 from jobs.dispatch import QueueSpec
+from jobs.runtime import add_metrics_arguments, start_metrics_server
 from jobs.worker import Worker
 
 
@@ -18,34 +17,6 @@ def parse_queues(value: str) -> QueueSpec:
         return dispatch.parse_queues(value)
     except dispatch.QueueSpecError as exc:
         raise CommandError(f"--queues: {exc}") from exc
-
-
-def start_metrics_server(port: int | None, host: str | None = None) -> None:
-    """Serve /metrics on host:port; the host defaults to JOBS_METRICS_HOST (127.0.0.1:
-    nothing outside this machine reads a worker's metrics unless told to)."""
-    if port:
-        from prometheus_client import start_http_server
-
-        host = host or settings.JOBS_METRICS_HOST
-        try:
-            start_http_server(port, addr=host)
-        except OSError as exc:
-            raise CommandError(f"cannot serve metrics on {host}:{port}: {exc}") from exc
-
-
-def add_metrics_arguments(parser) -> None:
-    parser.add_argument(
-        "--metrics-port",
-        type=int,
-        default=None,
-        help="Serve Prometheus metrics on this port [none].",
-    )
-    parser.add_argument(
-        "--metrics-host",
-        default=None,
-        help="Address the metrics server binds [JOBS_METRICS_HOST, 127.0.0.1]; "
-        "0.0.0.0 for every interface (containers).",
-    )
 
 
 class Command(BaseCommand):
@@ -111,8 +82,7 @@ class Command(BaseCommand):
             from prometheus_client import REGISTRY
 
             REGISTRY.register(WorkerCollector(worker))
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: worker.request_stop())
+        worker.install_signal_handlers()
         # With JSON logs, the "worker started/stopped" log lines say this; stdout stays JSON.
         banners = settings.LOG_FORMAT != "json"
         if banners:

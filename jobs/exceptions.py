@@ -1,0 +1,122 @@
+"""The errors the submission pipeline, the services and the API share: one class per
+refusal, raised where it is found and mapped to an HTTP answer by jobs.api.errors, with
+no translation layer in between. Imports nothing of the project."""
+
+from __future__ import annotations
+
+from typing import Any
+
+RETRY_AFTER_SECONDS = 5
+
+
+class SubmissionError(Exception):
+    """A submission that was refused; nothing was written.
+
+    `code` is stable and machine-readable; `field` names the offending input
+    (None when the request as a whole is refused).
+    """
+
+    code = "invalid"
+
+    def __init__(self, message: str, *, field: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.field = field
+        if code is not None:
+            self.code = code
+
+
+class UnknownTask(SubmissionError):
+    code = "unknown_task"
+
+
+class InvalidSubmission(SubmissionError):
+    """A field is out of range or of the wrong type, or the task's validator refused it."""
+
+
+class UnknownQueue(SubmissionError):
+    """The queue is not declared in JOBS_QUEUES (jobs.queues)."""
+
+    code = "unknown_queue"
+
+
+class RequestInvalid(SubmissionError):
+    """Several rules broken at once; `errors` maps each field to [{message, code}]."""
+
+    def __init__(self, errors: dict[str, list[dict[str, str]]]) -> None:
+        codes = {e["code"] for items in errors.values() for e in items}
+        super().__init__("Invalid request.", code=codes.pop() if len(codes) == 1 else "invalid")
+        self.errors = errors
+
+
+class PayloadTooLarge(SubmissionError):
+    code = "payload_too_large"
+
+
+class QueueFull(SubmissionError):
+    """Backpressure (SPEC §8): the target queue is past JOBS_MAX_QUEUE_DEPTH."""
+
+    code = "queue_full"
+
+    def __init__(self, queue: str, depth: int, limit: int) -> None:
+        super().__init__(
+            f"queue {queue!r} holds more than {limit} queued jobs; retry later",
+            field="queue",
+        )
+        self.queue = queue
+        self.depth = depth
+        self.limit = limit
+        self.retry_after = RETRY_AFTER_SECONDS
+
+
+class IdempotencyConflict(SubmissionError):
+    """The idempotency key was used before with a different request."""
+
+    code = "idempotency_conflict"
+
+    def __init__(self, job: Any) -> None:
+        super().__init__(
+            f"idempotency key already used for job {job.pk} with a different request",
+            field="idempotency_key",
+        )
+        self.job = job
+
+
+# --- many at once ---------------------------------------------------------------
+
+
+class BatchInvalid(SubmissionError):
+    """Jobs of a batch were refused; nothing was written.
+
+    `errors` maps "jobs.<index>.<field>" to [{message, code}] (the API's error shape).
+    """
+
+    code = "invalid_batch"
+
+    def __init__(self, errors: dict[str, list[dict[str, str]]], refused: int, total: int):
+        super().__init__(f"{refused} of {total} job(s) refused; nothing was written")
+        self.errors = errors
+        self.refused = refused
+
+
+class BatchIdempotencyConflict(SubmissionError):
+    """Jobs of a batch reuse an idempotency key with a different request; nothing written."""
+
+    code = "idempotency_conflict"
+
+    def __init__(self, conflicts: dict[int, int]) -> None:
+        super().__init__(
+            f"{len(conflicts)} idempotency key(s) already used with a different request; "
+            "nothing was written"
+        )
+        self.conflicts = conflicts  # item index -> the job that holds the key
+        self.errors = {
+            f"jobs.{n}.idempotency_key": [
+                {
+                    "message": f"idempotency key already used for job {job_id} "
+                    "with a different request",
+                    "code": self.code,
+                }
+            ]
+            for n, job_id in conflicts.items()
+        }
