@@ -14,6 +14,7 @@ from __future__ import annotations
 from django.contrib.auth import middleware as auth
 from django.contrib.messages import middleware as messages
 from django.contrib.sessions import middleware as sessions
+from django.http import JsonResponse
 
 API_PREFIX = "/api/"
 
@@ -41,3 +42,23 @@ class AuthenticationMiddleware(_SkippedForAPI, auth.AuthenticationMiddleware):
 
 class MessageMiddleware(_SkippedForAPI, messages.MessageMiddleware):
     pass
+
+
+class RefuseBadContentLength:
+    """A Content-Length that is not a whole number is a 400 before anything reads it.
+
+    First in the chain: django_prometheus's request-size metric calls int() on the
+    header and would turn such a request into a 500 (found by the schema fuzz).
+    """
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        value = request.META.get("CONTENT_LENGTH", "")
+        if value and not value.strip().isdigit():
+            return JsonResponse(
+                {"detail": "Content-Length must be a whole number.", "code": "bad_request"},
+                status=400,
+            )
+        return self.get_response(request)

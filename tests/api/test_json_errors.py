@@ -101,3 +101,13 @@ def test_an_unexpected_error_is_a_json_500(monkeypatch):
     assert r.json() == {"detail": "Internal server error.", "code": "server_error"}
     # Outside /api/ Django's own page is kept.
     assert not web.get("/no-such-page/")["Content-Type"].startswith("application/json")
+
+
+@pytest.mark.parametrize("value", [":", "abc", "-1", "1.5"])
+def test_a_content_length_that_is_not_a_number_is_a_json_400(api_token, value):
+    """Found by the schema fuzz: the metrics middleware raised on it (a 500)."""
+    body = {"task": "echo", "payload": {}}
+    r = api_token.post("/api/v1/jobs/", body, format="json", CONTENT_LENGTH=value)
+    assert r.status_code == 400, r.content
+    assert r["Content-Type"].startswith("application/json")
+    assert r.json()["code"] == "bad_request"
