@@ -61,6 +61,7 @@ PYTEST_ARGS ?= -n 2 --dist loadgroup
 ## test: the whole suite against the real PostgreSQL and Redis on 127.0.0.1.
 test: install browser tools
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	DATABASE_URL=$${DATABASE_URL:-postgres://root@127.0.0.1:5432/postgres} $(PY) manage.py makemigrations --check --dry-run --settings=jobservice.test_settings
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 

@@ -162,9 +162,17 @@ def results_under_final_lease(conn: Any, accepted: Collection[int]) -> list[Viol
                      WHERE f.job_id = j.id)
            FROM jobs_job j WHERE j.status = 'done'""",
     )
-    for job_id, task, lease, claimer, finisher, res_lease, res_worker, eff_leases, eff_workers in (
-        rows
-    ):
+    for (
+        job_id,
+        task,
+        lease,
+        claimer,
+        finisher,
+        res_lease,
+        res_worker,
+        eff_leases,
+        eff_workers,
+    ) in rows:
         if claimer is None:
             out.append(Violation(name, job_id, f"done, but nobody claimed lease {lease}"))
             continue
@@ -278,12 +286,8 @@ def transitions_legal(conn: Any, accepted: Collection[int]) -> list[Violation]:
                 elif (frm, to) in {(str(a), str(b)) for a, b in LEASE_BUMPING} and (
                     lease is not None and lv <= lease
                 ):
-                    out.append(
-                        Violation(name, job_id, f"{frm} → {to} without a lease bump ({lv})")
-                    )
-                elif (frm, to) == (Status.FAILED, Status.QUEUED) and not actor.startswith(
-                    "staff:"
-                ):
+                    out.append(Violation(name, job_id, f"{frm} → {to} without a lease bump ({lv})"))
+                elif (frm, to) == (Status.FAILED, Status.QUEUED) and not actor.startswith("staff:"):
                     out.append(Violation(name, job_id, f"failed → queued by {actor!r}"))
             state, lease = to, lv
         row_status = status_of.get(job_id)

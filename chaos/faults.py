@@ -142,9 +142,7 @@ def plan(seed: int, profile: Profile) -> list[Fault]:
 class Injector(threading.Thread):
     """Plays a schedule against the stack; undoes (restart, SIGCONT, Redis up) on time."""
 
-    def __init__(
-        self, schedule: list[Fault], stack: Stack, load: LoadGenerator, seed: int
-    ) -> None:
+    def __init__(self, schedule: list[Fault], stack: Stack, load: LoadGenerator, seed: int) -> None:
         super().__init__(name="injector", daemon=True)
         self.stack = stack
         self.load = load

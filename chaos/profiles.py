@@ -102,9 +102,7 @@ PROFILES: dict[str, Profile] = {
         concurrency=6,
         fault_every=8,
         drain_timeout=240,
-        mix=tuple(
-            (w / 4 if n in ("record_slow", "sleep_slow") else w, n) for w, n in DEFAULT_MIX
-        ),
+        mix=tuple((w / 4 if n in ("record_slow", "sleep_slow") else w, n) for w, n in DEFAULT_MIX),
         enforce_slo=True,
     ),
 }

@@ -53,9 +53,7 @@ def observed(conn: Any) -> Counter[str]:
 
 def failure_reasons(conn: Any) -> Counter[str]:
     with conn.cursor() as cur:
-        cur.execute(
-            "SELECT error, retry_count > max_retries FROM jobs_job WHERE status = 'failed'"
-        )
+        cur.execute("SELECT error, retry_count > max_retries FROM jobs_job WHERE status = 'failed'")
         rows = cur.fetchall()
     out: Counter[str] = Counter()
     for error, spent in rows:

@@ -35,8 +35,9 @@ def record(payload: dict, ctx: JobContext) -> dict:
     """
     if not ctx.sleep(_seconds(payload)):
         raise RetryableError("interrupted")
-    Effect.objects.create(job_id=ctx.job_id, lease_version=ctx.lease_version,
-                          worker_id=ctx.worker_id)
+    Effect.objects.create(
+        job_id=ctx.job_id, lease_version=ctx.lease_version, worker_id=ctx.worker_id
+    )
     return {"recorded_by": ctx.worker_id, "lease_version": ctx.lease_version}
 
 

@@ -256,6 +256,7 @@ def _traceback(exc: BaseException) -> str:
 
 # --- errors from the history ----------------------------------------------------------
 
+
 def _errors_from_history(events: list[JobEvent]) -> list[TaskError]:
     """One TaskError per attempt that ended with an error, oldest first: the exception's
     class path and traceback as the worker stored them with the attempt (D29). An attempt

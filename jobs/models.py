@@ -89,9 +89,7 @@ class Job(models.Model):
     payload = models.JSONField(default=dict)
     queue = models.CharField(max_length=100, default="default")
     priority = models.SmallIntegerField(default=0, help_text="Higher runs first.")
-    status = models.CharField(
-        max_length=20, choices=Status.choices, default=Status.QUEUED
-    )
+    status = models.CharField(max_length=20, choices=Status.choices, default=Status.QUEUED)
     result = models.JSONField(null=True, blank=True)
     error = models.TextField(null=True, blank=True)
     # The failed attempt's exception, written with its `error` by the worker's fenced

@@ -131,9 +131,7 @@ def waiting_too_long(
     queues: list[str] | None, older_than: float, limit: int
 ) -> list[tuple[int, str]]:
     """Due queued jobs untouched for `older_than` seconds: their signal may be lost."""
-    rows = Job.objects.due(older_than).filter(
-        updated_at__lte=Now() - timedelta(seconds=older_than)
-    )
+    rows = Job.objects.due(older_than).filter(updated_at__lte=Now() - timedelta(seconds=older_than))
     if queues is not None:
         rows = rows.filter(queue__in=queues)
     return list(rows.order_by("-priority", "run_at", "id").values_list("id", "queue")[:limit])

@@ -74,8 +74,9 @@ def stop(base_dir: Path) -> bool:
     owner = pgdata.stat().st_uid
     user = pwd.getpwuid(owner).pw_name
     # pg_ctl refuses to run as root; the data directory's owner runs the server.
-    pgserver.pg_ctl(["-m", "fast", "-w", "stop"], pgdata=pgdata, user=user if owner else None,
-                    timeout=60)
+    pgserver.pg_ctl(
+        ["-m", "fast", "-w", "stop"], pgdata=pgdata, user=user if owner else None, timeout=60
+    )
     return True
 
 

@@ -547,9 +547,7 @@ def test_select_across_counts_are_capped(client, alice, monkeypatch):
     assert "skipped-count" not in html
     with CaptureQueriesContext(connection) as act:
         response = post_action(client, "retry_jobs", failed[:1], select_across=True)
-    assert messages_of(response) == [
-        "5 retried (over 3 selected: the skipped are not counted)"
-    ]
+    assert messages_of(response) == ["5 retried (over 3 selected: the skipped are not counted)"]
     queries = confirm.captured_queries + act.captured_queries
     counts = [q["sql"] for q in queries if "COUNT(" in q["sql"]]
     assert all(" LIMIT " in sql for sql in counts), counts  # never an unbounded count

@@ -33,9 +33,7 @@ def promtool(*args: str) -> subprocess.CompletedProcess:
         if os.environ.get("CI"):
             pytest.fail("promtool is missing: `make test` installs it (Debian package prometheus)")
         pytest.skip("promtool is not installed (make test installs it: apt-get install prometheus)")
-    return subprocess.run(
-        [exe, *args], cwd=PROM_DIR, capture_output=True, text=True, timeout=60
-    )
+    return subprocess.run([exe, *args], cwd=PROM_DIR, capture_output=True, text=True, timeout=60)
 
 
 def test_promtool_accepts_the_rules():

@@ -28,8 +28,11 @@ def test_high_priority_job_starts_before_queued_low_priority_ones_with_redis_up(
     them but those already claimed when it was submitted."""
     stack.worker("--concurrency", "1")
     low = [services.submit("sleep", {"seconds": 0.05}, priority=-50)[0].pk for _ in range(50)]
-    wait_until(lambda: JobEvent.objects.filter(job_id__in=low, to_status="processing").exists(),
-               15, message="first claim")
+    wait_until(
+        lambda: JobEvent.objects.filter(job_id__in=low, to_status="processing").exists(),
+        15,
+        message="first claim",
+    )
     assert int(stack_redis_len(stack)) > 0  # the low jobs' signals wait in Redis
     already = JobEvent.objects.filter(job_id__in=low, to_status="processing").count()
     high, _ = services.submit("sleep", {"seconds": 0.05}, priority=50)
@@ -54,13 +57,21 @@ def test_worker_serving_two_queues_does_not_starve_the_second(stack):
     a = [services.submit("echo", {}, queue="qa")[0].pk for _ in range(300)]
     b = [services.submit("echo", {}, queue="qb")[0].pk for _ in range(20)]
     stack.worker("--concurrency", "1", "--queues", QUEUES)
-    wait_until(lambda: Job.objects.filter(pk__in=b, status="done").count() == 20, 60,
-               interval=0.1, message="qb drained")
+    wait_until(
+        lambda: Job.objects.filter(pk__in=b, status="done").count() == 20,
+        60,
+        interval=0.1,
+        message="qb drained",
+    )
     a_done = Job.objects.filter(pk__in=a, status="done").count()
     print(f"qa jobs done when qb finished: {a_done} of 300")
     # Strict queue order would run all 300 qa jobs first; 4:1 runs ~80 qa for 20 qb.
     assert a_done < 300
     started = time.monotonic()
-    wait_until(lambda: Job.objects.filter(pk__in=a, status="done").count() == 300, 60,
-               interval=0.1, message="qa drained")
+    wait_until(
+        lambda: Job.objects.filter(pk__in=a, status="done").count() == 300,
+        60,
+        interval=0.1,
+        message="qa drained",
+    )
     assert time.monotonic() - started < 60

@@ -50,8 +50,11 @@ def test_claim_by_queue_takes_postgres_order_and_the_claim_index():
         cur.execute("SET LOCAL enable_seqscan = off")
         cur.execute("SET LOCAL enable_sort = off")
         cur.execute(
-            "EXPLAIN " + services._CLAIM_NEXT_SQL.replace("%(queue)s", "'ord'")
-            .replace("%(limit)s", "2").replace("%(worker)s", "'w'").replace("%(actor)s", "'w'")
+            "EXPLAIN "
+            + services._CLAIM_NEXT_SQL.replace("%(queue)s", "'ord'")
+            .replace("%(limit)s", "2")
+            .replace("%(worker)s", "'w'")
+            .replace("%(actor)s", "'w'")
         )
         plan = "\n".join(r[0] for r in cur.fetchall())
     assert "job_claim_idx" in plan, plan

@@ -70,7 +70,10 @@ def test_targets_are_discovered():
 def dry_run(*args: str) -> list[str]:
     out = subprocess.run(
         ["make", "--no-print-directory", "-n", *args],
-        cwd=ROOT, capture_output=True, text=True, check=True,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     return [line for line in out.splitlines() if line and "pip install" not in line]
 
@@ -419,9 +422,7 @@ DOCUMENTS = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "doc
 
 def readme_commands() -> list[str]:
     parts = [
-        (path, part)
-        for path in DOCUMENTS
-        for part in re.split(r"\n## ", (ROOT / path).read_text())
+        (path, part) for path in DOCUMENTS for part in re.split(r"\n## ", (ROOT / path).read_text())
     ]
     commands = []
     for path, part in parts:

@@ -76,9 +76,9 @@ def test_traceback_reaches_the_api_history_view(failed_jobs):
     assert len(ended) == 1
     assert (ended[0]["error"], ended[0]["error_class"]) == (CARD_ERROR, CARD_CLASS)
     assert "in _charge" in ended[0]["error_traceback"]
-    assert [e["error_traceback"] for e in events if e["from_status"] != "processing"] == [
-        None
-    ] * (len(events) - 1)
+    assert [e["error_traceback"] for e in events if e["from_status"] != "processing"] == [None] * (
+        len(events) - 1
+    )
 
 
 @pytest.fixture

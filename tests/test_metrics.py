@@ -175,9 +175,7 @@ def test_json_log_lines_carry_the_job_identity():
 def _collect(collector: DepthCollector) -> dict[str, dict[tuple[str, str], float]]:
     out: dict[str, dict[tuple[str, str], float]] = {}
     for family in collector.collect():
-        out[family.name] = {
-            (s.labels["state"], s.labels["queue"]): s.value for s in family.samples
-        }
+        out[family.name] = {(s.labels["state"], s.labels["queue"]): s.value for s in family.samples}
     return out
 
 

@@ -105,9 +105,12 @@ def submitted_per_file(metrics_dir: Path) -> dict[str, float]:
 def write_stale_counter(metrics_dir: Path) -> Path:
     """A counter file as an earlier run would have left it: 1000 submissions."""
     subprocess.run(
-        [sys.executable, "-c",
-         "from prometheus_client import Counter\n"
-         "Counter('jobs_submitted', 'x', ['queue', 'task']).labels('default', 'echo').inc(1000)"],
+        [
+            sys.executable,
+            "-c",
+            "from prometheus_client import Counter\n"
+            "Counter('jobs_submitted', 'x', ['queue', 'task']).labels('default', 'echo').inc(1000)",
+        ],
         env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)},
         check=True,
     )
@@ -132,11 +135,14 @@ def test_api_submissions_over_two_gunicorn_workers_are_summed_in_one_scrape(
         submitted = 0
         with ThreadPoolExecutor(8) as pool:
             for _ in range(20):
-                codes = list(pool.map(
-                    lambda i: api.post("/api/v1/jobs/", {"task": "echo", "payload": {"i": i}},
-                                       token),
-                    range(submitted, submitted + 16),
-                ))
+                codes = list(
+                    pool.map(
+                        lambda i: api.post(
+                            "/api/v1/jobs/", {"task": "echo", "payload": {"i": i}}, token
+                        ),
+                        range(submitted, submitted + 16),
+                    )
+                )
                 assert codes == [201] * 16
                 submitted += 16
                 per_file = submitted_per_file(metrics_dir)
@@ -160,14 +166,17 @@ def test_api_submissions_over_two_gunicorn_workers_are_summed_in_one_scrape(
         victim = max(per_file, key=per_file.get)
         victim_pid = int(victim.removeprefix("counter_").removesuffix(".db"))
         os.kill(victim_pid, signal.SIGKILL)
-        wait_until(lambda: len(api.worker_pids() - {victim_pid}) == 2, 30,
-                   message="a replacement worker")
+        wait_until(
+            lambda: len(api.worker_pids() - {victim_pid}) == 2, 30, message="a replacement worker"
+        )
         wait_until(api.healthy, 30, message="healthy again")
         with ThreadPoolExecutor(4) as pool:
-            codes = list(pool.map(
-                lambda i: api.post("/api/v1/jobs/", {"task": "echo", "payload": {}}, token),
-                range(8),
-            ))
+            codes = list(
+                pool.map(
+                    lambda i: api.post("/api/v1/jobs/", {"task": "echo", "payload": {}}, token),
+                    range(8),
+                )
+            )
         assert codes == [201] * 8
         m = api.metrics()
         assert m.value("jobs_submitted_total") == submitted + 8
@@ -178,8 +187,9 @@ def test_api_submissions_over_two_gunicorn_workers_are_summed_in_one_scrape(
     lines = json_lines(output)  # every line the API's processes wrote is JSON
     assert any("Booting worker" in d["msg"] for d in lines), output
     assert not [d for d in lines if "job_id" in d], "per-job lines on the submission hot path"
-    assert not [d for d in lines if d["level"] in ("error", "critical")
-                and "SIGKILL" not in d["msg"]], output
+    assert not [
+        d for d in lines if d["level"] in ("error", "critical") and "SIGKILL" not in d["msg"]
+    ], output
 
 
 # --- a worker -----------------------------------------------------------------------
@@ -191,13 +201,28 @@ def test_worker_metrics_count_each_claim_attempt_and_outcome_once(stack):
     bad, _ = services.submit("fail", {"message": "always"}, max_retries=1)
     # Every ok job signalled twice more: 40 deliveries that find the job already taken.
     services.push_now_ignoring_rollback([(i, "default") for i in ok] * 2)
-    w = stack.worker("--concurrency", "2", "--metrics-port", str(port),
-                     JOBS_RETRY_BACKOFF_BASE="0.1", LOG_FORMAT="json")
+    w = stack.worker(
+        "--concurrency",
+        "2",
+        "--metrics-port",
+        str(port),
+        JOBS_RETRY_BACKOFF_BASE="0.1",
+        LOG_FORMAT="json",
+    )
     ids = [*ok, bad.pk]
-    wait_until(lambda: set(Job.objects.filter(pk__in=ids).values_list("status", flat=True))
-               <= {"done", "failed"}, 30, message="all terminal")
-    wait_until(lambda: port_scrape(port).value("jobs_duplicate_deliveries_total") >= 40, 15,
-               message="every duplicate signal consumed")
+    wait_until(
+        lambda: (
+            set(Job.objects.filter(pk__in=ids).values_list("status", flat=True))
+            <= {"done", "failed"}
+        ),
+        30,
+        message="all terminal",
+    )
+    wait_until(
+        lambda: port_scrape(port).value("jobs_duplicate_deliveries_total") >= 40,
+        15,
+        message="every duplicate signal consumed",
+    )
     key = f"{stack.env['JOBS_REDIS_PREFIX']}q:default"
     assert get_transport()._client.llen(key) == 0
 
@@ -243,24 +268,49 @@ def test_worker_metrics_count_each_claim_attempt_and_outcome_once(stack):
 def test_reaper_counts_the_expired_lease_and_the_stale_worker_its_fence_rejection(stack):
     job, _ = services.submit("demo.record", {"seconds": 2.5})
     ports = {name: free_port() for name in ("stale", "fresh", "reaper")}
-    stale = stack.worker("--concurrency", "1", "--metrics-port", str(ports["stale"]),
-                         JOBS_LEASE_SECONDS="1", LOG_FORMAT="json")
+    stale = stack.worker(
+        "--concurrency",
+        "1",
+        "--metrics-port",
+        str(ports["stale"]),
+        JOBS_LEASE_SECONDS="1",
+        LOG_FORMAT="json",
+    )
     wait_until(lambda: job_row(job.pk)["status"] == "processing", 15, message="claimed")
     stale_owner = job_row(job.pk)["owned_by"]
     stale.signal(signal.SIGSTOP)
     # A 3 s lease for the reaper: the stopped worker's expires, while the fresh worker's
     # heartbeats (every 1/3 s) keep a wide margin even on a loaded machine.
-    reaper = stack.reaper("--interval", "0.2", "--lease", "3",
-                          "--metrics-port", str(ports["reaper"]), LOG_FORMAT="json")
+    reaper = stack.reaper(
+        "--interval",
+        "0.2",
+        "--lease",
+        "3",
+        "--metrics-port",
+        str(ports["reaper"]),
+        LOG_FORMAT="json",
+    )
     wait_until(lambda: job_row(job.pk)["lease_version"] == 2, 15, message="lease reaped")
-    fresh = stack.worker("--concurrency", "1", "--metrics-port", str(ports["fresh"]),
-                         JOBS_LEASE_SECONDS="1", LOG_FORMAT="json")
+    fresh = stack.worker(
+        "--concurrency",
+        "1",
+        "--metrics-port",
+        str(ports["fresh"]),
+        JOBS_LEASE_SECONDS="1",
+        LOG_FORMAT="json",
+    )
     wait_until(lambda: job_row(job.pk)["status"] == "done", 20, message="fresh worker done")
     stale.signal(signal.SIGCONT)
-    wait_until(lambda: JobEvent.objects.filter(job_id=job.pk, kind="fence_rejected").exists(),
-               15, message="stale write rejected")
-    wait_until(lambda: port_scrape(ports["stale"]).value("jobs_worker_inflight") == 0, 15,
-               message="stale worker let go of the job")
+    wait_until(
+        lambda: JobEvent.objects.filter(job_id=job.pk, kind="fence_rejected").exists(),
+        15,
+        message="stale write rejected",
+    )
+    wait_until(
+        lambda: port_scrape(ports["stale"]).value("jobs_worker_inflight") == 0,
+        15,
+        message="stale worker let go of the job",
+    )
 
     r = port_scrape(ports["reaper"])
     assert r.value("jobs_lease_expired_total", queue="default") == 1
@@ -300,7 +350,10 @@ def test_reaper_counts_the_expired_lease_and_the_stale_worker_its_fence_rejectio
     assert "3.0s" in expired["msg"]
     assert (expired["lease_version"], expired["new_lease_version"]) == (1, 2)
     assert (expired["worker_id"], expired["queue"], expired["task"]) == (
-        stale_owner, "default", "demo.record")
+        stale_owner,
+        "default",
+        "demo.record",
+    )
     # The stale worker's lines: the fence rejection with both lease versions.
     stale_lines = [d for d in json_lines(stale.output()) if d.get("job_id") == job.pk]
     (fenced,) = [d for d in stale_lines if d["msg"].startswith("fence rejected")]
@@ -313,10 +366,23 @@ def test_reaper_counts_the_expired_lease_and_the_stale_worker_its_fence_rejectio
 
 def test_depth_and_age_gauges_from_the_reaper_match_the_database(stack):
     port = free_port()
-    reaper = stack.reaper("--interval", "3600", "--lease", "3600", "--metrics-port", str(port),
-                          JOBS_METRICS_CACHE_SECONDS="2")
-    wait_until(lambda: _try_scrape(port) and _try_scrape(port).value(
-        "jobs_reaper_last_sweep_timestamp_seconds") > 0, 20, message="first sweep")
+    reaper = stack.reaper(
+        "--interval",
+        "3600",
+        "--lease",
+        "3600",
+        "--metrics-port",
+        str(port),
+        JOBS_METRICS_CACHE_SECONDS="2",
+    )
+    wait_until(
+        lambda: (
+            _try_scrape(port)
+            and _try_scrape(port).value("jobs_reaper_last_sweep_timestamp_seconds") > 0
+        ),
+        20,
+        message="first sweep",
+    )
     # Its next sweep is an hour away: the state below stays as built.
     due = [services.submit("echo", {}, queue="obs-a")[0].pk for _ in range(3)]
     services.submit("echo", {}, queue="obs-a", run_at=timezone.now() + timedelta(hours=1))
@@ -334,8 +400,12 @@ def test_depth_and_age_gauges_from_the_reaper_match_the_database(stack):
         for queue in ("obs-a", "obs-b"):
             expected[(state, queue)] = Job.objects.filter(status=state, queue=queue).count()
     assert expected == {
-        ("queued", "obs-a"): 2, ("processing", "obs-a"): 1, ("enqueue_failed", "obs-a"): 0,
-        ("queued", "obs-b"): 0, ("processing", "obs-b"): 0, ("enqueue_failed", "obs-b"): 2,
+        ("queued", "obs-a"): 2,
+        ("processing", "obs-a"): 1,
+        ("enqueue_failed", "obs-a"): 0,
+        ("queued", "obs-b"): 0,
+        ("processing", "obs-b"): 0,
+        ("enqueue_failed", "obs-b"): 2,
     }
     got = {(lab["state"], lab["queue"]): v for lab, v in m.series("jobs_depth")}
     assert got == expected
@@ -344,14 +414,19 @@ def test_depth_and_age_gauges_from_the_reaper_match_the_database(stack):
         return m.value("jobs_oldest_age_seconds", state=state, queue=queue)
 
     rows = {j.pk: j for j in Job.objects.filter(queue__in=["obs-a", "obs-b"])}
-    oldest_due = max(db_now - max(j.run_at, j.updated_at) for j in rows.values()
-                     if j.status == "queued" and j.run_at <= db_now).total_seconds()
+    oldest_due = max(
+        db_now - max(j.run_at, j.updated_at)
+        for j in rows.values()
+        if j.status == "queued" and j.run_at <= db_now
+    ).total_seconds()
     claimed = (db_now - rows[due[0]].claimed_at).total_seconds()
     parked_for = max(db_now - rows[i].updated_at for i in parked).total_seconds()
     # The scrape read the database just before db_now (within a scrape and the cache).
-    for measured, truth in ((age("queued", "obs-a"), oldest_due),
-                            (age("processing", "obs-a"), claimed),
-                            (age("enqueue_failed", "obs-b"), parked_for)):
+    for measured, truth in (
+        (age("queued", "obs-a"), oldest_due),
+        (age("processing", "obs-a"), claimed),
+        (age("enqueue_failed", "obs-b"), parked_for),
+    ):
         assert truth - 2.5 <= measured <= truth, (measured, truth)
         assert measured >= 2.0
     assert age("queued", "obs-b") == 0 and age("processing", "obs-b") == 0
@@ -359,8 +434,12 @@ def test_depth_and_age_gauges_from_the_reaper_match_the_database(stack):
     # Cached between scrapes: a new job shows only once the reading is older than 2 s.
     services.submit("echo", {}, queue="obs-a")
     first = port_scrape(port).value("jobs_depth", state="queued", queue="obs-a")
-    wait_until(lambda: port_scrape(port).value("jobs_depth", state="queued", queue="obs-a")
-               == 3, 10, interval=0.2, message="the next reading")
+    wait_until(
+        lambda: port_scrape(port).value("jobs_depth", state="queued", queue="obs-a") == 3,
+        10,
+        interval=0.2,
+        message="the next reading",
+    )
     assert first in (2, 3)
     reaper.signal(signal.SIGTERM)
     assert reaper.wait(15) == 0
@@ -382,8 +461,11 @@ def test_multiproc_dir_in_the_environment_does_not_reach_workers(stack, tmp_path
     w = stack.worker("--metrics-port", str(port), PROMETHEUS_MULTIPROC_DIR=str(shared))
     job, _ = services.submit("echo", {})
     wait_until(lambda: job_row(job.pk)["status"] == "done", 20, message="done")
-    wait_until(lambda: _try_scrape(port) and _try_scrape(port).value("jobs_finished_total") == 1,
-               10, message="scraped")
+    wait_until(
+        lambda: _try_scrape(port) and _try_scrape(port).value("jobs_finished_total") == 1,
+        10,
+        message="scraped",
+    )
     assert list(shared.iterdir()) == []
     w.signal(signal.SIGTERM)
     assert w.wait(15) == 0

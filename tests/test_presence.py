@@ -24,15 +24,23 @@ def _session():
 def _register(worker_id: str, *, lock: bool) -> tuple[object, bool]:
     conn = _session()
     locked = services.worker_beat(
-        conn, worker_id, hostname="h", pid=1, queues=["default"], concurrency=1,
-        lock=lock, locked=False,
+        conn,
+        worker_id,
+        hostname="h",
+        pid=1,
+        queues=["default"],
+        concurrency=1,
+        lock=lock,
+        locked=False,
     )
     return conn, locked
 
 
 def _stale(worker_id: str, seconds: float = 10) -> None:
-    raw("UPDATE jobs_worker SET heartbeat_at = now() - %s * interval '1 second' WHERE id = %s",
-        [seconds, worker_id])
+    raw(
+        "UPDATE jobs_worker SET heartbeat_at = now() - %s * interval '1 second' WHERE id = %s",
+        [seconds, worker_id],
+    )
 
 
 def test_jobs_of_a_worker_whose_session_ended_are_requeued_once_with_the_lease_bumped():
@@ -80,11 +88,17 @@ def test_presence_registers_reconnects_and_leaves():
     p.start()
     row = WorkerProcess.objects.get(id="w-presence")
     assert (row.queues, row.concurrency, row.lock_key) == (
-        ["a", "*"], 3, services.presence_lock_key("w-presence"))
+        ["a", "*"],
+        3,
+        services.presence_lock_key("w-presence"),
+    )
     first = row.backend_pid
     raw("SELECT pg_terminate_backend(%s)", [first])
-    wait_until(lambda: WorkerProcess.objects.get(id="w-presence").backend_pid != first, 10,
-               message="re-registered")
+    wait_until(
+        lambda: WorkerProcess.objects.get(id="w-presence").backend_pid != first,
+        10,
+        message="re-registered",
+    )
     wait_until(lambda: p.locked, 5, message="relocked")
     _stale("w-presence", 0)
     assert services.reap_gone_owners(0.0) == {}

@@ -102,7 +102,7 @@ def test_progress_is_visible_in_the_api_and_written_at_most_once_per_interval(
     assert all(p["total"] == 10 and p["message"].startswith("lv1 step") for p in seen)
     writes = progress_writes(pk)
     history = JobEvent.objects.filter(job_id=pk, kind="transition").order_by("id")
-    elapsed = (history.last().at - history.filter(to_status="processing").first().at)
+    elapsed = history.last().at - history.filter(to_status="processing").first().at
     bound = elapsed.total_seconds() / interval + 1
     print(f"\nlease {lease} s, interval {interval:g} s: 10 reports over "
           f"{elapsed.total_seconds():.2f} s, {writes} progress writes (bound {bound:.1f}); "

@@ -27,9 +27,11 @@ def llen(server, queue="default") -> int:
 
 def age(job_id: int, seconds: float) -> None:
     """Move a queued job's clocks back, as if it had waited `seconds` (same-status update)."""
-    raw("UPDATE jobs_job SET run_at = run_at - %s * interval '1 second', "
+    raw(
+        "UPDATE jobs_job SET run_at = run_at - %s * interval '1 second', "
         "created_at = created_at - %s * interval '1 second' WHERE id = %s",
-        [seconds, seconds, job_id])
+        [seconds, seconds, job_id],
+    )
 
 
 def test_lost_signals_are_resent_only_when_the_list_is_empty(redis_on):
@@ -77,13 +79,16 @@ def test_scheduled_job_is_signalled_when_it_comes_due(redis_on):
 def test_expired_lease_requeued_and_resignalled(redis_on):
     job = JobFactory.create(status="processing")
     redis_on.flushall()
-    raw("UPDATE jobs_job SET heartbeat_at = now() - interval '20 seconds' WHERE id = %s",
-        [job.pk])
+    raw("UPDATE jobs_job SET heartbeat_at = now() - interval '20 seconds' WHERE id = %s", [job.pk])
     report = Reaper(interval=1, lease=15).sweep()
     assert report.lease_requeued == 1
     row = job_row(job.pk)
     assert (row["status"], row["retry_count"], row["lease_version"], row["owned_by"]) == (
-        "queued", 1, 2, None)
+        "queued",
+        1,
+        2,
+        None,
+    )
     assert redis_on.cli("LRANGE", f"{PREFIX}q:default", "0", "-1").split() == [str(job.pk)]
 
 
@@ -113,7 +118,8 @@ def test_over_budget_queued_job_is_failed(redis_on):
 def test_reaper_without_redis_still_recovers_leases():
     with override_settings(REDIS_URL=""):
         job = JobFactory.create(status="processing")
-        raw("UPDATE jobs_job SET heartbeat_at = now() - interval '1 minute' WHERE id = %s",
-            [job.pk])
+        raw(
+            "UPDATE jobs_job SET heartbeat_at = now() - interval '1 minute' WHERE id = %s", [job.pk]
+        )
         report = Reaper(interval=1, lease=15).sweep()
     assert report.lease_requeued == 1 and report.lost_signal == 0

@@ -44,8 +44,11 @@ def test_worker_dying_on_every_attempt_fails_after_max_retries_plus_one(stack):
         assert time.monotonic() < deadline, "job never failed"
         w = stack.worker("--concurrency", "1", JOBS_LEASE_SECONDS="1")
         # It dies by its own job's SIGKILL, or sits idle once the job has failed.
-        wait_until(lambda w=w: not w.alive() or job_row(job.pk)["status"] == "failed", 30,
-                   message="worker crash or job failed")
+        wait_until(
+            lambda w=w: not w.alive() or job_row(job.pk)["status"] == "failed",
+            30,
+            message="worker crash or job failed",
+        )
         if w.alive():
             w.kill()
     row = job_row(job.pk)
@@ -69,19 +72,26 @@ def test_two_reapers_recover_each_of_1000_expired_leases_exactly_once(stack):
         )
     assert len(services.claim_next("w-doomed", ["reap"], 1000)) == 1000
     with connection.cursor() as cur:
-        cur.execute("UPDATE jobs_job SET heartbeat_at = now() - interval '1 minute' "
-                    "WHERE queue = 'reap'")
+        cur.execute(
+            "UPDATE jobs_job SET heartbeat_at = now() - interval '1 minute' WHERE queue = 'reap'"
+        )
     a = stack.reaper("--interval", "0.05", "--lease", "15", "--batch", "25")
     b = stack.reaper("--interval", "0.05", "--lease", "15", "--batch", "25")
-    wait_until(lambda: not Job.objects.filter(queue="reap", status="processing").exists(), 60,
-               message="all recovered")
+    wait_until(
+        lambda: not Job.objects.filter(queue="reap", status="processing").exists(),
+        60,
+        message="all recovered",
+    )
     time.sleep(3)  # both keep sweeping; nothing may be recovered twice
     for p in (a, b):
         p.signal(signal.SIGTERM)
         assert p.wait(15) == 0
     per_job = {}
-    for job_id, n in (JobEvent.objects.filter(job__queue="reap", actor="reaper")
-                      .values_list("job_id").annotate(n=Count("id"))):
+    for job_id, n in (
+        JobEvent.objects.filter(job__queue="reap", actor="reaper")
+        .values_list("job_id")
+        .annotate(n=Count("id"))
+    ):
         per_job[job_id] = n
     assert len(per_job) == 1000 and set(per_job.values()) == {1}
     assert set(Job.objects.filter(queue="reap").values_list("lease_version", flat=True)) == {2}
@@ -98,8 +108,12 @@ def test_redis_flushed_with_1000_queued_jobs_all_complete(stack, private_redis):
     private_redis.flushall()
     stack.reaper("--interval", "0.5", JOBS_LOST_SIGNAL_SECONDS="1")
     stack.worker("--concurrency", "8")
-    wait_until(lambda: Job.objects.filter(pk__in=ids, status="done").count() == 1000, 60,
-               interval=0.2, message="1000 done")
+    wait_until(
+        lambda: Job.objects.filter(pk__in=ids, status="done").count() == 1000,
+        60,
+        interval=0.2,
+        message="1000 done",
+    )
     claims = JobEvent.objects.filter(job_id__in=ids, to_status="processing").count()
     assert claims == 1000
 

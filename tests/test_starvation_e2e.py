@@ -52,5 +52,9 @@ def test_job_with_a_lost_signal_runs_during_a_steady_backlog(stack):
     # LOST_SIGNAL + SWEEP + RUN, plus the ~1 s of backlog submitted before it and slack
     # for a loaded machine.
     assert done_after <= LOST_SIGNAL + SWEEP + RUN + 1.0 + 3.0
-    wait_until(lambda: not Job.objects.filter(status="queued").exists(), 60, interval=0.2,
-               message="backlog drained")
+    wait_until(
+        lambda: not Job.objects.filter(status="queued").exists(),
+        60,
+        interval=0.2,
+        message="backlog drained",
+    )

@@ -22,16 +22,24 @@ SWEEP = 1.0
 
 def test_job_on_an_unserved_queue_is_reported_then_served_by_a_star_worker(stack, client):
     port = free_port()
-    stack.reaper("--interval", str(SWEEP), "--metrics-port", str(port),
-                 JOBS_METRICS_CACHE_SECONDS=str(SWEEP))
+    stack.reaper(
+        "--interval", str(SWEEP), "--metrics-port", str(port), JOBS_METRICS_CACHE_SECONDS=str(SWEEP)
+    )
     default_worker = stack.worker("--concurrency", "1")  # serves `default` only
-    wait_until(lambda: WorkerProcess.objects.filter(pid=default_worker.pid).exists(), 20,
-               message="default worker registered")
+    wait_until(
+        lambda: WorkerProcess.objects.filter(pid=default_worker.pid).exists(),
+        20,
+        message="default worker registered",
+    )
     wait_until(lambda: _scrape(port), 20, message="reaper metrics")
     job, _ = services.submit("echo", {"x": 1}, queue="orphan")
     submitted = time.monotonic()
-    wait_until(lambda: _scrape(port).value("jobs_unserved_queue_depth", queue="orphan") == 1,
-               2 * SWEEP + 3, interval=0.1, message="unserved gauge")
+    wait_until(
+        lambda: _scrape(port).value("jobs_unserved_queue_depth", queue="orphan") == 1,
+        2 * SWEEP + 3,
+        interval=0.1,
+        message="unserved gauge",
+    )
     print(f"unserved gauge up {time.monotonic() - submitted:.2f}s after submission")
     scrape = _scrape(port)
     assert scrape.value("jobs_queue_consumers", queue="orphan") == 0
@@ -49,8 +57,12 @@ def test_job_on_an_unserved_queue_is_reported_then_served_by_a_star_worker(stack
     star = stack.worker("--concurrency", "1", "--queues", "*")
     wait_until(lambda: job_row(job.pk)["status"] == "done", 20, message="served by '*'")
     assert WorkerProcess.objects.get(pid=star.pid).queues == ["*"]
-    wait_until(lambda: _scrape(port).value("jobs_queue_consumers", queue="orphan") == 1,
-               2 * SWEEP + 3, interval=0.1, message="consumer counted")
+    wait_until(
+        lambda: _scrape(port).value("jobs_queue_consumers", queue="orphan") == 1,
+        2 * SWEEP + 3,
+        interval=0.1,
+        message="consumer counted",
+    )
     assert _scrape(port).value("jobs_unserved_queue_depth", queue="orphan") == 0
     cache.clear()
     html = client.get(reverse("admin:jobs_job_dashboard")).content.decode()

@@ -110,8 +110,7 @@ def test_a_result_postgres_refuses_fails_its_job_alone_and_the_batch_lands(refus
         if lease is poison:
             assert (row["status"], row["retry_count"]) == ("failed", 0)
             assert row["error"] == (
-                "invalid result: PostgreSQL refused it (value refused for job "
-                f"{poison.job_id})"
+                f"invalid result: PostgreSQL refused it (value refused for job {poison.job_id})"
             )
             assert row["error_class"] == "django.db.utils.DataError"
         else:

@@ -6,18 +6,21 @@ import jobs.lifecycle
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('jobs', '0004_jobs_table_storage'),
+        ("jobs", "0004_jobs_table_storage"),
     ]
 
     operations = [
         migrations.RemoveIndex(
-            model_name='job',
-            name='job_processing_idx',
+            model_name="job",
+            name="job_processing_idx",
         ),
         migrations.AddIndex(
-            model_name='job',
-            index=models.Index(condition=models.Q(('status', jobs.lifecycle.Status['PROCESSING'])), fields=['id'], name='job_processing_id_idx'),
+            model_name="job",
+            index=models.Index(
+                condition=models.Q(("status", jobs.lifecycle.Status["PROCESSING"])),
+                fields=["id"],
+                name="job_processing_id_idx",
+            ),
         ),
     ]

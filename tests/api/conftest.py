@@ -104,5 +104,3 @@ def counts() -> tuple[int, int]:
 def closed_redis_url() -> str:
     """A Redis URL on a port nobody listens on: connections are refused at once."""
     return f"redis://127.0.0.1:{free_port()}/0"
-
-

@@ -52,9 +52,7 @@ def schema(django_db_blocker):
     from django.core.wsgi import get_wsgi_application
 
     with django_db_blocker.unblock():
-        return schemathesis.openapi.from_wsgi(
-            "/api/v1/schema/?format=json", get_wsgi_application()
-        )
+        return schemathesis.openapi.from_wsgi("/api/v1/schema/?format=json", get_wsgi_application())
 
 
 def _operations() -> list[tuple[str, str]]:
@@ -107,7 +105,7 @@ def test_fuzz_operation(schema, method, path, mode):
 
 def _name_task(body, task: str) -> None:
     jobs = body.get("jobs") if isinstance(body, dict) else None
-    for job in (jobs if isinstance(jobs, list) else [body]):
+    for job in jobs if isinstance(jobs, list) else [body]:
         if isinstance(job, dict) and "task" in job:
             job["task"] = task
 

@@ -54,8 +54,11 @@ def test_lone_surrogate_in_a_batch_payload_is_400(api):
         (JOBS, '{"task": "ec\\ud800ho", "payload": 1}', "unknown_task"),
         (JOBS, '{"task": "echo", "payload": 1, "\\udfff": 1}', "unknown_field"),
         (JOBS, '{"task": "echo", "payload": 1, "queue": "\\ud800"}', "invalid_queue"),
-        (BATCH, '{"jobs": [{"task": "echo", "payload": 1, "idempotency_key": "\\ud800"}]}',
-         "invalid_batch"),
+        (
+            BATCH,
+            '{"jobs": [{"task": "echo", "payload": 1, "idempotency_key": "\\ud800"}]}',
+            "invalid_batch",
+        ),
         (BATCH, '{"jobs": [{"task": "echo", "payload": 1, "\\ud800": 1}]}', "invalid_batch"),
         (BATCH, '{"jobs": [], "\\ud800": 1}', "unknown_field"),
     ],
@@ -82,9 +85,7 @@ def test_impossible_batch_run_at_is_400(api, run_at):
     assert counts() == before
 
 
-@pytest.mark.parametrize(
-    "run_at", ["0001-01-01T00:00:00+05:00", "9999-12-31T23:00:00-05:00"]
-)
+@pytest.mark.parametrize("run_at", ["0001-01-01T00:00:00+05:00", "9999-12-31T23:00:00-05:00"])
 def test_out_of_range_single_run_at_is_400(api, run_at):
     r = post_raw(api, JOBS, json.dumps({"task": "echo", "payload": 1, "run_at": run_at}))
     assert_4xx(r, code="invalid_run_at")

@@ -36,9 +36,10 @@ def test_submit_in_the_callers_transaction(django_capture_on_commit_callbacks):
         callback()
     t = get_transport()
     assert t._client.llen(t.key("mail")) == 0  # scheduled for later: no push now
-    assert REGISTRY.get_sample_value(
-        "jobs_submitted_total", {"queue": "mail", "task": "echo"}
-    ) == (submitted or 0) + 1
+    assert (
+        REGISTRY.get_sample_value("jobs_submitted_total", {"queue": "mail", "task": "echo"})
+        == (submitted or 0) + 1
+    )
 
 
 @pytest.mark.django_db

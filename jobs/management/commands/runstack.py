@@ -38,9 +38,7 @@ class Command(BaseCommand):
             help="Worker n serves metrics on this port + 100 × (n - 1) (9101, 9201, …), "
             "the reaper on this port + 1 [%(default)s].",
         )
-        parser.add_argument(
-            "--no-migrate", action="store_true", help="Skip ensuredb and migrate."
-        )
+        parser.add_argument("--no-migrate", action="store_true", help="Skip ensuredb and migrate.")
 
     def handle(self, *args, **opts):
         if opts["workers"] < 1:
@@ -60,14 +58,24 @@ class Command(BaseCommand):
         env["BIND"] = opts["bind"]
         manage = [sys.executable, str(settings.BASE_DIR / "manage.py")]
         commands = {
-            "api": [sys.executable, "-m", "gunicorn", "-c",
-                    str(settings.BASE_DIR / "gunicorn.conf.py"), "jobservice.wsgi:application"],
+            "api": [
+                sys.executable,
+                "-m",
+                "gunicorn",
+                "-c",
+                str(settings.BASE_DIR / "gunicorn.conf.py"),
+                "jobservice.wsgi:application",
+            ],
             "reaper": [*manage, "runreaper", "--metrics-port", str(opts["metrics_port"] + 1)],
         }
         for n in range(opts["workers"]):
             commands[f"worker-{n + 1}"] = [
-                *manage, "runworker", "--concurrency", str(opts["concurrency"]),
-                "--metrics-port", str(opts["metrics_port"] + 100 * n),
+                *manage,
+                "runworker",
+                "--concurrency",
+                str(opts["concurrency"]),
+                "--metrics-port",
+                str(opts["metrics_port"] + 100 * n),
             ]
         if not settings.REDIS_URL:
             self.stdout.write("REDIS_URL unset: workers claim by polling PostgreSQL")
