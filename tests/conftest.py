@@ -101,3 +101,17 @@ def pytest_itemcollected(item):
 def pytest_collection_modifyitems(config, items):
     """The fault suite (marker `chaos`) runs last: it is the slowest and proves the rest."""
     items.sort(key=lambda item: item.get_closest_marker("chaos") is not None)
+    if config.getvalue("loadgroup"):  # an xdist worker under --dist loadgroup
+        refuse_lost_groups(items)
+
+
+def refuse_lost_groups(items) -> None:
+    """xdist groups a test by the "@group" it appends to the node id; a pytest that ignores
+    that append (9.2 with xdist 3.8) spreads a group over the workers without a word, and two
+    of the heavy runs then share a database. Refuse to run rather than run so."""
+    lost = [i.nodeid for i in items if i.get_closest_marker("xdist_group") and "@" not in i.nodeid]
+    if lost:
+        raise pytest.UsageError(
+            f"--dist loadgroup did not group {len(lost)} test(s) (e.g. {lost[0]}): "
+            "this pytest and pytest-xdist do not work together; see pyproject.toml"
+        )
