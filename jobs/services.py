@@ -668,20 +668,31 @@ def fail(items: Sequence[tuple]) -> dict[int, Finished]:
 
 _RELEASE_SQL = f"""
 UPDATE {T} j SET status = '{Status.QUEUED}', lease_version = j.lease_version + 1,
-       run_at = now(), error = %(reason)s::text, {_UNOWN}, {_BY_HOLDER}
+       run_at = {{run_at}}, error = %(reason)s::text, {_UNOWN}, {_BY_HOLDER}
 FROM unnest(%(ids)s::bigint[], %(lvs)s::bigint[], %(owners)s::text[]) AS f(id, lv, owner)
 WHERE j.id = ANY(%(ids)s::bigint[]) AND {_FENCE} RETURNING j.id, j.queue, j.status
 """
+_RELEASE_RUN_SQL = _RELEASE_SQL.replace("{run_at}", "now()")
+# A job that never started keeps its run_at, so it keeps its place in the claim order.
+_RELEASE_UNSTARTED_SQL = _RELEASE_SQL.replace("{run_at}", "j.run_at")
 
 
-def release(leases: Sequence[Lease], reason: str = "released by worker shutdown") -> set[int]:
+def release(
+    leases: Sequence[Lease],
+    reason: str = "released by worker shutdown",
+    *,
+    unstarted: bool = False,
+) -> set[int]:
     """processing → queued without spending a retry (graceful shutdown), fenced.
 
     The lease is bumped so that the releasing worker can no longer write.
+    `unstarted`: the handler never ran (a prefetched job), so the job keeps its
+    place in the queue instead of going behind the jobs due meanwhile.
     """
     if not leases:
         return set()
-    rows = _hot_rows(_RELEASE_SQL, {"reason": reason, **_fence_params(leases)})
+    sql = _RELEASE_UNSTARTED_SQL if unstarted else _RELEASE_RUN_SQL
+    rows = _hot_rows(sql, {"reason": reason, **_fence_params(leases)})
     # A job with a cancel request pending ended failed instead (lifecycle): no signal.
     signal_after_commit([r[:2] for r in rows if r[2] == Status.QUEUED], park_on_failure=False)
     return {r[0] for r in rows}

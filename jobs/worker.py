@@ -66,6 +66,13 @@ DB_BACKOFF_MAX = 10.0
 REDIS_BACKOFF_MAX = 30.0
 MAX_BATCH = 1000
 HEALTH_CHECK_EVERY = 1.0  # seconds between the dispatcher's connection health checks
+# Prefetch: a worker claims ahead what its threads can finish within this fraction of
+# the lease (1 s at the default 15 s), learnt from run times; long jobs get no prefetch.
+PREFETCH_WINDOW_FRACTION = 1 / 15
+# Run-time estimate: learns a longer run at once (half way), a shorter one slowly.
+RUN_TIME_UP, RUN_TIME_DOWN = 0.5, 0.05
+MAX_PREFETCH = MAX_BATCH  # the most --prefetch accepts: one claim statement's batch
+STALE_CHECK_EVERY = 0.25  # seconds between looks for prefetched jobs waiting too long
 
 
 # Errors that come from a row's content, not from the connection or the server:
@@ -140,12 +147,16 @@ class Outcome:
     traceback: str | None = None
 
 
-@dataclass
+@dataclass(eq=False)
 class InFlight:
     lease: Lease
     ctx: JobContext
-    started: float = field(default_factory=time.monotonic)
+    started: float = field(default_factory=time.monotonic)  # claimed at
     finishing: bool = False  # its outcome is queued for write-back: heartbeats ignore it
+    # Prefetched, no handler has taken it yet: released unrun at shutdown or when it
+    # waited too long; `running_since` is set when a handler takes it.
+    waiting: bool = False
+    running_since: float | None = None
     progress_saved: int = 0  # sequence number of the last progress report written
     progress_written_at: float = float("-inf")
 
@@ -183,6 +194,7 @@ class Worker:
         flush_interval: float = 0.0,
         worker_id: str | None = None,
         progress_interval: float | None = None,
+        prefetch: int | None = None,
     ) -> None:
         if not isinstance(queues, QueueSpec):
             queues = parse_queues(",".join(queues or ["default"]))
@@ -199,6 +211,14 @@ class Worker:
             progress_interval = settings.JOBS_PROGRESS_INTERVAL
         self.progress_interval = max(0.05, progress_interval)
         self.flush_interval = flush_interval
+        if prefetch is None:
+            prefetch = settings.JOBS_WORKER_PREFETCH
+        self.max_prefetch = max(0, prefetch)
+        self.prefetch_window = self.lease_seconds * PREFETCH_WINDOW_FRACTION
+        self._run_time: float | None = None  # estimated seconds per job; None: not measured
+        self._long_running = 0  # handlers busy for longer than the prefetch window
+        self._long_at = float("-inf")
+        self._stale_at = float("-inf")
         self.worker_id = worker_id or new_worker_id()
         self.transport = get_transport()
 
@@ -209,11 +229,10 @@ class Worker:
         # result still waits for write-back; the two must never be confused.
         self._inflight: dict[tuple[int, int], InFlight] = {}
         self._running = 0  # of those, the ones whose handler has not returned yet
+        self._waiting = 0  # prefetched: claimed, not yet taken by a handler
         self._lock = threading.Lock()
         self._slot_free = threading.Event()
-        self._ready: queue_mod.SimpleQueue[tuple[Lease, JobContext] | None] = (
-            queue_mod.SimpleQueue()
-        )
+        self._ready: queue_mod.SimpleQueue[InFlight | None] = queue_mod.SimpleQueue()
         self._outcomes: queue_mod.SimpleQueue[Outcome] = queue_mod.SimpleQueue()
         self._debug = log.isEnabledFor(logging.DEBUG)
         # Tracebacks of failed attempts: 5 per task at once, then one per 12 s.
@@ -257,7 +276,8 @@ class Worker:
 
     @property
     def inflight(self) -> int:
-        """Leases held: jobs running plus results awaiting write-back (≤ 2 × concurrency)."""
+        """Leases held: prefetched, running and awaiting write-back
+        (≤ 2 × (concurrency + prefetch))."""
         with self._lock:
             return len(self._inflight)
 
@@ -301,9 +321,12 @@ class Worker:
                     checked = now
                 if self.max_jobs is not None and self.claimed >= self.max_jobs:
                     break
+                if self._waiting and now - self._stale_at >= STALE_CHECK_EVERY:
+                    self._stale_at = now
+                    self._release_unstarted(self.prefetch_window * 2)
                 # Cleared before counting, so a slot freed from here on wakes the wait below.
                 self._slot_free.clear()
-                free = self._free_slots()
+                free = self._claim_size()
                 if self.max_jobs is not None:
                     free = min(free, self.max_jobs - self.claimed)
                 if free <= 0:
@@ -397,7 +420,7 @@ class Worker:
 
     def _start(self, leases: list[Lease]) -> None:
         """Hand a claimed batch to the handler threads (one lock round for the batch)."""
-        started = []
+        claimed = []
         for lease in leases:
             ctx = JobContext(
                 job_id=lease.job_id,
@@ -407,30 +430,40 @@ class Worker:
                 queue=lease.queue,
                 task=lease.task,
             )
-            started.append((lease, ctx))
+            claimed.append(InFlight(lease, ctx, waiting=True))
         with self._lock:
-            for lease, ctx in started:
-                self._inflight[_key(lease)] = InFlight(lease, ctx)
-            self._running += len(started)
+            for item in claimed:
+                self._inflight[_key(item.lease)] = item
+            self._waiting += len(claimed)
         self.claimed += len(leases)
         put = self._ready.put
-        for item in started:
+        for item in claimed:
             if self._debug:
-                log.debug("claimed", extra=item[0].log_fields())
+                log.debug("claimed", extra=item.lease.log_fields())
             put(item)
 
     def _handler_loop(self) -> None:
         get = self._ready.get
+        lock = self._lock
         while True:
             item = get()
             if item is None:
                 return
-            self._run_one(*item)
+            with lock:
+                if not item.waiting:  # released unrun meanwhile (shutdown, waited too long)
+                    continue
+                item.waiting = False
+                item.running_since = time.monotonic()
+                self._waiting -= 1
+                self._running += 1
+            self._run_one(item.lease, item.ctx)
 
     def _run_one(self, lease: Lease, ctx: JobContext) -> None:
         started = time.monotonic()
         outcome = self._execute(lease, ctx)
-        metrics.child(metrics.DURATION, lease.queue, lease.task).observe(time.monotonic() - started)
+        took = time.monotonic() - started
+        metrics.child(metrics.DURATION, lease.queue, lease.task).observe(took)
+        self._learn_run_time(took)
         if (
             outcome.kind in (OutcomeKind.DONE, OutcomeKind.FAIL)
             and ctx.cancel_seen
@@ -542,18 +575,110 @@ class Worker:
         with self._lock:
             for lease in leases:
                 item = self._inflight.pop(_key(lease), None)
-                if item is not None and not item.finishing:
+                if item is None:
+                    continue
+                if item.waiting:
+                    item.waiting = False
+                    self._waiting -= 1
+                elif not item.finishing:
                     self._running -= 1
         self._slot_free.set()
 
-    def _free_slots(self) -> int:
-        """Handler threads free to start a job, while at most `concurrency` more results
-        wait for write-back (so claims overlap the flusher without holding unbounded leases)."""
+    # --- prefetch ------------------------------------------------------------------------
+
+    def _learn_run_time(self, seconds: float) -> None:
+        """Move the run-time estimate towards `seconds` (an estimate: a lost update
+        between handler threads does no harm)."""
+        avg = self._run_time
+        if avg is None:
+            self._run_time = seconds
+        else:
+            weight = RUN_TIME_UP if seconds > avg else RUN_TIME_DOWN
+            self._run_time = avg + weight * (seconds - avg)
+
+    def _prefetch(self) -> int:
+        """Jobs to hold claimed beyond the handler threads: what the threads not stuck
+        on a long job finish within the prefetch window at the estimated run time,
+        less one each for the job they run; 0 until a run time is measured, for long
+        jobs, and when every thread runs one. Never more than `max_prefetch`."""
+        avg = self._run_time
+        if not self.max_prefetch or avg is None:
+            return 0
+        now = time.monotonic()
+        if now - self._long_at >= 0.1:  # a scan of the held leases, ten times a second
+            self._long_at = now
+            since = now - self.prefetch_window
+            with self._lock:
+                self._long_running = sum(
+                    1
+                    for i in self._inflight.values()
+                    if i.running_since is not None and not i.finishing and i.running_since < since
+                )
+        threads = self.concurrency - self._long_running
+        if threads <= 0:
+            return 0
+        ahead = threads * self.prefetch_window / max(avg, 1e-6) - threads
+        return max(0, min(self.max_prefetch, int(ahead)))
+
+    def _free_slots(self, prefetch: int = 0) -> int:
+        """Leases to claim now: handler threads free plus `prefetch` jobs waiting, while
+        at most as many results again wait for write-back (so claims overlap the
+        flusher without holding unbounded leases: ≤ 2 × (concurrency + prefetch))."""
+        cap = self.concurrency + prefetch
         with self._lock:
             return min(
-                self.concurrency - self._running,
-                2 * self.concurrency - len(self._inflight),
+                cap - self._running - self._waiting,
+                2 * cap - len(self._inflight),
             )
+
+    def _claim_size(self) -> int:
+        """How many to claim now (0: wait). With prefetch, a claim tops the buffer up
+        once it is half empty, or at once when a thread would otherwise sit idle."""
+        prefetch = self._prefetch()
+        free = self._free_slots(prefetch)
+        if free <= 0 or prefetch == 0 or self._waiting == 0:
+            return free
+        return free if free >= max(1, prefetch // 2) else 0
+
+    def _release_unstarted(self, waited: float | None = None, reason: str = "") -> int:
+        """Give back prefetched jobs no handler has taken (all, or those claimed more than
+        `waited` seconds ago) in one fenced release: they keep their place in the queue
+        and spend no retry, so another worker runs them now instead of after this
+        worker's long jobs."""
+        now = time.monotonic()
+        with self._lock:
+            items = [
+                i
+                for i in self._inflight.values()
+                if i.waiting and (waited is None or now - i.started > waited)
+            ]
+            for item in items:  # a handler that pops one now skips it
+                item.waiting = False
+                item.finishing = True
+                self._waiting -= 1
+        if not items:
+            return 0
+        leases = [i.lease for i in items]
+        reason = reason or f"prefetched, not started within {waited:g}s: released"
+        try:
+            ok = services.release(leases, reason, unstarted=True)
+            log.info(
+                "released %d prefetched job(s) not started: %s",
+                len(ok),
+                reason,
+                extra={"worker_id": self.worker_id, "job_ids": [i.job_id for i in leases][:20]},
+            )
+        except (DatabaseError, InterfaceError) as exc:
+            metrics.child(metrics.DB_ERRORS, "release").inc()
+            log.warning(
+                "could not release %d prefetched job(s) (%s); the reaper will",
+                len(leases),
+                exc,
+                extra={"worker_id": self.worker_id},
+            )
+            connection.close()
+        self._forget(leases)
+        return len(items)
 
     # --- write-back in batches ----------------------------------------------------------
 
@@ -807,7 +932,11 @@ class Worker:
     # --- shutdown ----------------------------------------------------------------------------
 
     def _drain(self) -> None:
-        """Wait up to `grace` for running jobs, then release the rest back to queued."""
+        """On a stop request release prefetched jobs at once (after --max-jobs they are
+        run: they were counted), wait up to `grace` for running jobs, then release the
+        rest back to queued."""
+        if self.stopping.is_set():
+            self._release_unstarted(reason="prefetched, not started: released by worker shutdown")
         deadline = time.monotonic() + self.grace
         while self.inflight and time.monotonic() < deadline:
             self._slot_free.wait(0.05)

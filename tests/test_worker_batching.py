@@ -103,3 +103,34 @@ def test_a_worker_holds_at_most_twice_its_concurrency_in_leases():
     assert w._free_slots() == 1  # two still running out of three threads
     w._forget(leases[3:])
     assert (w._running, w._free_slots()) == (0, 3)
+
+
+@pytest.mark.django_db
+def test_prefetch_follows_measured_run_times_and_stays_bounded():
+    """No prefetch before a run time is measured or for jobs longer than the window
+    (1/15 of the lease); short jobs fill it up to --prefetch, never past it."""
+    from jobs.worker import Worker
+
+    w = Worker(concurrency=4, worker_id="w-prefetch", lease_seconds=15, prefetch=128)
+    assert w.prefetch_window == 1.0
+    assert (w._prefetch(), w._free_slots(w._prefetch())) == (0, 4)
+    w._learn_run_time(0.0001)  # no-op jobs
+    assert w._prefetch() == 128
+    # Running and prefetched count against 4 + 128; write-back against twice that.
+    assert w._free_slots(128) == 132
+    w._running, w._waiting = 4, 100
+    assert w._free_slots(128) == 28
+    # A long run is learnt at once: 4 threads finish fewer than 8 jobs in 1 s.
+    w._learn_run_time(3.0)
+    assert w._run_time > 1.0
+    assert w._prefetch() == 0
+    # Jobs of 0.25 s: 4 threads finish 16 within the window, 4 of them the running ones.
+    w._run_time = 0.25
+    assert w._prefetch() == 12
+    assert Worker(concurrency=4, worker_id="w-off", prefetch=0)._prefetch() == 0
+
+
+def test_prefetch_out_of_range_is_refused(stack):
+    w = stack.worker("--prefetch", "-1")
+    assert w.wait(20) != 0
+    assert "--prefetch must be between 0 and 1000" in w.output()

@@ -9,7 +9,7 @@ from jobs import dispatch
 from jobs.collectors import WorkerCollector
 from jobs.dispatch import QueueSpec
 from jobs.runtime import add_metrics_arguments, start_metrics_server
-from jobs.worker import Worker
+from jobs.worker import MAX_PREFETCH, Worker
 
 
 def parse_queues(value: str) -> QueueSpec:
@@ -59,6 +59,14 @@ class Command(BaseCommand):
             help="Seconds the flusher waits to gather more results per write "
             "(0: write whatever finished while the previous write ran) [%(default)s].",
         )
+        parser.add_argument(
+            "--prefetch",
+            type=int,
+            default=None,
+            help="Most jobs claimed ahead of the handler threads; the number used adapts "
+            "to what the threads finish within 1/15 of the lease, long jobs get none, "
+            "0 claims only for free threads [JOBS_WORKER_PREFETCH, 128].",
+        )
         add_metrics_arguments(parser)
 
     def handle(self, *args, **opts):
@@ -66,6 +74,8 @@ class Command(BaseCommand):
             raise CommandError("--concurrency must be at least 1")
         if not 0 <= opts["flush_interval"] <= 5:
             raise CommandError("--flush-interval must be between 0 and 5 seconds")
+        if opts["prefetch"] is not None and not 0 <= opts["prefetch"] <= MAX_PREFETCH:
+            raise CommandError(f"--prefetch must be between 0 and {MAX_PREFETCH}")
         if opts["max_jobs"] is not None and opts["max_jobs"] < 1:
             raise CommandError("--max-jobs must be at least 1")
         start_metrics_server(opts["metrics_port"], opts["metrics_host"])
@@ -77,6 +87,7 @@ class Command(BaseCommand):
             grace=opts["grace"],
             poll_interval=opts["poll_interval"],
             flush_interval=opts["flush_interval"],
+            prefetch=opts["prefetch"],
         )
         if opts["metrics_port"]:
             from prometheus_client import REGISTRY
