@@ -58,6 +58,7 @@ class Lease:
     retry_count: int
     max_retries: int
     created_at: datetime
+    priority: int = 0  # so a worker starts its prefetched jobs in the claim order
 
     def log_fields(self, **more: Any) -> dict[str, Any]:
         return job_log_fields(
@@ -406,7 +407,8 @@ WHERE j.id = ANY(ARRAY(SELECT id FROM c))
 RETURNING j.id, j.lease_version, j.task, j.payload, j.queue, j.retry_count,
           j.max_retries, j.created_at, j.priority, j.run_at
 )
-SELECT id, lease_version, task, payload, queue, retry_count, max_retries, created_at
+SELECT id, lease_version, task, payload, queue, retry_count, max_retries, created_at,
+       priority
 FROM u ORDER BY priority DESC, run_at, id
 """
 _CLAIM_NEXT_SQL = f"""
@@ -436,7 +438,7 @@ def _leases(rows: list[tuple], worker_id: str) -> list[Lease]:
     loads = json.loads
     for r in rows:
         payload = loads(r[3]) if isinstance(r[3], str) else r[3]
-        leases.append(Lease(r[0], r[1], worker_id, r[2], payload, r[4], r[5], r[6], r[7]))
+        leases.append(Lease(r[0], r[1], worker_id, r[2], payload, r[4], r[5], r[6], r[7], r[8]))
         per_queue[r[4]] += 1
     for queue, n in per_queue.items():
         metrics.child(metrics.CLAIMED, queue).inc(n)

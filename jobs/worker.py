@@ -20,6 +20,8 @@ per statement, without a fixed wait (`flush_interval` adds one, default 0).
 from __future__ import annotations
 
 import enum
+import heapq
+import itertools
 import json
 import logging
 import os
@@ -232,7 +234,12 @@ class Worker:
         self._waiting = 0  # prefetched: claimed, not yet taken by a handler
         self._lock = threading.Lock()
         self._slot_free = threading.Event()
-        self._ready: queue_mod.SimpleQueue[InFlight | None] = queue_mod.SimpleQueue()
+        # Claimed jobs wait in a heap (priority DESC, then claim order) under `_lock`, so a
+        # job claimed later with a higher priority starts before prefetched lower ones;
+        # `_ready` carries one token per entry to wake a handler thread (None: exit).
+        self._heap: list[tuple[int, int, InFlight]] = []
+        self._seq = itertools.count()
+        self._ready: queue_mod.SimpleQueue[bool | None] = queue_mod.SimpleQueue()
         self._outcomes: queue_mod.SimpleQueue[Outcome] = queue_mod.SimpleQueue()
         self._debug = log.isEnabledFor(logging.DEBUG)
         # Tracebacks of failed attempts: 5 per task at once, then one per 12 s.
@@ -431,25 +438,29 @@ class Worker:
                 task=lease.task,
             )
             claimed.append(InFlight(lease, ctx, waiting=True))
+        seq = self._seq
         with self._lock:
             for item in claimed:
                 self._inflight[_key(item.lease)] = item
+                heapq.heappush(self._heap, (-item.lease.priority, next(seq), item))
             self._waiting += len(claimed)
         self.claimed += len(leases)
         put = self._ready.put
         for item in claimed:
             if self._debug:
                 log.debug("claimed", extra=item.lease.log_fields())
-            put(item)
+            put(True)
 
     def _handler_loop(self) -> None:
         get = self._ready.get
         lock = self._lock
+        heap = self._heap
+        pop = heapq.heappop
         while True:
-            item = get()
-            if item is None:
+            if get() is None:
                 return
-            with lock:
+            with lock:  # one token per heap entry: the heap is not empty
+                item = pop(heap)[2]
                 if not item.waiting:  # released unrun meanwhile (shutdown, waited too long)
                     continue
                 item.waiting = False
