@@ -284,7 +284,7 @@ class Worker:
     @property
     def inflight(self) -> int:
         """Leases held: prefetched, running and awaiting write-back
-        (≤ 2 × (concurrency + prefetch))."""
+        (≤ 2 × max(concurrency, prefetch))."""
         with self._lock:
             return len(self._inflight)
 
@@ -611,9 +611,12 @@ class Worker:
         """Jobs to hold claimed beyond the handler threads: what the threads not stuck
         on a long job finish within the prefetch window at the estimated run time,
         less one each for the job they run; 0 until a run time is measured, for long
-        jobs, and when every thread runs one. Never more than `max_prefetch`."""
+        jobs, and when every thread runs one. Running and prefetched jobs together stay
+        within max(concurrency, max_prefetch), as a broker's prefetch count bounds
+        unacknowledged deliveries."""
         avg = self._run_time
-        if not self.max_prefetch or avg is None:
+        room = self.max_prefetch - self.concurrency
+        if room <= 0 or avg is None:
             return 0
         now = time.monotonic()
         if now - self._long_at >= 0.1:  # a scan of the held leases, ten times a second
@@ -629,12 +632,12 @@ class Worker:
         if threads <= 0:
             return 0
         ahead = threads * self.prefetch_window / max(avg, 1e-6) - threads
-        return max(0, min(self.max_prefetch, int(ahead)))
+        return max(0, min(room, int(ahead)))
 
     def _free_slots(self, prefetch: int = 0) -> int:
         """Leases to claim now: handler threads free plus `prefetch` jobs waiting, while
         at most as many results again wait for write-back (so claims overlap the
-        flusher without holding unbounded leases: ≤ 2 × (concurrency + prefetch))."""
+        flusher without holding unbounded leases: ≤ 2 × max(concurrency, max_prefetch))."""
         cap = self.concurrency + prefetch
         with self._lock:
             return min(

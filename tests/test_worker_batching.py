@@ -108,18 +108,19 @@ def test_a_worker_holds_at_most_twice_its_concurrency_in_leases():
 @pytest.mark.django_db
 def test_prefetch_follows_measured_run_times_and_stays_bounded():
     """No prefetch before a run time is measured or for jobs longer than the window
-    (1/15 of the lease); short jobs fill it up to --prefetch, never past it."""
+    (1/15 of the lease); short jobs fill it until running and prefetched jobs reach
+    --prefetch, never past it, and a worker with as many threads prefetches none."""
     from jobs.worker import Worker
 
     w = Worker(concurrency=4, worker_id="w-prefetch", lease_seconds=15, prefetch=128)
     assert w.prefetch_window == 1.0
     assert (w._prefetch(), w._free_slots(w._prefetch())) == (0, 4)
     w._learn_run_time(0.0001)  # no-op jobs
-    assert w._prefetch() == 128
-    # Running and prefetched count against 4 + 128; write-back against twice that.
-    assert w._free_slots(128) == 132
+    assert w._prefetch() == 124
+    # Running and prefetched count against 4 + 124; write-back against twice that.
+    assert w._free_slots(124) == 128
     w._running, w._waiting = 4, 100
-    assert w._free_slots(128) == 28
+    assert w._free_slots(124) == 24
     # A long run is learnt at once: 4 threads finish fewer than 8 jobs in 1 s.
     w._learn_run_time(3.0)
     assert w._run_time > 1.0
@@ -127,7 +128,10 @@ def test_prefetch_follows_measured_run_times_and_stays_bounded():
     # Jobs of 0.25 s: 4 threads finish 16 within the window, 4 of them the running ones.
     w._run_time = 0.25
     assert w._prefetch() == 12
-    assert Worker(concurrency=4, worker_id="w-off", prefetch=0)._prefetch() == 0
+    for concurrency, prefetch in ((4, 0), (128, 128), (200, 128)):
+        other = Worker(concurrency=concurrency, worker_id="w-off", prefetch=prefetch)
+        other._learn_run_time(0.0001)
+        assert other._prefetch() == 0
 
 
 def test_prefetch_out_of_range_is_refused(stack):

@@ -63,9 +63,10 @@ class Command(BaseCommand):
             "--prefetch",
             type=int,
             default=None,
-            help="Most jobs claimed ahead of the handler threads; the number used adapts "
-            "to what the threads finish within 1/15 of the lease, long jobs get none, "
-            "0 claims only for free threads [JOBS_WORKER_PREFETCH, 128].",
+            help="Most jobs held claimed, running ones included (never fewer than "
+            "--concurrency): short jobs are claimed ahead up to what the threads finish "
+            "within 1/15 of the lease, long jobs one per free thread; 0 claims only for "
+            "free threads [JOBS_WORKER_PREFETCH, 128].",
         )
         add_metrics_arguments(parser)
 
