@@ -193,7 +193,7 @@ CACHES = {
     "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
     "api_clients": (
         {
-            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "BACKEND": "jobs.transport.RedisCache",  # Django's, one client per pool
             "LOCATION": REDIS_URL,
             "KEY_PREFIX": f"{JOBS_REDIS_PREFIX}client",
             "TIMEOUT": JOBS_CLIENT_CACHE_SECONDS,

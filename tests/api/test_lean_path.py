@@ -276,3 +276,25 @@ def test_a_frozen_cache_costs_one_timeout_per_request(settings, private_redis):
     timeout = settings.CACHES["api_clients"]["OPTIONS"]["socket_timeout"]
     # One read timeout, not a second one for storing the answer (generous for a busy machine).
     assert took < 2 * timeout, took
+
+
+@pytest.mark.django_db
+def test_the_client_cache_keeps_one_redis_client_and_survives_a_redis_restart(
+    settings, private_redis
+):
+    """One `redis.Redis` per pool for every request (Django builds one per call); its
+    pool reconnects after Redis comes back, so the cache serves again."""
+    from django.core.cache import caches
+
+    _cache_at(settings, private_redis.url)
+    cache = caches["api_clients"]._cache
+    assert cache.get_client() is cache.get_client()
+    assert cache.get_client(write=True) is cache.get_client()  # one server: one pool
+    _, token = new_client()
+    api = authed(token)
+    assert api.get(URL).status_code == 200
+    private_redis.stop()
+    assert api.get(URL).status_code == 200  # the database answers
+    private_redis.start()
+    assert api.get(URL).status_code == 200
+    assert private_redis.client().keys("*client*")  # cached again through the same client
