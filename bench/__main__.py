@@ -116,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         setup_django(db.url(), redis.url)
         procs = processes(db.url(), redis.url, logdir)
         ctx = scenarios.Context(args, db, redis, procs, code, baseline, logdir)
+        summary: list[dict] = []
         with open(out, "a") as fh:
             for name in names:
                 for record in scenarios.run(name, ctx):
@@ -124,7 +125,9 @@ def main(argv: list[str] | None = None) -> int:
                     fh.write(json.dumps(record, default=str) + "\n")
                     fh.flush()
                     print(format_record(record), flush=True)
+                    summary.append(record)
                 procs.stop_all()
+        print(format_summary(summary))
     finally:
         try:
             from django.db import connections
@@ -160,6 +163,18 @@ def command_for(name: str, args: argparse.Namespace, record: dict) -> str:
     for v in args.variant or []:
         parts += ["--variant", v]
     return shlex.join(parts)
+
+
+def format_summary(records: list[dict]) -> str:
+    """One line per figure, in scenario order: the default worker next to the tuned one,
+    the single HTTP submission next to the batch endpoint, each code side by side."""
+    lines = ["summary (figure: value [code], load average at start):"]
+    for r in records:
+        value = r.get("value")
+        shown = "NOT MEASURED" if value is None else f"{value:,.2f} {r.get('unit', '')}"
+        load = (r.get("loadavg_1m") or ["?"])[0]
+        lines.append(f"  {r['scenario']:<16} {shown:>18}  [{r.get('code', '')}]  load {load}")
+    return "\n".join(lines)
 
 
 def format_record(r: dict) -> str:

@@ -325,11 +325,22 @@ def commit_floor(n: int) -> dict[str, float]:
 
 @scenario("latency")
 def latency(ctx: Context) -> Iterator[dict]:
-    """Jobs submitted one at a time to idle workers: created_at -> finished_at."""
+    """Jobs submitted one at a time to idle workers (--concurrency 64): created_at ->
+    finished_at."""
+    yield from submission_to_done(ctx, tuned=True)
+
+
+@scenario("latency-default")
+def latency_default(ctx: Context) -> Iterator[dict]:
+    """The same with two `runworker` at their defaults, as users start them."""
+    yield from submission_to_done(ctx, tuned=False)
+
+
+def submission_to_done(ctx: Context, *, tuned: bool) -> Iterator[dict]:
     from jobs import services
 
     n, gap = (30, 0.01) if ctx.quick else (1000, 0.01)
-    concurrency = ctx.args.concurrency or 64
+    concurrency = (ctx.args.concurrency or 64) if tuned else None
     for code, variant in ctx.setups():
         reset(ctx)
         apply_variant(variant)
@@ -362,7 +373,8 @@ def latency(ctx: Context) -> Iterator[dict]:
             "unit": "ms",
             "target": "p99 <= 4 ms",
             "summary": fmt_pcts(pct)
-            + f"; one job every {gap * 1000:.0f} ms, 2 workers, --concurrency {concurrency}"
+            + f"; one job every {gap * 1000:.0f} ms, 2 workers, "
+            + f"--concurrency {concurrency or 'default'}"
             + f"\n    created -> claimed: {fmt_pcts(to_claim)}"
             + f"\n    claimed -> finished: {fmt_pcts(to_finish)}"
             + f"\n    floor, one-row INSERT + commit on this server: {fmt_pcts(floor)}",
