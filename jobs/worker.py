@@ -9,6 +9,11 @@ has work", and the dispatcher claims the best due rows of q in PostgreSQL's orde
 straight from Postgres whenever Redis is silent, down or not configured. Queues
 are visited in a weighted random order (jobs.dispatch), so none starves.
 
+Prefetch: for short jobs a claim takes more than the free threads, what they finish
+within 1/15 of the lease at the measured run time (bounded by --prefetch); the
+jobs wait in a priority heap, and those no thread has taken are released unrun at
+shutdown or when long jobs keep them waiting (D52).
+
 Batching never merges authority: each row of a batched write carries its own
 (id, lease_version, owned_by) and status = 'processing' predicate, so one stale
 entry is rejected alone while the others land. The flusher batches by natural
