@@ -189,7 +189,7 @@ TASKS = {
 # deactivation reaches every process at once; without Redis, no cache.
 JOBS_CLIENT_CACHE_SECONDS = env.float("JOBS_CLIENT_CACHE_SECONDS", default=10.0)
 CACHES = {
-    # Throttle counters: per process (see jobs.api.auth.ClientRateThrottle).
+    # Per process: the admin dashboard (the API throttle counts in jobs.api.auth).
     "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
     "api_clients": (
         {

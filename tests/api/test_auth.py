@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from io import StringIO
 
 import pytest
@@ -116,3 +117,61 @@ def test_createclient_refuses_a_bad_name(name):
     with pytest.raises(CommandError):
         call_command("createclient", name, stdout=StringIO())
     assert Client.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_throttle_window_slides_and_retry_after_follows_drf(api, settings):
+    """The per-process counts give DRF's answers: N per window, the oldest request
+    leaving the window frees a slot, Retry-After by DRF's arithmetic."""
+    from jobs.api.auth import ClientRateThrottle
+
+    settings.REST_FRAMEWORK = {
+        **settings.REST_FRAMEWORK,
+        "DEFAULT_THROTTLE_RATES": {"client": "2/minute"},
+    }
+    clock = [1000.0]
+    ClientRateThrottle.timer = lambda self: clock[0]
+    try:
+        assert api.get(URL).status_code == 200
+        clock[0] += 30
+        assert api.get(URL).status_code == 200
+        clock[0] += 10
+        r = api.get(URL)
+        assert r.status_code == 429
+        # DRF: (60 - (now - oldest)) / (2 - 2 + 1) = 20 s.
+        assert r["Retry-After"] == "20"
+        clock[0] += 20.5  # the first request has left the window
+        assert api.get(URL).status_code == 200
+        assert api.get(URL).status_code == 429
+    finally:
+        del ClientRateThrottle.timer
+
+
+def test_throttle_cost_does_not_grow_with_the_requests_in_the_window():
+    """DRF's list in the cache costs a request time in proportion to the window (1.2 ms
+    at 30,000 requests); a deque does not. Compared with itself, best of three."""
+    from types import SimpleNamespace
+
+    from jobs.api.auth import ClientRateThrottle
+
+    def per_call(prefilled: int) -> float:
+        ClientRateThrottle.reset()
+        throttle = ClientRateThrottle()
+        throttle.num_requests, throttle.duration = 10**9, 3600
+        request = SimpleNamespace(user=Client(pk=prefilled + 1, name="t"))
+        for _ in range(prefilled):
+            throttle.allow_request(request, None)
+        best = float("inf")
+        for _ in range(3):
+            started = time.perf_counter()
+            for _ in range(2000):
+                throttle.allow_request(request, None)
+            best = min(best, (time.perf_counter() - started) / 2000)
+        return best
+
+    try:
+        empty, full = per_call(0), per_call(50_000)
+    finally:
+        ClientRateThrottle.reset()
+    print(f"throttle per request: {empty * 1e6:.1f} us empty, {full * 1e6:.1f} us at 50,000")
+    assert full < 5 * empty + 20e-6, (empty, full)
