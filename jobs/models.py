@@ -278,3 +278,66 @@ class WorkerProcess(models.Model):
 
     def __str__(self) -> str:
         return self.id
+
+
+class Queue(models.Model):
+    """A declared queue's controls (docs/queue-controls.md), enforced by the claim.
+
+    Seeded from JOBS_QUEUES by `jobs.queuecontrol.sync`; staff may edit it in the
+    admin. `declared` is the JOBS_QUEUES entry last applied, so a restart applies
+    only what the deployment changed and keeps staff edits (decision D52).
+    `rate_starts` holds the claim times (the history's `at`) of the latest starts
+    within the rate's period: the sliding window the claim counts against.
+    """
+
+    name = models.CharField(max_length=100, primary_key=True)
+    paused = models.BooleanField(default=False)
+    concurrency = models.IntegerField(
+        null=True, blank=True, help_text="Most jobs processing at once across all workers."
+    )
+    rate_limit = models.IntegerField(
+        null=True, blank=True, help_text="Most job starts per rate period across all workers."
+    )
+    rate_period = models.IntegerField(
+        null=True,
+        blank=True,
+        choices=[(1, "second"), (60, "minute"), (3600, "hour")],
+        help_text="Seconds.",
+    )
+    weight = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="Polling weight for workers serving several queues without a weight of "
+        "their own for it (runworker --queues a:4 wins).",
+    )
+    rate_starts = ArrayField(models.DateTimeField(), default=list, blank=True)
+    declared = models.JSONField(default=dict, blank=True)
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "jobs_queue"
+        ordering = ["name"]
+        permissions = [("pause_queue", "Can pause and resume queues")]
+        constraints = [
+            models.CheckConstraint(
+                name="queue_concurrency_positive",
+                condition=Q(concurrency__isnull=True) | Q(concurrency__gte=1),
+            ),
+            models.CheckConstraint(
+                name="queue_rate_complete",
+                condition=Q(rate_limit__isnull=True, rate_period__isnull=True)
+                | Q(rate_limit__gte=1, rate_limit__lte=1000, rate_period__in=[1, 60, 3600]),
+            ),
+            models.CheckConstraint(
+                name="queue_weight_range",
+                condition=Q(weight__isnull=True) | Q(weight__gt=0, weight__lte=1000),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def limited(self) -> bool:
+        """Claims need the queue's lock: a cap or a rate to count against."""
+        return self.concurrency is not None or self.rate_limit is not None

@@ -18,7 +18,7 @@ import zlib
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
@@ -30,7 +30,7 @@ from jobs import clientcache, lifecycle, metrics
 from jobs.exceptions import BatchIdempotencyConflict, IdempotencyConflict
 from jobs.lifecycle import CANCELLED, TERMINAL, Role, Status, actor_role, actor_sql, due_sql
 from jobs.logconfig import job_log_fields
-from jobs.models import Client, Job, JobEvent, WorkerProcess
+from jobs.models import Client, Job, JobEvent, Queue, WorkerProcess
 from jobs.transport import TransportError, get_transport
 
 log = logging.getLogger(__name__)
@@ -409,20 +409,36 @@ RETURNING j.id, j.lease_version, j.task, j.payload, j.queue, j.retry_count,
 SELECT id, lease_version, task, payload, queue, retry_count, max_retries, created_at
 FROM u ORDER BY priority DESC, run_at, id
 """
-_CLAIM_NEXT_SQL = f"""
+QT = Queue._meta.db_table
+# An open queue: no row in jobs_queue says paused or limited. Uncorrelated, so one
+# primary-key probe per statement (an InitPlan), evaluated before any job row is read.
+_CONTROLLED = "(q.paused OR q.concurrency IS NOT NULL OR q.rate_limit IS NOT NULL)"
+_QUEUE_OPEN = f"NOT EXISTS (SELECT FROM {QT} q WHERE q.name = %(queue)s AND {_CONTROLLED})"
+
+
+def _claim_queue_sql(also: str = "") -> str:
+    return f"""
 WITH c AS (
   SELECT id FROM {T}
-  WHERE {lifecycle.CLAIM.where()} AND queue = %(queue)s AND run_at <= now()
+  WHERE {lifecycle.CLAIM.where()} AND queue = %(queue)s AND run_at <= now(){also}
   ORDER BY priority DESC, run_at, id
   LIMIT %(limit)s
   FOR UPDATE SKIP LOCKED
 )
 {_CLAIM_SET}
 """
+
+
+# The claim of an open queue. A queue with controls is claimed by claim_limited only,
+# so a worker that still thinks it open (its snapshot is a second old) claims nothing.
+_CLAIM_NEXT_SQL = _claim_queue_sql(f"\n    AND {_QUEUE_OPEN}")
+# The same claim under the queue's row lock, with the limit its controls allow.
+_CLAIM_LIMITED_SQL = _claim_queue_sql()
 _CLAIM_IDS_SQL = f"""
 WITH c AS (
   SELECT id FROM {T}
   WHERE id = ANY(%(ids)s) AND {lifecycle.CLAIM.where()} AND run_at <= now()
+    AND NOT EXISTS (SELECT FROM {QT} q WHERE q.name = {T}.queue AND {_CONTROLLED})
   ORDER BY priority DESC, run_at, id
   FOR UPDATE SKIP LOCKED
 )
@@ -467,11 +483,91 @@ def claim_next(worker_id: str, queues: Sequence[str], limit: int) -> list[Lease]
     return leases
 
 
+# The queue's row lock serialises every claim of a limited queue (and its pause). The
+# statements after it begin once the previous holder committed: they read its claims.
+_QUEUE_LOCK_SQL = (
+    f"SELECT paused, concurrency, rate_limit, rate_period FROM {QT} WHERE name = %s FOR UPDATE"
+)
+_QUEUE_STATE_SQL = f"""
+SELECT statement_timestamp(), rate_starts,
+       CASE WHEN concurrency IS NULL THEN 0 ELSE (
+         SELECT count(*) FROM {T} WHERE status = '{Status.PROCESSING}' AND queue = %(queue)s)
+       END
+FROM {QT} WHERE name = %(queue)s"""
+_QUEUE_STARTS_SQL = f"UPDATE {QT} SET rate_starts = %s WHERE name = %s"
+# The limited claim also returns its statement_timestamp(): the history's `at`.
+_CLAIM_LIMITED_SQL = _CLAIM_LIMITED_SQL.replace(
+    "created_at\nFROM u", "created_at, statement_timestamp()\nFROM u"
+)
+assert "statement_timestamp()" in _CLAIM_LIMITED_SQL
+CAP_RECHECK_SECONDS = 0.2  # when a slot frees is not known: how soon to look again
+
+
+@dataclass(frozen=True, slots=True)
+class Gated:
+    """What a claim of a limited queue got, and whether its controls cut it short.
+
+    `blocked_for` is None when the controls allowed every job asked for, else the
+    seconds until a slot or a token may be due: CAP_RECHECK_SECONDS for a cap, the
+    exact time for a rate, inf when paused (until someone resumes it).
+    """
+
+    leases: list[Lease]
+    blocked_for: float | None = None
+
+
+def claim_limited_under_queue_lock(worker_id: str, queue: str, limit: int) -> Gated:
+    """queued → processing for up to `limit` due jobs of a queue with controls, never
+    more than its concurrency cap processing at once nor more than its rate's starts
+    in any window of its period, however many workers claim at once.
+
+    Under the queue row's lock (FOR UPDATE), the processing rows and the window of
+    starts are read at a statement_timestamp() later than every start recorded (each
+    holder committed before this one locked), and each start is recorded with its claim
+    statement's statement_timestamp(), the history's `at`. So for any window of the
+    period, the last claim to start a job in it counted every earlier start in it.
+    Hazard: every claim of the queue waits for the lock, so keep this transaction short.
+    """
+    with transaction.atomic(durable=True):
+        rows = _rows(_QUEUE_LOCK_SQL, [queue])
+        if not rows:  # no controls row (not synced yet): an open queue
+            return Gated(claim_next(worker_id, [queue], limit))
+        paused, cap, rate, period = rows[0]
+        if paused:
+            return Gated([], float("inf"))
+        now, starts, running = _rows(_QUEUE_STATE_SQL, {"queue": queue})[0]
+        allowed, blocked_for = limit, None
+        if cap is not None and cap - running < allowed:
+            allowed, blocked_for = max(0, cap - running), CAP_RECHECK_SECONDS
+        window: list[datetime] = []
+        if rate is not None:
+            since = now - timedelta(seconds=period)
+            window = sorted((s for s in starts if s > since), reverse=True)
+            if rate - len(window) < allowed:
+                allowed = max(0, rate - len(window))
+                # After this claim, the rate-th newest start is the first to leave.
+                first_out = window[rate - allowed - 1] if rate > allowed else now
+                due = (first_out + timedelta(seconds=period) - now).total_seconds()
+                blocked_for = max(blocked_for or 0.0, due, 0.001)
+        if allowed <= 0:
+            return Gated([], blocked_for)
+        rows = _hot_rows(
+            _CLAIM_LIMITED_SQL,
+            {"queue": queue, "limit": allowed, "worker": worker_id,
+             "actor": worker_actor(worker_id)},
+        )  # fmt: skip
+        if rate is not None and rows:
+            _rows(_QUEUE_STARTS_SQL, [[r[-1] for r in rows] + window, queue])
+        return Gated(_leases(rows, worker_id), blocked_for)
+
+
 def claim_ids(worker_id: str, job_ids: Sequence[int]) -> list[Lease]:
     """queued → processing for the given ids that are still claimable.
 
     An id not returned was a duplicate delivery (already claimed, finished,
-    not yet due, or being claimed by someone else right now).
+    not yet due, or being claimed by someone else right now). Jobs of a queue
+    with controls are never claimed by id (claim_limited_under_queue_lock is
+    their only claim).
     """
     if not job_ids:
         return []

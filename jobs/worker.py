@@ -55,6 +55,7 @@ from jobs.errors import (
 )
 from jobs.lifecycle import CANCELLED, TERMINAL, Status
 from jobs.presence import Presence
+from jobs.queuecontrol import Gate
 from jobs.runtime import Backoff, StopRequests
 from jobs.services import Lease
 from jobs.tasks import InvalidPayload, JobContext, PermanentError
@@ -229,6 +230,7 @@ class Worker:
         self._db_backoff = Backoff(0.2, DB_BACKOFF_MAX)
         self._found: list[str] = []  # queues with work, for a worker serving `*`
         self._found_at = float("-inf")
+        self.gate = Gate()  # queue controls: pause, cap, rate, weight (jobs.queuecontrol)
 
     # --- control ------------------------------------------------------------------
 
@@ -333,7 +335,7 @@ class Worker:
         if self.spec.serves_all and time.monotonic() - self._found_at >= self.poll_interval:
             self._found = selectors.queued_queues()
             self._found_at = time.monotonic()
-        return self.spec.with_queues(self._found)
+        return self.spec.with_queues(self._found, self.gate.weights())
 
     def _discover(self, free: int) -> list[Lease] | None:
         """Claim up to `free` jobs. None means "nothing, loop again at once".
@@ -343,13 +345,20 @@ class Worker:
         no row (claimed by someone else already) counts as a duplicate delivery.
         """
         try:
-            order = polling_order(self._weights())
-            if not order:  # serving `*` and no queue has work
+            order = self.gate.open(polling_order(self._weights()))
+            leases = self.gate.claim_pending(self.worker_id, order, free)
+            if leases:
+                return leases
+            if not order:  # serving `*` and no queue has work, or every queue paused or limited
+                wake = self.gate.wake_in()
+                if wake is not None:  # a slot this worker frees may end a cap's wait sooner
+                    self._slot_free.wait(wake)
+                    return None
                 self.stopping.wait(self.poll_interval if not self.burst else 0)
                 return []
             if self.transport.enabled and time.monotonic() >= self._redis_down_until:
                 try:
-                    timeout = 0 if self._pg_had_work else self.poll_interval
+                    timeout = 0 if self._pg_had_work else self.gate.wake_in(self.poll_interval)
                     queue, ids = self.transport.pop(order, timeout, free)
                     self._redis_backoff.reset()
                 except TransportError as exc:
@@ -363,7 +372,7 @@ class Worker:
                     )
                     ids = []
                 if ids:
-                    leases = services.claim_next(self.worker_id, [queue], len(ids))
+                    leases = self.gate.claim_next(self.worker_id, [queue], len(ids))
                     dupes = len(ids) - len(leases)
                     if dupes:
                         metrics.child(metrics.DUPLICATE_DELIVERIES, queue).inc(dupes)
@@ -371,7 +380,7 @@ class Worker:
                     if leases:
                         return leases
                     return None
-            leases = services.claim_next(self.worker_id, order, free)
+            leases = self.gate.claim_next(self.worker_id, order, free)
             self._db_backoff.reset()
             self._pg_had_work = len(leases) == free
             if not leases and (not self.transport.enabled or self._redis_down()):
@@ -544,6 +553,7 @@ class Worker:
                 item = self._inflight.pop(_key(lease), None)
                 if item is not None and not item.finishing:
                     self._running -= 1
+        self.gate.freed({lease.queue for lease in leases})
         self._slot_free.set()
 
     def _free_slots(self) -> int:

@@ -35,7 +35,8 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("model caches", ["jobs.clientcache"]),
     # Every write (one fenced compare-and-set each) and every read.
     ("services and selectors", ["jobs.services", "jobs.selectors"]),
-    ("pipeline and presence", ["jobs.submission", "jobs.presence"]),
+    # Queue controls: the Queue rows synced from JOBS_QUEUES and a worker's view of them.
+    ("pipeline and presence", ["jobs.submission", "jobs.presence", "jobs.queuecontrol"]),
     ("processes", ["jobs.worker", "jobs.reaper"]),
     # Bridges to frameworks around the processes: Django Tasks, Prometheus scrapes.
     ("adapters", ["jobs.backends", "jobs.collectors"]),
