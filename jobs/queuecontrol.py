@@ -123,6 +123,7 @@ class Gate:
 
     def weights(self) -> dict[str, float]:
         """The Queue model's weights (those set), for QueueSpec.with_queues."""
+        self._refresh()
         return {q: c.weight for q, c in self._controls.items() if c.weight is not None}
 
     def open(self, order: list[str]) -> list[str]:
