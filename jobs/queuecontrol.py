@@ -80,18 +80,19 @@ def sync(
     return changes
 
 
-def set_paused(name: str, paused: bool) -> bool:
+def set_paused(name: str, paused: bool, *, durable: bool = True) -> bool:
     """Pause or resume a declared queue; True when its state changed.
 
     The UPDATE waits for a limited queue's claim in flight (it holds the row's lock),
     so once it commits no claim of a limited queue starts a job; an open queue's
-    claim reads the row when its statement begins.
+    claim reads the row when its statement begins. `durable=False` inside a caller's
+    transaction (the admin writes its audit entry in the same one).
     """
     if not queues.is_declared(name):
         raise UnknownQueue(name)
-    if not Queue.objects.filter(name=name).exists():
-        sync({name: queues.declared()[name]})
-    with transaction.atomic(durable=True):
+    with transaction.atomic(durable=durable):
+        if not Queue.objects.filter(name=name).exists():  # not synced yet
+            sync({name: queues.declared()[name]})
         changed = (
             Queue.objects.filter(name=name)
             .exclude(paused=paused)

@@ -271,6 +271,10 @@ class QueueControl:
         return self.concurrency is not None or self.rate_limit is not None
 
 
+def paused_queues() -> list[str]:
+    return list(Queue.objects.filter(paused=True).order_by("name").values_list("name", flat=True))
+
+
 def queue_controls() -> dict[str, QueueControl]:
     """Every jobs_queue row (a handful: one per declared queue), by name."""
     fields = ("name", "paused", "concurrency", "rate_limit", "rate_period", "weight")

@@ -142,3 +142,72 @@ def test_gate_skips_paused_and_blocked_queues_and_a_freed_slot_unblocks_a_cap():
     gate.freed(["cap"])
     assert gate.open(["cap"]) == ["cap"]
     assert len(gate.claim_pending("w", ["cap"], 4)) == 1
+
+
+def _staff(client, *codenames: str):
+    from django.contrib.auth.models import Permission, User
+
+    user = User.objects.create_user("queue-staff", password="pw", is_staff=True)
+    user.user_permissions.set(
+        Permission.objects.filter(content_type__app_label="jobs", codename__in=codenames)
+    )
+    client.force_login(user)
+    return user
+
+
+@pytest.mark.django_db
+def test_admin_pause_and_resume_are_permissioned_and_audited(client, settings):
+    from django.contrib.admin.models import LogEntry
+    from django.contrib.messages import get_messages
+    from django.urls import reverse
+
+    settings.JOBS_QUEUES = {"default": {}, "mail": {}}
+    queuecontrol.sync()
+    url = reverse("admin:jobs_queue_changelist")
+    viewer = _staff(client, "view_queue")
+    page = client.get(url)
+    assert page.status_code == 200 and b"pause_queues" not in page.content  # no permission
+    viewer.user_permissions.add(*_perms("pause_queue"))
+    client.force_login(type(viewer).objects.get(pk=viewer.pk))
+    assert b"pause_queues" in client.get(url).content
+
+    done = client.post(url, {"action": "pause_queues", "_selected_action": ["mail"]}, follow=True)
+    assert [str(m) for m in get_messages(done.wsgi_request)] == ["1 queue paused"]
+    assert Queue.objects.get(name="mail").paused
+    entry = LogEntry.objects.get(object_id="mail")
+    assert (
+        entry.user_id == viewer.pk and "Queue paused by staff:queue-staff" in entry.change_message
+    )
+
+    again = client.post(url, {"action": "pause_queues", "_selected_action": ["mail"]}, follow=True)
+    assert "1 skipped: already paused" in [str(m) for m in get_messages(again.wsgi_request)][0]
+    client.post(url, {"action": "resume_queues", "_selected_action": ["mail"]})
+    assert not Queue.objects.get(name="mail").paused
+    assert LogEntry.objects.filter(object_id="mail").count() == 2
+
+
+def _perms(*codenames: str):
+    from django.contrib.auth.models import Permission
+
+    return Permission.objects.filter(content_type__app_label="jobs", codename__in=codenames)
+
+
+@pytest.mark.django_db
+def test_dashboard_shows_paused_queues(client, settings):
+    from django.contrib.auth.models import User
+    from django.core.cache import cache
+    from django.urls import reverse
+
+    settings.JOBS_QUEUES = {"default": {}, "mail": {}, "quiet": {}}
+    queuecontrol.sync()
+    for _ in range(3):
+        services.submit("echo", {}, queue="mail")
+    queuecontrol.set_paused("mail", True, durable=False)
+    queuecontrol.set_paused("quiet", True, durable=False)
+    client.force_login(User.objects.create_superuser("root", password="pw"))
+    cache.clear()
+    page = client.get(reverse("admin:jobs_job_dashboard")).content.decode()
+    cache.clear()
+    assert 'id="paused-queues"' in page and "2 queues paused" in page
+    assert "mail</a> (3 queued)" in page and "quiet</a> (0 queued)" in page
+    assert 'class="jd-paused">paused</strong>' in page

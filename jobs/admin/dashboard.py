@@ -94,6 +94,7 @@ class QueueRow:
     done: int = 0
     failed: int = 0
     consumers: int = 0  # live workers serving this queue, `*` workers included
+    paused: bool = False  # nothing starts from it until someone resumes it
 
     @property
     def unserved(self) -> bool:
@@ -131,6 +132,7 @@ class Dashboard(selectors.FinishedShares):
     latency_p95: float | None = None
     latency_p99: float | None = None
     totals: QueueRow = field(default_factory=lambda: QueueRow("all"))
+    paused: list[QueueRow] = field(default_factory=list)  # paused queues, with or without jobs
 
     @property
     def terminal(self) -> int:
@@ -227,6 +229,9 @@ def dashboard(
     consumers = selectors.consumer_counts(_fetch(*queries["consumers"]))
     for r in rows.values():
         r.consumers = consumers(r.queue)
+    board.paused = [rows.get(name, QueueRow(name)) for name in selectors.paused_queues()]
+    for r in board.paused:
+        r.paused = True
     board.queues = sorted(rows.values(), key=lambda r: r.queue)
     board.minutes = [bars[k] for k in sorted(bars)][-max(window_seconds // 60, 1) :]
     totals = QueueRow("all")
