@@ -6,6 +6,8 @@
   scrapers there are.
 - `ConsumersCollector`: jobs_queue_consumers and jobs_unserved_queue_depth (queued
   jobs on a queue no live worker serves), from the worker registry; reaper only.
+- `QueueControlsCollector`: each queue's controls and what they hold back (paused,
+  processing against the cap, rate tokens left); reaper only.
 - `worker_gauges`: jobs_worker_inflight and jobs_worker_slots of one worker.
 - `reaper_gauges`: when the reaper last finished a sweep, and its cadence.
 """
@@ -164,6 +166,53 @@ class ConsumersCollector(Collector):
             unserved.add_metric([queue], 0 if serving else queued.get(queue, 0))
         yield consumers
         yield unserved
+
+
+QUEUE_GAUGES = {
+    "jobs_queue_paused": "1 while the queue is paused: its jobs wait queued, none starts",
+    "jobs_queue_concurrency_limit": "The queue's cap on jobs processing at once (capped queues)",
+    "jobs_queue_concurrency_used": "Jobs of a capped queue processing now, against its cap",
+    "jobs_queue_rate_limit": "Job starts the queue's rate allows per period (rate-limited queues)",
+    "jobs_queue_rate_tokens": "Starts the queue's rate still allows in the current window",
+}
+
+
+class QueueControlsCollector(Collector):
+    """The queue controls (jobs_queue rows) with one small query per cache period."""
+
+    def __init__(self, cache_seconds: float | None = None) -> None:
+        self.cache_seconds = (
+            settings.JOBS_METRICS_CACHE_SECONDS if cache_seconds is None else cache_seconds
+        )
+        self._lock = threading.Lock()
+        self._states: list[selectors.QueueState] | None = None
+        self._read_at = float("-inf")
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        for name, documentation in QUEUE_GAUGES.items():
+            yield GaugeMetricFamily(name, documentation, labels=["queue"])
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        with self._lock:
+            if time.monotonic() - self._read_at >= self.cache_seconds:
+                self._states = read_on_scrape_thread("queue controls", selectors.queue_states)
+                self._read_at = time.monotonic() if self._states is not None else float("-inf")
+            states = self._states
+        if states is None:
+            return
+        families = {
+            name: GaugeMetricFamily(name, documentation, labels=["queue"])
+            for name, documentation in QUEUE_GAUGES.items()
+        }
+        for q in states:
+            families["jobs_queue_paused"].add_metric([q.name], int(q.paused))
+            if q.concurrency is not None:
+                families["jobs_queue_concurrency_limit"].add_metric([q.name], q.concurrency)
+                families["jobs_queue_concurrency_used"].add_metric([q.name], q.processing)
+            if q.rate_limit is not None:
+                families["jobs_queue_rate_limit"].add_metric([q.name], q.rate_limit)
+                families["jobs_queue_rate_tokens"].add_metric([q.name], q.rate_tokens)
+        yield from families.values()
 
 
 class LiveGauges(Collector):

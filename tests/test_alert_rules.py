@@ -16,7 +16,13 @@ from prometheus_client import REGISTRY
 from prometheus_client.utils import floatToGoString
 
 from jobs import metrics
-from jobs.collectors import ConsumersCollector, DepthCollector, reaper_gauges, worker_gauges
+from jobs.collectors import (
+    ConsumersCollector,
+    DepthCollector,
+    QueueControlsCollector,
+    reaper_gauges,
+    worker_gauges,
+)
 from tests.harness import ROOT
 
 PROM_DIR = ROOT / "deploy" / "prometheus"
@@ -86,6 +92,8 @@ def exported() -> dict[str, set[str]]:
     for family in DepthCollector(cache_seconds=5).describe():
         names[family.name] = {"state", "queue"}
     for family in ConsumersCollector(DepthCollector(cache_seconds=5)).describe():
+        names[family.name] = {"queue"}
+    for family in QueueControlsCollector(cache_seconds=5).describe():
         names[family.name] = {"queue"}
     return names
 

@@ -211,3 +211,30 @@ def test_dashboard_shows_paused_queues(client, settings):
     assert 'id="paused-queues"' in page and "2 queues paused" in page
     assert "mail</a> (3 queued)" in page and "quiet</a> (0 queued)" in page
     assert 'class="jd-paused">paused</strong>' in page
+
+
+@pytest.mark.django_db(transaction=True)
+def test_metrics_show_paused_processing_against_the_cap_and_rate_tokens(settings):
+    from jobs.collectors import QueueControlsCollector
+
+    settings.JOBS_QUEUES = {"default": {}, "p": {"concurrency": 3, "rate": "5/m"}, "h": {}}
+    queuecontrol.sync()
+    queuecontrol.set_paused("h", True)
+    for _ in range(4):
+        services.submit("echo", {}, queue="p")
+    assert len(services.claim_limited_under_queue_lock("w", "p", 2).leases) == 2
+    samples = {
+        (s.name, s.labels["queue"]): s.value
+        for family in QueueControlsCollector(cache_seconds=0).collect()
+        for s in family.samples
+        if s.labels["queue"] in {"default", "p", "h"}  # the suite's other queues have rows too
+    }
+    assert samples == {
+        ("jobs_queue_paused", "default"): 0,
+        ("jobs_queue_paused", "h"): 1,
+        ("jobs_queue_paused", "p"): 0,
+        ("jobs_queue_concurrency_limit", "p"): 3,
+        ("jobs_queue_concurrency_used", "p"): 2,
+        ("jobs_queue_rate_limit", "p"): 5,
+        ("jobs_queue_rate_tokens", "p"): 3,
+    }
