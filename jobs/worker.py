@@ -349,6 +349,7 @@ class Worker:
             leases = self.gate.claim_pending(self.worker_id, order, free)
             if leases:
                 return leases
+            order = self.gate.open(order)  # less any queue that claim found blocked again
             if not order:  # serving `*` and no queue has work, or every queue paused or limited
                 wake = self.gate.wake_in()
                 if wake is not None:  # a slot this worker frees may end a cap's wait sooner
