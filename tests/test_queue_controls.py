@@ -238,3 +238,19 @@ def test_metrics_show_paused_processing_against_the_cap_and_rate_tokens(settings
         ("jobs_queue_rate_limit", "p"): 5,
         ("jobs_queue_rate_tokens", "p"): 3,
     }
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_paused_queue_accepts_submissions_over_the_api(settings):
+    import json
+
+    from tests.api.conftest import authed, new_client
+
+    settings.JOBS_QUEUES = {"default": {}, "mail": {}}
+    queuecontrol.set_paused("mail", True)
+    api = authed(new_client()[1])
+    body = {"task": "echo", "payload": 1, "queue": "mail"}
+    r = api.post("/api/v1/jobs/", json.dumps(body), content_type="application/json")
+    assert r.status_code == 201 and r.json()["status"] == "queued", r.content
+    assert services.claim_next("w", ["mail"], 1) == []
+    assert Job.objects.get(pk=r.json()["id"]).status == "queued"
