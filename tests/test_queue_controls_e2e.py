@@ -240,3 +240,26 @@ def test_a_low_weight_queue_is_not_starved_by_a_busy_one(stack):
     stack.worker("--queues", "heavy,light", "--concurrency", "2", ready=True, **env)
     wait_until(lambda: _all_done(light), 60, "the light queue's jobs done", interval=0.2)
     assert Job.objects.filter(pk__in=heavy, status="queued").exists()
+
+
+def test_cap_holds_while_a_killed_workers_slots_are_recovered(stack):
+    """kill -9 the worker holding both slots of a queue capped at 2: its jobs stay
+    `processing` (so the cap still counts them) until the reaper takes them back, the
+    survivor never runs more than 2, and every job ends done."""
+    env = _declare(fragile={"concurrency": 2})
+    stack.reaper("--interval", "0.5", **env)
+    victim = stack.worker("--queues", "fragile", "--concurrency", "4", ready=True, **env)
+    ids = _submit("fragile", 12, 1.0)
+    wait_until(
+        lambda: Job.objects.filter(pk__in=ids, status="processing").count() == 2,
+        30,
+        "the first worker to hold both slots",
+    )
+    sampler = Sampler("fragile")
+    sampler.start()
+    victim.kill()
+    stack.worker("--queues", "fragile", "--concurrency", "4", ready=True, **env)
+    wait_until(lambda: _all_done(ids), 120, "all jobs done after the crash", interval=0.2)
+    samples = sampler.stop()
+    print(f"cap 2 through a kill -9: peak {max(samples)} over {len(samples)} samples")
+    assert max(samples) == 2
