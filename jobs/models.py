@@ -325,8 +325,15 @@ class Queue(models.Model):
             ),
             models.CheckConstraint(
                 name="queue_rate_complete",
+                # Both or neither (a NULL in `IN (...)` would pass a CHECK: say it).
                 condition=Q(rate_limit__isnull=True, rate_period__isnull=True)
-                | Q(rate_limit__gte=1, rate_limit__lte=1000, rate_period__in=[1, 60, 3600]),
+                | Q(
+                    rate_limit__isnull=False,
+                    rate_period__isnull=False,
+                    rate_limit__gte=1,
+                    rate_limit__lte=1000,
+                    rate_period__in=[1, 60, 3600],
+                ),
             ),
             models.CheckConstraint(
                 name="queue_weight_range",

@@ -254,3 +254,23 @@ def test_a_paused_queue_accepts_submissions_over_the_api(settings):
     assert r.status_code == 201 and r.json()["status"] == "queued", r.content
     assert services.claim_next("w", ["mail"], 1) == []
     assert Job.objects.get(pk=r.json()["id"]).status == "queued"
+
+
+@pytest.mark.django_db
+def test_admin_edits_limits_and_refuses_half_a_rate(client, settings):
+    from django.contrib.auth.models import User
+    from django.urls import reverse
+
+    settings.JOBS_QUEUES = {"default": {}, "mail": {}}
+    queuecontrol.sync()
+    client.force_login(User.objects.create_superuser("root", password="pw"))
+    url = reverse("admin:jobs_queue_change", args=["mail"])
+    assert client.get(reverse("admin:jobs_queue_changelist")).status_code == 200
+    assert client.get(url).status_code == 200
+    half = client.post(url, {"concurrency": "2", "rate_limit": "5", "rate_period": ""})
+    assert half.status_code == 200 and b"queue_rate_complete" in half.content  # refused
+    assert Queue.objects.get(name="mail").rate_limit is None
+    saved = client.post(url, {"concurrency": "2", "rate_limit": "5", "rate_period": "1"})
+    assert saved.status_code == 302
+    row = Queue.objects.get(name="mail")
+    assert (row.concurrency, row.rate_limit, row.rate_period) == (2, 5, 1)

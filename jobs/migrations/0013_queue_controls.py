@@ -80,8 +80,10 @@ class Migration(migrations.Migration):
                             models.Q(("rate_limit__isnull", True), ("rate_period__isnull", True)),
                             models.Q(
                                 ("rate_limit__gte", 1),
+                                ("rate_limit__isnull", False),
                                 ("rate_limit__lte", 1000),
                                 ("rate_period__in", [1, 60, 3600]),
+                                ("rate_period__isnull", False),
                             ),
                             _connector="OR",
                         ),
