@@ -57,9 +57,12 @@ def sync(
     """
     declared = queues.declared() if declared is None else declared
     changes = []
-    with transaction.atomic():  # also run by post_migrate, inside flush's own work
-        Queue.objects.bulk_create([Queue(name=name) for name in declared], ignore_conflicts=True)
-        rows = {q.name: q for q in Queue.objects.select_for_update().filter(name__in=declared)}
+    objects = Queue.objects.using(using)
+    # Not durable: post_migrate runs it too. Rows are inserted and locked in name order,
+    # so workers starting together do not deadlock.
+    with transaction.atomic(using=using):
+        objects.bulk_create([Queue(name=name) for name in sorted(declared)], ignore_conflicts=True)
+        rows = {q.name: q for q in objects.select_for_update().filter(name__in=declared)}
         for name, conf in declared.items():
             row = rows[name]
             updates: dict[str, Any] = {}
