@@ -165,6 +165,10 @@ class Gate:
                 if control is not None and control.concurrency is not None:
                     self._blocked.pop(queue, None)
 
+    def held_back(self, queue: str) -> bool:
+        """The queue's last claim was cut short by its controls (its jobs wait for it)."""
+        return queue in self._pending
+
     def claim_pending(self, worker_id: str, order: list[str], limit: int) -> list[Lease]:
         """Claim from the open queues of `order` known to hold work the controls held back."""
         pending = [q for q in order if q in self._pending]

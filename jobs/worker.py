@@ -375,7 +375,7 @@ class Worker:
                 if ids:
                     leases = self.gate.claim_next(self.worker_id, [queue], len(ids))
                     dupes = len(ids) - len(leases)
-                    if dupes:
+                    if dupes and not self.gate.held_back(queue):  # held back: not duplicates
                         metrics.child(metrics.DUPLICATE_DELIVERIES, queue).inc(dupes)
                     self._db_backoff.reset()
                     if leases:
