@@ -209,12 +209,15 @@ def submit(
     max_retries: int | None = None,
     idempotency_key: str | None = None,
     client: Client | None = None,
+    unique_key: str | None = None,
 ) -> tuple[Job, bool]:
     """Validate and enqueue a job inside the caller's transaction.
 
     Returns (job, created). With `idempotency_key`, a repeat of the same request
     (same client) returns the existing job with created=False; a different
-    request under the same key raises IdempotencyConflict. Raises UnknownTask,
+    request under the same key raises IdempotencyConflict. With `unique_key`,
+    while a job of the same client with that key is queued, enqueue_failed or
+    processing, that job is returned (created=False, `job.duplicate` True). Raises UnknownTask,
     InvalidSubmission, PayloadTooLarge or QueueFull and writes nothing when the
     submission is refused. The Redis push runs when the caller's transaction
     commits; if it fails the job is parked as enqueue_failed (the reaper
@@ -231,6 +234,7 @@ def submit(
             max_retries=max_retries,
             idempotency_key=idempotency_key,
             client=client,
+            unique_key=unique_key,
         )
     except SubmissionError as exc:
         metrics.SUBMISSIONS_REJECTED.labels(metric_queue, exc.code).inc()
@@ -248,9 +252,10 @@ def _submit(
     max_retries: int | None,
     idempotency_key: str | None,
     client: Client | None,
+    unique_key: str | None = None,
 ) -> tuple[Job, bool]:
     run_at, max_retries, digest, payload_json = _validate(
-        task, payload, queue, priority, run_at, max_retries, idempotency_key
+        task, payload, queue, priority, run_at, max_retries, idempotency_key, unique_key
     )
     return _submit_checked(
         {
@@ -263,6 +268,7 @@ def _submit(
             "idempotency_key": idempotency_key,
             "request_hash": digest,
             "payload_json": payload_json,
+            "unique_key": unique_key,
         },
         client,
     )
@@ -276,9 +282,13 @@ def _submit_checked(item: dict[str, Any], client: Client | None) -> tuple[Job, b
     depth = queue_depth(queue, limit)
     if depth > limit:
         # A replay of a request that was already accepted is answered, not refused.
-        existing = _existing(client, idempotency_key)
+        existing = _existing(client, idempotency_key) or services.key_holder(
+            client.pk if client is not None else None, item.get("unique_key")
+        )
         if existing is None:
             raise QueueFull(queue, depth, limit)
+        if existing.duplicate:
+            return existing, False
         if existing.request_hash != digest:
             raise IdempotencyConflict(existing)
         return existing, False
@@ -294,6 +304,7 @@ def _submit_checked(item: dict[str, Any], client: Client | None) -> tuple[Job, b
         request_hash=digest,
         actor=f"client:{client.name}" if client is not None else "app",
         payload_json=item["payload_json"],
+        unique_key=item.get("unique_key"),
     )
     if created:
         _count_accepted(queue)
@@ -355,6 +366,7 @@ def _validate(
     run_at: Any,
     max_retries: Any,
     idempotency_key: Any,
+    unique_key: Any = None,
 ) -> tuple[datetime | None, int, str | None, str]:
     """Every rule one submission must pass; returns (run_at in UTC, max_retries,
     request hash or None, the payload as compact JSON).
@@ -390,6 +402,14 @@ def _validate(
             field="idempotency_key",
             code="invalid_idempotency_key",
         )
+    if unique_key is not None and (
+        not isinstance(unique_key, str) or not IDEMPOTENCY_KEY_RE.fullmatch(unique_key)
+    ):
+        raise InvalidSubmission(
+            "unique_key must be 1-200 printable ASCII characters without spaces",
+            field="unique_key",
+            code="invalid_unique_key",
+        )
     payload_json = serialise_payload(payload).decode("utf-8")
     try:
         tasks.validate_payload(task, payload)
@@ -412,8 +432,9 @@ def _existing(client: Client | None, idempotency_key: str | None) -> Job | None:
 
 # --- requests as JSON (both API endpoints) -------------------------------------------
 
-REQUEST_FIELDS = ("task", "payload", "queue", "priority", "run_at", "max_retries")
-BATCH_FIELDS = (*REQUEST_FIELDS, "idempotency_key")
+JOB_FIELDS = ("task", "payload", "queue", "priority", "run_at", "max_retries")
+REQUEST_FIELDS = (*JOB_FIELDS, "unique_key")
+BATCH_FIELDS = (*JOB_FIELDS, "idempotency_key")  # unique keys: single submissions only
 
 
 def _request_item(
@@ -445,6 +466,7 @@ def _request_item(
         "run_at": raw.get("run_at"),
         "max_retries": raw.get("max_retries"),
         "idempotency_key": raw.get("idempotency_key", idempotency_key),
+        "unique_key": raw.get("unique_key"),
     }
     if item["payload"] is None:
         errors.append(

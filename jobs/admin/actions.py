@@ -53,11 +53,12 @@ RETRY = StaffAction(
     button=gettext_lazy("Retry"),
     verb=gettext_lazy("retried"),
     move=lifecycle.STAFF_RETRY,
-    skip_reason=gettext_lazy("not failed"),
+    skip_reason=gettext_lazy("not failed, or its unique key is taken"),
     explanation=gettext_lazy(
         "Each failed job goes back to queued with retry_count reset to 0, its result "
         "cleared and run_at set to now; workers are signalled after commit. Jobs that "
-        "are not failed are left alone."
+        "are not failed are left alone, and so is a job whose unique key another "
+        "queued or processing job holds (of several sharing a free key, the oldest runs)."
     ),
     service=services.staff_retry,
 )

@@ -50,10 +50,23 @@ class JobSubmitSerializer(serializers.Serializer):
         max_value=submission.MAX_RETRIES_LIMIT,
         help_text="Retries after the first attempt; default JOBS_MAX_RETRIES (3).",
     )
+    unique_key = serializers.RegexField(
+        r"^[\x21-\x7e]{1,200}$",
+        required=False,
+        allow_null=True,
+        default=None,
+        max_length=200,
+        help_text="Per client. While a job with this key is queued, enqueue_failed or "
+        "processing, submitting returns that job (200, `duplicate: true`) instead of "
+        "creating one; once it is done or failed the key is free again.",
+    )
 
 
 class BatchItemSerializer(JobSubmitSerializer):
-    """One job of a batch: the single body, with its own idempotency key."""
+    """One job of a batch: the single body, with its own idempotency key (unique keys
+    are for single submissions)."""
+
+    unique_key = None
 
     idempotency_key = serializers.RegexField(
         r"^[\x21-\x7e]{1,200}$",
@@ -145,8 +158,15 @@ class JobSerializer(serializers.ModelSerializer):
             "progress",
             "cancel_requested_at",
             "cancel_too_late",
+            "unique_key",
+            "schedule",
+            "fire_time",
         ]
         read_only_fields = fields
+        extra_kwargs = {
+            "schedule": {"help_text": "The schedule that made this job (its id), or null."},
+            "fire_time": {"help_text": "The schedule's slot this job was made for, or null."},
+        }
 
     # Fields bound once per process: ModelSerializer rebuilds all sixteen from the model
     # for every job it renders, the largest CPU cost of a submission's response.
@@ -166,6 +186,25 @@ class JobSerializer(serializers.ModelSerializer):
             value = field.get_attribute(instance)
             out[name] = None if value is None else field.to_representation(value)
         return out
+
+
+class SubmittedJobSerializer(JobSerializer):
+    """The answer to a submission: the job, and whether a live job with the same
+    `unique_key` was returned instead of a new one."""
+
+    duplicate = serializers.SerializerMethodField(
+        help_text="True: a live job of yours already held this `unique_key`; this is it."
+    )
+
+    @extend_schema_field(OpenApiTypes.BOOL)
+    def get_duplicate(self, job: Job) -> bool:
+        return job.duplicate
+
+    class Meta(JobSerializer.Meta):
+        fields = [*JobSerializer.Meta.fields, "duplicate"]
+        read_only_fields = fields
+
+    _bound_fields = None
 
 
 class JobEventSerializer(serializers.ModelSerializer):

@@ -27,6 +27,7 @@ from jobs.api.serializers import (
     JobEventSerializer,
     JobSerializer,
     JobSubmitSerializer,
+    SubmittedJobSerializer,
 )
 from jobs.lifecycle import Status
 from jobs.models import Job, JobEvent
@@ -115,9 +116,11 @@ class JobViewSet(viewsets.GenericViewSet):
         request=JobSubmitSerializer,
         parameters=[IDEMPOTENCY_KEY],
         responses={
-            201: OpenApiResponse(JobSerializer, description="Created."),
+            201: OpenApiResponse(SubmittedJobSerializer, description="Created."),
             200: OpenApiResponse(
-                JobSerializer, description="Idempotent replay: the job this key created."
+                SubmittedJobSerializer,
+                description="Idempotent replay: the job this key created; or, with "
+                "`duplicate: true`, the live job holding this `unique_key`.",
             ),
             **_errors(400, 401, 409, 413, 415, 429),
         },
@@ -137,11 +140,11 @@ class JobViewSet(viewsets.GenericViewSet):
                 request.data, idempotency_key=key, client=request.user
             )
         if not created:
-            return Response(JobSerializer(job).data, status=status.HTTP_200_OK)
+            return Response(SubmittedJobSerializer(job).data, status=status.HTTP_200_OK)
         if job.status != Status.QUEUED:
             job = Job.objects.get(pk=job.pk)
         return Response(
-            JobSerializer(job).data,
+            SubmittedJobSerializer(job).data,
             status=status.HTTP_201_CREATED,
             headers={"Location": reverse("job-detail", args=[job.pk])},
         )
