@@ -10,6 +10,7 @@ from jobs.collectors import ConsumersCollector, DepthCollector, ReaperCollector
 from jobs.lifecycle import Status
 from jobs.reaper import Reaper
 from jobs.runtime import add_metrics_arguments, start_metrics_server
+from jobs.schedules.define import sync_periodic
 from jobs.schedules.scheduler import Scheduler
 
 RECOVERY_KINDS = (
@@ -52,6 +53,7 @@ class Command(BaseCommand):
         if opts["batch"] < 1:
             raise CommandError("--batch must be at least 1")
         reaper = Reaper(interval=opts["interval"], lease=opts["lease"], batch=opts["batch"])
+        sync_periodic()
         scheduler = Scheduler()  # every reaper fires schedules (docs/schedules.md)
         if opts["once"]:
             scheduler.tick()
