@@ -17,6 +17,7 @@ from prometheus_client.utils import floatToGoString
 
 from jobs import metrics
 from jobs.collectors import ConsumersCollector, DepthCollector, ReaperCollector, WorkerCollector
+from jobs.schedules.scheduler import SchedulerCollector
 from tests.harness import ROOT
 
 PROM_DIR = ROOT / "deploy" / "prometheus"
@@ -80,7 +81,12 @@ def exported() -> dict[str, set[str]]:
         names[name] = labels
     worker = SimpleNamespace(inflight=0, running=0, concurrency=1)
     reaper = SimpleNamespace(last_sweep_at=0.0, interval=5.0)
-    for collector in (WorkerCollector(worker), ReaperCollector(reaper)):
+    scheduler = SimpleNamespace(last_tick_at=0.0, overdue=0.0)
+    for collector in (
+        WorkerCollector(worker),
+        ReaperCollector(reaper),
+        SchedulerCollector(scheduler),
+    ):
         for family in collector.collect():
             names[family.name] = set()
     for family in DepthCollector(cache_seconds=5).describe():

@@ -183,3 +183,22 @@ def assert_one_job_per_run_or_skipped(schedule: Schedule) -> None:
         )
     )
     assert runs == dict(Job.objects.filter(schedule=schedule).values_list("fire_time", "id"))
+
+
+def test_the_reaper_exports_schedule_lag_and_its_scheduler_tick(stack):
+    from tests.harness import free_port
+    from tests.scrape import port_scrape
+
+    port = free_port()
+    reaper = started(stack.reaper("--metrics-port", str(port)))
+    make("metered", interval_seconds=1)
+    wait_until(lambda: port_scrape(port).value("jobs_schedule_lag_seconds_count") >= 2, 30, "lag")
+    got = port_scrape(port)
+    assert got.value("jobs_schedule_slots_total", outcome="enqueued") >= 2
+    assert got.value("jobs_scheduler_last_tick_timestamp_seconds") > time.time() - 30
+    assert got.value("jobs_schedule_overdue_seconds") < 5
+    assert (
+        got.value("jobs_schedule_lag_seconds_sum") / got.value("jobs_schedule_lag_seconds_count")
+        < 5
+    )
+    reaper.stop()

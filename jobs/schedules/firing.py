@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -16,7 +16,7 @@ from django.db import connection, transaction
 from jobs import lifecycle, metrics, services
 from jobs.lifecycle import NON_TERMINAL, Role, Status
 from jobs.models import Job, Schedule, SchedulerRun
-from jobs.schedules.timing import Timing
+from jobs.schedules.timing import InvalidTiming, Timing
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +135,13 @@ def fire_next_due(catch_up_max: int | None = None) -> list[Fired] | None:
         schedule_id, cron, interval, zone, next_fire_at, catch_up, now = rows[0]
         timing = Timing(cron, interval, zone)
         keep = keep_all if catch_up == Schedule.CatchUp.ALL else 1
-        slots, following = timing.due(next_fire_at, now, keep)
+        try:
+            slots, following = timing.due(next_fire_at, now, keep)
+        except InvalidTiming:
+            # Checked when written, so only a zone the tz database dropped gets here:
+            # look again in a minute rather than hold up every schedule due after it.
+            log.exception("schedule %d cannot compute its slots", schedule_id)
+            slots, following = [], now + timedelta(seconds=60)
         fired = [f for f in (fire_slot(schedule_id, t) for t in slots) if f is not None]
         _rows(
             _ADVANCE_SQL,

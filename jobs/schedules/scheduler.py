@@ -11,10 +11,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError, close_old_connections, connection
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from jobs import metrics
 from jobs.runtime import Backoff
@@ -40,6 +43,7 @@ class Scheduler:
     def __init__(self, poll: float | None = None) -> None:
         self.poll = poll if poll is not None else settings.JOBS_SCHEDULER_POLL_SECONDS
         self.last_tick_at = 0.0  # unix time of the last tick that reached the database
+        self.overdue = 0.0  # how late the most overdue enabled schedule was at that tick
 
     def tick(self) -> TickReport:
         report = TickReport()
@@ -51,6 +55,7 @@ class Scheduler:
             report.jobs += sum(1 for f in fired if f.job_id is not None)
             report.skipped += sum(1 for f in fired if f.job_id is None)
         report.until_next = firing.seconds_until_next_due()
+        self.overdue = max(0.0, -(report.until_next or 0.0))
         self.last_tick_at = time.time()
         return report
 
@@ -69,6 +74,9 @@ class Scheduler:
                     log.warning("scheduler tick failed, postgres unavailable: %s", exc)
                     connection.close()
                     wait = backoff.next()
+                except Exception:  # a bug must not end the thread: the reaper lives on
+                    log.exception("scheduler tick failed")
+                    wait = backoff.next()
                 stop.wait(wait)
         finally:
             connection.close()
@@ -78,3 +86,23 @@ class Scheduler:
         thread = threading.Thread(target=self.run, args=(stop,), name="scheduler", daemon=True)
         thread.start()
         return thread
+
+
+class SchedulerCollector(Collector):
+    """A scheduler that stopped ticking, and schedules that stopped firing."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily(
+            "jobs_scheduler_last_tick_timestamp_seconds",
+            "Unix time this reaper's scheduler last read the schedules (0: not yet)",
+            value=self.scheduler.last_tick_at,
+        )
+        yield GaugeMetricFamily(
+            "jobs_schedule_overdue_seconds",
+            "How far the most overdue enabled schedule's next slot lay behind the "
+            "database clock at the last tick (0: none overdue)",
+            value=self.scheduler.overdue,
+        )

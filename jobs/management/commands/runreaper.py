@@ -11,7 +11,7 @@ from jobs.lifecycle import Status
 from jobs.reaper import Reaper
 from jobs.runtime import add_metrics_arguments, start_metrics_server
 from jobs.schedules.define import sync_periodic
-from jobs.schedules.scheduler import Scheduler
+from jobs.schedules.scheduler import Scheduler, SchedulerCollector
 
 RECOVERY_KINDS = (
     "worker_gone",
@@ -75,6 +75,7 @@ class Command(BaseCommand):
             REGISTRY.register(depth)
             REGISTRY.register(ConsumersCollector(depth))
             REGISTRY.register(ReaperCollector(reaper))
+            REGISTRY.register(SchedulerCollector(scheduler))
             for kind in RECOVERY_KINDS:  # every kind shows 0 before its first repair
                 metrics.RECOVERED.labels(kind)
         start_metrics_server(opts["metrics_port"], opts["metrics_host"])
