@@ -68,6 +68,9 @@ class ScheduleAdmin(admin.ModelAdmin):
         (gettext_lazy("Recent jobs"), {"fields": ("recent_jobs",)}),
     )  # fmt: skip
 
+    class Media:
+        css = {"all": ("jobs/admin/jobs.css",)}  # the status badges of recent jobs
+
     def save_model(self, request, obj, form, change):
         """Through jobs.schedules.define: next_fire_at follows the timing and `enabled`."""
         values = {k: form.checked[k] for k in define.FIELDS}
