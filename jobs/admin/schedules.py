@@ -34,6 +34,11 @@ class ScheduleForm(forms.ModelForm):
         model = Schedule
         fields = [*define.FIELDS, "client"]
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if "client" in self.fields:
+            self.fields["client"].required = False
+
     def clean(self):
         data = super().clean()
         values = {k: data.get(k) for k in define.FIELDS}
@@ -82,6 +87,10 @@ class ScheduleAdmin(admin.ModelAdmin):
                     values, client=form.cleaned_data.get("client"), origin=Schedule.Origin.ADMIN
                 )
                 obj.pk = saved.pk
+
+    def get_readonly_fields(self, request, obj=None):
+        # A schedule stays its client's (the API shows it to that client only).
+        return (*self.readonly_fields, "client") if obj is not None else self.readonly_fields
 
     def has_run_permission(self, request) -> bool:
         return request.user.has_perm("jobs.run_schedule")
