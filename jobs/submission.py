@@ -139,9 +139,16 @@ def serialise_payload(payload: Any) -> bytes:
 
 
 def request_hash(
-    task: str, payload: Any, queue: str, priority: int, run_at: datetime | None, max_retries: int
+    task: str,
+    payload: Any,
+    queue: str,
+    priority: int,
+    run_at: datetime | None,
+    max_retries: int,
+    unique_key: str | None = None,
 ) -> str:
-    """SHA-256 of the normalised request, canonical JSON: what an idempotent replay must match."""
+    """SHA-256 of the normalised request, canonical JSON: what an idempotent replay must match.
+    A unique_key counts only when given, so hashes of requests without one are unchanged."""
     doc = {
         "task": task,
         "payload": payload,
@@ -150,6 +157,8 @@ def request_hash(
         "run_at": run_at.astimezone(UTC).isoformat() if run_at is not None else None,
         "max_retries": max_retries,
     }
+    if unique_key is not None:
+        doc["unique_key"] = unique_key
     canonical = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
@@ -418,7 +427,7 @@ def _validate(
 
     digest = None
     if idempotency_key is not None:
-        digest = request_hash(task, payload, queue, priority, run_at, max_retries)
+        digest = request_hash(task, payload, queue, priority, run_at, max_retries, unique_key)
     return run_at, max_retries, digest, payload_json
 
 

@@ -199,3 +199,18 @@ def test_twenty_concurrent_submissions_with_one_key_make_one_job():
     finish(job_id)
     again = post(authed(token), BODY)
     assert again.status_code == 201 and again.json()["id"] != job_id
+
+
+@pytest.mark.django_db
+def test_an_idempotent_replay_must_repeat_the_unique_key_too(api):
+    def keyed(body):
+        return api.post(
+            URL, data=json.dumps(body), content_type="application/json", HTTP_IDEMPOTENCY_KEY="i1"
+        )
+
+    first = keyed(BODY)
+    assert first.status_code == 201
+    assert keyed(BODY).json()["id"] == first.json()["id"]
+    assert keyed({**BODY, "unique_key": "other"}).status_code == 409
+    without = {k: v for k, v in BODY.items() if k != "unique_key"}
+    assert keyed(without).status_code == 409
