@@ -312,3 +312,20 @@ def test_periodic_sync_creates_updates_and_keeps_staff_enabled():
     finally:
         periodic.DECLARED[:] = [d for d in periodic.DECLARED if d["handler"] is not probe]
         tasks._registry.pop("sync-probe", None)
+
+
+@pytest.mark.django_db
+def test_a_deactivated_clients_schedules_wait():
+    from jobs import services
+    from jobs.models import Client
+
+    client, _ = Client.create_with_token("sleepy")
+    s = define.create(
+        {"name": "c", "interval_seconds": 1, "task": "echo"}, client=client, origin="api"
+    )
+    services.deactivate_clients([client.pk])
+    backdate(s, 5)
+    assert Scheduler().tick().jobs == 0
+    assert firing.seconds_until_next_due() is None  # not overdue: nobody should fire it
+    raw("UPDATE jobs_client SET is_active = true WHERE id = %s", [client.pk])
+    assert Scheduler().tick().jobs == 1

@@ -15,7 +15,7 @@ from django.db import connection, transaction
 
 from jobs import lifecycle, metrics, services
 from jobs.lifecycle import NON_TERMINAL, Role, Status
-from jobs.models import Job, Schedule, SchedulerRun
+from jobs.models import Client, Job, Schedule, SchedulerRun
 from jobs.schedules.timing import InvalidTiming, Timing
 
 log = logging.getLogger(__name__)
@@ -28,9 +28,12 @@ SCHEDULER_ACTOR = lifecycle.actor(Role.REAPER, "scheduler")
 # One due schedule, locked for this transaction; another scheduler skips it and takes
 # the next. The lock is a courtesy (less contention): scheduler_runs' unique slot
 # is what makes a slot fire once.
+# A deactivated client's schedules wait (and catch up by their policy if it comes back).
+_LIVE_OWNER = f"""(client_id IS NULL OR EXISTS (
+  SELECT 1 FROM {Client._meta.db_table} c WHERE c.id = client_id AND c.is_active))"""
 _LOCK_DUE_SQL = f"""
 SELECT id, cron, interval_seconds, timezone, next_fire_at, catch_up, now()
-FROM {S} WHERE enabled AND next_fire_at <= now()
+FROM {S} WHERE enabled AND next_fire_at <= now() AND {_LIVE_OWNER}
 ORDER BY next_fire_at LIMIT 1 FOR UPDATE SKIP LOCKED"""
 
 _FIRE_SQL = f"""
@@ -69,7 +72,7 @@ UPDATE {S} SET next_fire_at = %(next)s,
 WHERE id = %(schedule)s"""
 
 _NEXT_DUE_SQL = f"""
-SELECT extract(epoch FROM min(next_fire_at) - now()) FROM {S} WHERE enabled"""
+SELECT extract(epoch FROM min(next_fire_at) - now()) FROM {S} WHERE enabled AND {_LIVE_OWNER}"""
 
 
 @dataclass(frozen=True, slots=True)
