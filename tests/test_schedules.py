@@ -329,3 +329,38 @@ def test_a_deactivated_clients_schedules_wait():
     assert firing.seconds_until_next_due() is None  # not overdue: nobody should fire it
     raw("UPDATE jobs_client SET is_active = true WHERE id = %s", [client.pk])
     assert Scheduler().tick().jobs == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_scheduler_frozen_inside_its_transaction_is_cut_off_after_five_seconds():
+    """A scheduler stopped (SIGSTOP, a stalled VM) after locking a due schedule holds
+    that lock only until PostgreSQL ends its idle transaction; then another fires it."""
+    s = make()
+    backdate(s, 0)
+    locked = threading.Event()
+    outcome: list = []
+
+    def frozen() -> None:
+        try:
+            with transaction.atomic(durable=True):
+                assert firing.lock_next_due()[0] == s.pk
+                locked.set()
+                threading.Event().wait(8)  # frozen, idle in transaction
+                raw("SELECT 1")
+            outcome.append("kept its transaction")
+        except Exception as exc:  # Django's wrapper or psycopg's own, as the exit raises it
+            outcome.append("cut off" if "idle-in-transaction" in str(exc) else repr(exc))
+        finally:
+            connections.close_all()
+
+    t = threading.Thread(target=frozen)
+    t.start()
+    assert locked.wait(10)
+    assert Scheduler().tick().jobs == 0  # locked: skipped, not waited for
+    deadline = datetime.now(UTC) + timedelta(seconds=7)
+    while Scheduler().tick().jobs == 0:
+        assert datetime.now(UTC) < deadline, "still locked after 7 s"
+        threading.Event().wait(0.2)
+    t.join(15)
+    assert outcome == ["cut off"]
+    assert Job.objects.filter(schedule=s).count() == 1

@@ -202,3 +202,33 @@ def test_the_reaper_exports_schedule_lag_and_its_scheduler_tick(stack):
         < 5
     )
     reaper.stop()
+
+
+def test_a_frozen_scheduler_holds_no_slot_for_long(stack):
+    """SIGSTOP one of two reapers for 10 s, twice: a transaction it froze in is ended by
+    PostgreSQL after 5 s (no pause reaches the freeze's length), the other fires on, and
+    with catch_up all every slot still has exactly one job."""
+    import signal
+
+    reapers = [started(stack.reaper()) for _ in range(2)]
+    s = make("frozen", interval_seconds=1, catch_up="all")
+    first = s.next_fire_at
+    for _ in range(2):
+        time.sleep(2)
+        reapers[0].signal(signal.SIGSTOP)
+        time.sleep(10)
+        reapers[0].signal(signal.SIGCONT)
+    time.sleep(2)
+    end = db_now()
+    for r in reapers:
+        r.stop()
+    times = fire_times(s)
+    wanted = expected_slots(first, timedelta(seconds=1), end - timedelta(seconds=10))
+    assert times[: len(wanted)] == wanted
+    assert_one_job_per_run(s)
+    created = list(
+        Job.objects.filter(schedule=s).order_by("created_at").values_list("created_at", flat=True)
+    )
+    gaps = [(b - a).total_seconds() for a, b in zip(created, created[1:], strict=False)]
+    print(f"{len(created)} jobs with one reaper frozen 2 x 10 s: longest pause {max(gaps):.2f} s")
+    assert max(gaps) <= 8.0

@@ -123,19 +123,28 @@ def fire_slot(
     return Fired(schedule_id, fire_time, job_id, float(lag))
 
 
+def lock_next_due() -> tuple | None:
+    """Lock the earliest due schedule no other scheduler holds, for the caller's
+    transaction: (id, cron, interval_seconds, timezone, next_fire_at, catch_up, now).
+
+    A frozen scheduler (SIGSTOP, a stalled VM) must not hold that lock or a
+    half-inserted slot for long: PostgreSQL ends its transaction after 5 s idle.
+    """
+    _rows(_IDLE_TIMEOUT_SQL, {})
+    rows = _rows(_LOCK_DUE_SQL, {})
+    return rows[0] if rows else None
+
+
 def fire_next_due(catch_up_max: int | None = None) -> list[Fired] | None:
     """Fire the due slots of one due schedule in one durable transaction and move its
     next_fire_at past now. None when no schedule is due (or every due one is locked
     by another scheduler)."""
     keep_all = catch_up_max if catch_up_max is not None else settings.JOBS_SCHEDULE_CATCH_UP_MAX
     with transaction.atomic(durable=True):
-        # A frozen scheduler (SIGSTOP, a stalled VM) must not hold a schedule's lock
-        # or a half-inserted slot for long: PostgreSQL ends its transaction.
-        _rows(_IDLE_TIMEOUT_SQL, {})
-        rows = _rows(_LOCK_DUE_SQL, {})
-        if not rows:
+        due = lock_next_due()
+        if due is None:
             return None
-        schedule_id, cron, interval, zone, next_fire_at, catch_up, now = rows[0]
+        schedule_id, cron, interval, zone, next_fire_at, catch_up, now = due
         timing = Timing(cron, interval, zone)
         keep = keep_all if catch_up == Schedule.CatchUp.ALL else 1
         try:
