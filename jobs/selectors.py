@@ -152,17 +152,12 @@ def queued_queues() -> list[str]:
     return [r[0] for r in _fetch(QUEUED_QUEUES_SQL, [])]
 
 
-@dataclass(frozen=True)
-class SloReport:
-    window_seconds: float
-    slo_seconds: float
-    terminal: int
+class FinishedShares:
+    """The two shares of the jobs finished in a window (SPEC §6), failures counted."""
+
     within_slo: int
     done: int
-    failed: int
-    p50: float | None
-    p95: float | None
-    p99: float | None
+    terminal: int
 
     @property
     def attainment(self) -> float | None:
@@ -172,6 +167,19 @@ class SloReport:
     @property
     def success_rate(self) -> float | None:
         return self.done / self.terminal if self.terminal else None
+
+
+@dataclass(frozen=True)
+class SloReport(FinishedShares):
+    window_seconds: float
+    slo_seconds: float
+    terminal: int
+    within_slo: int
+    done: int
+    failed: int
+    p50: float | None
+    p95: float | None
+    p99: float | None
 
 
 # Due → terminal latency (SPEC §6) of the jobs finished in a window, failures counted:

@@ -113,7 +113,7 @@ class MinuteBar:
 
 
 @dataclass
-class Dashboard:
+class Dashboard(selectors.FinishedShares):
     """What the admin dashboard shows; counts of finished jobs cover the window only."""
 
     now: datetime
@@ -133,13 +133,8 @@ class Dashboard:
     totals: QueueRow = field(default_factory=lambda: QueueRow("all"))
 
     @property
-    def slo_attainment(self) -> float | None:
-        """Share of jobs finished in the window within the SLO, failures counted."""
-        return self.within_slo / self.finished if self.finished else None
-
-    @property
-    def success_rate(self) -> float | None:
-        return self.done / self.finished if self.finished else None
+    def terminal(self) -> int:
+        return self.finished
 
     @property
     def unserved(self) -> list[QueueRow]:
@@ -308,7 +303,7 @@ def dashboard_view(modeladmin: admin.ModelAdmin, request: HttpRequest) -> Templa
         "state_bars": state_bars(board),
         "slo_target": SLO_TARGET,
         "window_minutes": board.window_seconds // 60,
-        "slo_percent": percent(board.slo_attainment),
+        "slo_percent": percent(board.attainment),
         "success_percent": percent(board.success_rate),
         "changelist_url": reverse("admin:jobs_job_changelist"),
     }

@@ -84,6 +84,15 @@ def _errors(*codes: int) -> dict[int, OpenApiResponse]:
     return {c: OpenApiResponse(ErrorSerializer, description=described[c]) for c in codes}
 
 
+def _submission_responses(serializer: Any, created: str, replayed: str) -> dict:
+    """A submission's answers: 201 when it created, 200 when it replayed, and its refusals."""
+    return {
+        201: OpenApiResponse(serializer, description=created),
+        200: OpenApiResponse(serializer, description=replayed),
+        **_errors(400, 401, 409, 413, 415, 429),
+    }
+
+
 IDEMPOTENCY_KEY = OpenApiParameter(
     "Idempotency-Key",
     OpenApiTypes.STR,
@@ -115,15 +124,12 @@ class JobViewSet(viewsets.GenericViewSet):
         summary="Submit a job",
         request=JobSubmitSerializer,
         parameters=[IDEMPOTENCY_KEY],
-        responses={
-            201: OpenApiResponse(SubmittedJobSerializer, description="Created."),
-            200: OpenApiResponse(
-                SubmittedJobSerializer,
-                description="Idempotent replay: the job this key created; or, with "
-                "`duplicate: true`, the live job holding this `unique_key`.",
-            ),
-            **_errors(400, 401, 409, 413, 415, 429),
-        },
+        responses=_submission_responses(
+            SubmittedJobSerializer,
+            "Created.",
+            "Idempotent replay: the job this key created; or, with `duplicate: true`, the "
+            "live job holding this `unique_key`.",
+        ),
         examples=[
             OpenApiExample(
                 "echo", value={"task": "echo", "payload": {"hello": "world"}}, request_only=True
@@ -163,13 +169,11 @@ class JobViewSet(viewsets.GenericViewSet):
         "counts the jobs the batch would create (replays do not count). One Redis push "
         "signals every due job after the commit.",
         request=BatchSubmitSerializer,
-        responses={
-            201: OpenApiResponse(BatchResultSerializer, description="At least one job created."),
-            200: OpenApiResponse(
-                BatchResultSerializer, description="Every job was an idempotent replay."
-            ),
-            **_errors(400, 401, 409, 413, 415, 429),
-        },
+        responses=_submission_responses(
+            BatchResultSerializer,
+            created="At least one job created.",
+            replayed="Every job was an idempotent replay.",
+        ),
         examples=[
             OpenApiExample(
                 "two echoes",

@@ -11,13 +11,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError, close_old_connections, connection
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
 
 from jobs import metrics
 from jobs.runtime import Backoff
@@ -86,23 +83,3 @@ class Scheduler:
         thread = threading.Thread(target=self.run, args=(stop,), name="scheduler", daemon=True)
         thread.start()
         return thread
-
-
-class SchedulerCollector(Collector):
-    """A scheduler that stopped ticking, and schedules that stopped firing."""
-
-    def __init__(self, scheduler: Scheduler) -> None:
-        self.scheduler = scheduler
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        yield GaugeMetricFamily(
-            "jobs_scheduler_last_tick_timestamp_seconds",
-            "Unix time this reaper's scheduler last read the schedules (0: not yet)",
-            value=self.scheduler.last_tick_at,
-        )
-        yield GaugeMetricFamily(
-            "jobs_schedule_overdue_seconds",
-            "How far the most overdue enabled schedule's next slot lay behind the "
-            "database clock at the last tick (0: none overdue)",
-            value=self.scheduler.overdue,
-        )

@@ -6,12 +6,17 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from jobs import metrics
-from jobs.collectors import ConsumersCollector, DepthCollector, ReaperCollector
+from jobs.collectors import (
+    ConsumersCollector,
+    DepthCollector,
+    reaper_gauges,
+    scheduler_gauges,
+)
 from jobs.lifecycle import Status
 from jobs.reaper import Reaper
 from jobs.runtime import add_metrics_arguments, start_metrics_server
 from jobs.schedules.define import sync_periodic
-from jobs.schedules.scheduler import Scheduler, SchedulerCollector
+from jobs.schedules.scheduler import Scheduler
 
 RECOVERY_KINDS = (
     "worker_gone",
@@ -74,8 +79,8 @@ class Command(BaseCommand):
             depth = DepthCollector()
             REGISTRY.register(depth)
             REGISTRY.register(ConsumersCollector(depth))
-            REGISTRY.register(ReaperCollector(reaper))
-            REGISTRY.register(SchedulerCollector(scheduler))
+            REGISTRY.register(reaper_gauges(reaper))
+            REGISTRY.register(scheduler_gauges(scheduler))
             for kind in RECOVERY_KINDS:  # every kind shows 0 before its first repair
                 metrics.RECOVERED.labels(kind)
         start_metrics_server(opts["metrics_port"], opts["metrics_host"])

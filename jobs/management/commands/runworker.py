@@ -6,7 +6,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from jobs import dispatch
-from jobs.collectors import WorkerCollector
+from jobs.collectors import worker_gauges
 from jobs.dispatch import QueueSpec
 from jobs.runtime import add_metrics_arguments, start_metrics_server
 from jobs.worker import Worker
@@ -81,7 +81,7 @@ class Command(BaseCommand):
         if opts["metrics_port"]:
             from prometheus_client import REGISTRY
 
-            REGISTRY.register(WorkerCollector(worker))
+            REGISTRY.register(worker_gauges(worker))
         worker.install_signal_handlers()
         # With JSON logs, the "worker started/stopped" log lines say this; stdout stays JSON.
         banners = settings.LOG_FORMAT != "json"
