@@ -14,6 +14,16 @@ def _sync_queues(sender, using="default", **kwargs) -> None:
         queuecontrol.sync(using=using)
 
 
+def _sync_periodic(sender, using="default", **kwargs) -> None:
+    """`@periodic` declarations reach the table at migrate (and when a runreaper starts)."""
+    from django.db import connections
+
+    from jobs.schedules.define import sync_periodic
+
+    if "jobs_schedule" in connections[using].introspection.table_names():  # else migrated back
+        sync_periodic()
+
+
 class JobsConfig(AppConfig):
     name = "jobs"
     verbose_name = "Jobs"
@@ -23,3 +33,4 @@ class JobsConfig(AppConfig):
         from jobs import clientcache  # noqa: F401  (connects the cache's revocation signals)
 
         post_migrate.connect(_sync_queues, sender=self, dispatch_uid="jobs.sync_queues")
+        post_migrate.connect(_sync_periodic, sender=self, dispatch_uid="jobs.sync_periodic")

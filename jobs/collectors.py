@@ -30,6 +30,7 @@ from jobs.lifecycle import NON_TERMINAL, Status
 
 if TYPE_CHECKING:
     from jobs.reaper import Reaper
+    from jobs.schedules.scheduler import Scheduler
     from jobs.worker import Worker
 
 log = logging.getLogger(__name__)
@@ -243,4 +244,16 @@ def reaper_gauges(reaper: Reaper) -> LiveGauges:
         ("jobs_reaper_last_sweep_timestamp_seconds",
          "Unix time the last sweep finished (0: none yet)", lambda: reaper.last_sweep_at),
         ("jobs_reaper_interval_seconds", "Seconds between sweeps", lambda: reaper.interval),
+    ])  # fmt: skip
+
+
+def scheduler_gauges(scheduler: Scheduler) -> LiveGauges:
+    """A reaper's scheduler that stopped ticking, and schedules that stopped firing."""
+    return LiveGauges([
+        ("jobs_scheduler_last_tick_timestamp_seconds",
+         "Unix time this reaper's scheduler last read the schedules (0: not yet)",
+         lambda: scheduler.last_tick_at),
+        ("jobs_schedule_overdue_seconds",
+         "How far the most overdue enabled schedule's next slot lay behind the database "
+         "clock at the last tick (0: none overdue)", lambda: scheduler.overdue),
     ])  # fmt: skip

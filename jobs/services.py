@@ -24,11 +24,20 @@ from typing import Any
 
 import psycopg
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 
 from jobs import clientcache, lifecycle, metrics
 from jobs.exceptions import BatchIdempotencyConflict, IdempotencyConflict
-from jobs.lifecycle import CANCELLED, TERMINAL, Role, Status, actor_role, actor_sql, due_sql
+from jobs.lifecycle import (
+    CANCELLED,
+    NON_TERMINAL,
+    TERMINAL,
+    Role,
+    Status,
+    actor_role,
+    actor_sql,
+    due_sql,
+)
 from jobs.logconfig import job_log_fields
 from jobs.models import Client, Job, JobEvent, Queue, WorkerProcess
 from jobs.transport import TransportError, get_transport
@@ -178,11 +187,21 @@ def push_now_ignoring_rollback(pairs: Iterable[tuple[int, str]]) -> None:
 _JOB_FIELDS = [f.attname for f in Job._meta.concrete_fields]
 _INSERT_SQL = f"""
 INSERT INTO {T} (task, payload, queue, priority, run_at, max_retries, client_id,
-                 idempotency_key, request_hash, updated_by, status, retry_count, lease_version)
-VALUES (%s, %s::jsonb, %s, %s, COALESCE(%s, now()), %s, %s, %s, %s, %s, '{Status.QUEUED}', 0, 0)
+                 idempotency_key, request_hash, updated_by, unique_key, status, retry_count,
+                 lease_version)
+VALUES (%s, %s::jsonb, %s, %s, COALESCE(%s, now()), %s, %s, %s, %s, %s, %s,
+        '{Status.QUEUED}', 0, 0)
 ON CONFLICT DO NOTHING
 RETURNING {", ".join(_JOB_FIELDS)}, run_at <= now()
 """
+# The live job holding a unique key (the partial unique index job_unique_key_live).
+_KEY_HOLDER_SQL = f"""
+SELECT {", ".join(_JOB_FIELDS)} FROM {T}
+WHERE client_id IS NOT DISTINCT FROM %s AND unique_key = %s
+  AND status IN ({lifecycle.sql_list(NON_TERMINAL)})"""
+# A holder can finish between the refused insert and the read; the key is then free
+# and the insert is tried again. Each round needs another job to take the key.
+_KEY_ROUNDS = 5
 
 
 def _job_from_row(row: Sequence[Any]) -> Job:
@@ -205,14 +224,17 @@ def submit(
     request_hash: str | None = None,
     actor: str = "app",
     payload_json: str | None = None,
+    unique_key: str | None = None,
 ) -> tuple[Job, bool]:
     """Insert a queued job inside the caller's transaction (the outbox of seed 002).
 
     The Redis push runs only when that transaction commits, so the job exists
     exactly when the caller's change does. Returns (job, created); a reused
     idempotency key returns the existing job, or raises IdempotencyConflict when
-    `request_hash` differs. Validation of task and payload is the caller's
-    (see jobs.submission); this is the write.
+    `request_hash` differs. A `unique_key` held by a live job of the same client
+    returns that job with `duplicate` set: the partial unique index decides, so
+    concurrent submissions make one job. Validation of task and payload is the
+    caller's (see jobs.submission); this is the write.
     """
     if max_retries is None:
         max_retries = settings.JOBS_MAX_RETRIES
@@ -229,13 +251,25 @@ def submit(
         idempotency_key,
         request_hash,
         actor,
+        unique_key,
     ]
-    rows = _rows(_INSERT_SQL, params)
-    if not rows:
-        existing = Job.objects.get(client_id=client_id, idempotency_key=idempotency_key)
-        if existing.request_hash != request_hash:
-            raise IdempotencyConflict(existing)
-        return existing, False
+    for _ in range(_KEY_ROUNDS):
+        rows = _rows(_INSERT_SQL, params)
+        if rows:
+            break
+        if idempotency_key is not None:
+            existing = Job.objects.filter(
+                client_id=client_id, idempotency_key=idempotency_key
+            ).first()
+            if existing is not None:
+                if existing.request_hash != request_hash:
+                    raise IdempotencyConflict(existing)
+                return existing, False
+        holder = key_holder(client_id, unique_key)
+        if holder is not None:
+            return holder, False
+    else:
+        raise RuntimeError(f"unique key {unique_key!r} changed hands {_KEY_ROUNDS} times")
     row = rows[0]
     job = _job_from_row(row)
     due = row[-1]
@@ -249,6 +283,18 @@ def submit(
 
         signal_after_commit([(job.pk, queue)], park_on_failure=True, on_parked=parked)
     return job, True
+
+
+def key_holder(client_id: int | None, unique_key: str | None) -> Job | None:
+    """The live job of this client holding `unique_key`, marked `duplicate`; or None."""
+    if unique_key is None:
+        return None
+    rows = _rows(_KEY_HOLDER_SQL, [client_id, unique_key])
+    if not rows:
+        return None
+    job = _job_from_row(rows[0])
+    job.duplicate = True
+    return job
 
 
 @dataclass(frozen=True, slots=True)
@@ -1039,11 +1085,24 @@ def fail_over_budget(limit: int = 500) -> dict[int, Finished]:
 # --- staff and clients ------------------------------------------------------------
 
 
+# A failed job whose unique_key another live job holds stays failed (the key is
+# taken), and of several chosen jobs sharing a free key only the oldest is retried:
+# a retry never makes two live holders of a key (D58).
 _STAFF_RETRY_SQL = f"""
 UPDATE {T} j SET status = '{Status.QUEUED}', retry_count = 0, result = NULL,
        finished_at = NULL, run_at = now(), due_at = now(),
-       cancel_requested_at = NULL, updated_by = %s
-WHERE id = ANY(%s) AND {lifecycle.STAFF_RETRY.where()} RETURNING id, queue"""
+       cancel_requested_at = NULL, updated_by = %(actor)s
+WHERE id = ANY(%(ids)s) AND {lifecycle.STAFF_RETRY.where()}
+  AND (j.unique_key IS NULL OR (
+    NOT EXISTS (SELECT 1 FROM {T} h
+                WHERE h.client_id IS NOT DISTINCT FROM j.client_id
+                  AND h.unique_key = j.unique_key
+                  AND h.status IN ({lifecycle.sql_list(NON_TERMINAL)}))
+    AND j.id = (SELECT min(o.id) FROM {T} o
+                WHERE o.id = ANY(%(ids)s) AND o.status = '{Status.FAILED}'
+                  AND o.client_id IS NOT DISTINCT FROM j.client_id
+                  AND o.unique_key = j.unique_key)))
+RETURNING id, queue"""
 
 
 def staff_retry(job_ids: Sequence[int], actor: str) -> list[int]:
@@ -1051,11 +1110,18 @@ def staff_retry(job_ids: Sequence[int], actor: str) -> list[int]:
 
     The job is due again now: the SLO clock (`due_at`) restarts at the retry. An
     earlier cancel request is forgotten: the retry is a new decision to run it.
+    A job whose unique_key a live job holds is left failed (not in the result); a
+    holder submitted while this statement runs makes it retry nothing rather than
+    fail with the index's violation.
     """
-    rows = _rows(
-        _STAFF_RETRY_SQL,
-        [actor, list(job_ids)],
-    )
+    try:
+        with transaction.atomic():
+            rows = _rows(_STAFF_RETRY_SQL, {"actor": actor, "ids": list(job_ids)})
+    except IntegrityError as exc:
+        if "job_unique_key_live" not in str(exc):
+            raise
+        log.warning("staff retry raced a submission for a unique key; nothing retried")
+        rows = []
     _count_on_commit(metrics.STAFF_ACTIONS.labels("retry"), len(rows))
     signal_after_commit(rows, park_on_failure=False)
     return [r[0] for r in rows]

@@ -21,6 +21,7 @@ from jobs.collectors import (
     DepthCollector,
     QueueControlsCollector,
     reaper_gauges,
+    scheduler_gauges,
     worker_gauges,
 )
 from tests.harness import ROOT
@@ -86,7 +87,9 @@ def exported() -> dict[str, set[str]]:
         names[name] = labels
     worker = SimpleNamespace(inflight=0, running=0, concurrency=1)
     reaper = SimpleNamespace(last_sweep_at=0.0, interval=5.0)
-    for collector in (worker_gauges(worker), reaper_gauges(reaper)):
+    scheduler = SimpleNamespace(last_tick_at=0.0, overdue=0.0)
+    gauges = (worker_gauges(worker), reaper_gauges(reaper), scheduler_gauges(scheduler))
+    for collector in gauges:
         for family in collector.collect():
             names[family.name] = set()
     for family in DepthCollector(cache_seconds=5).describe():

@@ -47,6 +47,7 @@ QUICK = {
     "chaos-long": ["CHAOS_DURATION=20"],
     "fuzz": ["FUZZ_EXAMPLES=2"],
     "crash-bench": ["CRASH_KILLS=1"],
+    "schedules-long": ["SCHEDULE_E2E_SECONDS=10"],
 }
 # A skipped target whose recipe is exactly what another test runs.
 SAME_AS_SUITE = {

@@ -5,8 +5,10 @@ from django.contrib import admin
 
 from jobs.admin.options import ClientAdmin, JobAdmin
 from jobs.admin.queues import QueueAdmin
-from jobs.models import Client, Job, Queue
+from jobs.admin.schedules import ScheduleAdmin
+from jobs.models import Client, Job, Queue, Schedule
 
 admin.site.register(Job, JobAdmin)
 admin.site.register(Client, ClientAdmin)
 admin.site.register(Queue, QueueAdmin)
+admin.site.register(Schedule, ScheduleAdmin)

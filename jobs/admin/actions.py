@@ -67,6 +67,7 @@ class StaffAction:
 RETRY = StaffAction(
     "retry", lifecycle.STAFF_RETRY, services.staff_retry,
     _lazy("Retry failed jobs (resets the retry budget)"), _lazy("Retry"), _lazy("retried"),
+    skip_reason=_lazy("not failed, or its unique key is taken"),
 )
 # An enqueue_failed job is queued again and re-signalled.
 REPAIR = StaffAction(

@@ -22,8 +22,9 @@ from django.db.models import F, Q
 from django.db.models.functions import Now
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
-from django.urls import path
+from django.urls import path, reverse
 from django.utils.cache import add_never_cache_headers
+from django.utils.html import format_html
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
@@ -170,7 +171,11 @@ class JobAdmin(WrittenByServices, admin.ModelAdmin):
         ),
         (gettext_lazy("Payload"), {"fields": ("payload_pretty",)}),
         (gettext_lazy("Result"), {"fields": ("result_pretty",)}),
-        (gettext_lazy("Idempotency"), {"fields": ("idempotency_key", "request_hash")}),
+        (
+            gettext_lazy("Idempotency"),
+            {"fields": ("idempotency_key", "request_hash", "unique_key")},
+        ),
+        (gettext_lazy("Schedule"), {"fields": ("made_by_schedule", "fire_time")}),
     )
     readonly_fields = tuple(f for _, opts in fieldsets for f in opts["fields"])
 
@@ -240,6 +245,17 @@ class JobAdmin(WrittenByServices, admin.ModelAdmin):
         return queryset.filter(query), False
 
     # --- columns
+
+    def lookup_allowed(self, lookup, value, request=None) -> bool:
+        # The schedule admin links to a schedule's jobs (indexed: job_schedule_created_idx).
+        return lookup == "schedule__id__exact" or super().lookup_allowed(lookup, value, request)
+
+    @admin.display(description=gettext_lazy("schedule"))
+    def made_by_schedule(self, obj: Job) -> str:
+        if obj.schedule_id is None:
+            return "-"
+        url = reverse("admin:jobs_schedule_change", args=[obj.schedule_id])
+        return format_html('<a href="{}">{}</a>', url, obj.schedule_id)
 
     @admin.display(description=gettext_lazy("status"), ordering="status")
     def status_badge(self, obj: Job) -> str:

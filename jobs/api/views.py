@@ -27,6 +27,7 @@ from jobs.api.serializers import (
     JobEventSerializer,
     JobSerializer,
     JobSubmitSerializer,
+    SubmittedJobSerializer,
 )
 from jobs.lifecycle import Status
 from jobs.models import Job, JobEvent
@@ -124,7 +125,10 @@ class JobViewSet(viewsets.GenericViewSet):
         request=JobSubmitSerializer,
         parameters=[IDEMPOTENCY_KEY],
         responses=_submission_responses(
-            JobSerializer, "Created.", "Idempotent replay: the job this key created."
+            SubmittedJobSerializer,
+            "Created.",
+            "Idempotent replay: the job this key created; or, with `duplicate: true`, the "
+            "live job holding this `unique_key`.",
         ),
         examples=[
             OpenApiExample(
@@ -142,11 +146,11 @@ class JobViewSet(viewsets.GenericViewSet):
                 request.data, idempotency_key=key, client=request.user
             )
         if not created:
-            return Response(JobSerializer(job).data, status=status.HTTP_200_OK)
+            return Response(SubmittedJobSerializer(job).data, status=status.HTTP_200_OK)
         if job.status != Status.QUEUED:
             job = Job.objects.get(pk=job.pk)
         return Response(
-            JobSerializer(job).data,
+            SubmittedJobSerializer(job).data,
             status=status.HTTP_201_CREATED,
             headers={"Location": reverse("job-detail", args=[job.pk])},
         )
