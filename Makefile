@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-12)
 
 .PHONY: run test lint install tools migrate browser chaos chaos-long bench crash-bench \
-	table-health fuzz stop-db reset-db clean
+	table-health fuzz schedules-long stop-db reset-db clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -83,6 +83,13 @@ CRASH_KILLS ?= 20
 crash-bench: install
 	CRASH_KILLS=$(CRASH_KILLS) $(VENV)/bin/pytest -q -s -p no:cacheprovider \
 	  tests/test_crash_detection_e2e.py::test_kill_9_mid_job_runs_again_elsewhere_within_seconds
+
+## schedules-long: three runreapers race for every slot of a 1 s interval, a 5 s and a per-minute
+## cron for SCHEDULE_E2E_SECONDS (default 120; `make test` runs 25): each slot fires exactly once.
+SCHEDULE_E2E_SECONDS ?= 120
+schedules-long: install
+	SCHEDULE_E2E_SECONDS=$(SCHEDULE_E2E_SECONDS) $(VENV)/bin/pytest -q -s -p no:cacheprovider \
+	  tests/test_schedules_e2e.py::test_three_reapers_fire_every_slot_exactly_once
 
 ## table-health: claim latency and table size with N finished jobs, before and after
 ## prunejobs, in a scratch database of its own (not part of `make test`; N=1000000 takes minutes).

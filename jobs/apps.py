@@ -1,4 +1,27 @@
 from django.apps import AppConfig
+from django.db.models.signals import post_migrate
+
+
+def _sync_queues(sender, using="default", **kwargs) -> None:
+    """`migrate` seeds the Queue rows from JOBS_QUEUES (runworker syncs them again)."""
+    from django.db import connections
+
+    from jobs import queuecontrol
+    from jobs.models import Queue
+
+    # Not when migrating back past the table's migration.
+    if Queue._meta.db_table in connections[using].introspection.table_names():
+        queuecontrol.sync(using=using)
+
+
+def _sync_periodic(sender, using="default", **kwargs) -> None:
+    """`@periodic` declarations reach the table at migrate (and when a runreaper starts)."""
+    from django.db import connections
+
+    from jobs.schedules.define import sync_periodic
+
+    if "jobs_schedule" in connections[using].introspection.table_names():  # else migrated back
+        sync_periodic()
 
 
 class JobsConfig(AppConfig):
@@ -8,3 +31,6 @@ class JobsConfig(AppConfig):
 
     def ready(self) -> None:
         from jobs import clientcache  # noqa: F401  (connects the cache's revocation signals)
+
+        post_migrate.connect(_sync_queues, sender=self, dispatch_uid="jobs.sync_queues")
+        post_migrate.connect(_sync_periodic, sender=self, dispatch_uid="jobs.sync_periodic")

@@ -6,8 +6,10 @@
   scrapers there are.
 - `ConsumersCollector`: jobs_queue_consumers and jobs_unserved_queue_depth (queued
   jobs on a queue no live worker serves), from the worker registry; reaper only.
-- `WorkerCollector`: jobs_worker_inflight and jobs_worker_slots of one worker.
-- `ReaperCollector`: when the reaper last finished a sweep, and its cadence.
+- `QueueControlsCollector`: each queue's controls and what they hold back (paused,
+  processing against the cap, rate tokens left); reaper only.
+- `worker_gauges`: jobs_worker_inflight and jobs_worker_slots of one worker.
+- `reaper_gauges`: when the reaper last finished a sweep, and its cadence.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError, connection
@@ -28,6 +30,7 @@ from jobs.lifecycle import NON_TERMINAL, Status
 
 if TYPE_CHECKING:
     from jobs.reaper import Reaper
+    from jobs.schedules.scheduler import Scheduler
     from jobs.worker import Worker
 
 log = logging.getLogger(__name__)
@@ -42,6 +45,26 @@ AGE_HELP = (
     "Age of the oldest job in the state: queued since due, processing since claimed, "
     "enqueue_failed since parked"
 )
+
+
+T = TypeVar("T")
+
+
+def read_on_scrape_thread(what: str, read: Callable[[], T]) -> T | None:
+    """One read for a scrape: None (counted, logged) when PostgreSQL fails.
+
+    Scrapes run on short-lived server threads: their connection is closed after the
+    read, not left behind (a test's own transaction is left alone).
+    """
+    try:
+        return read()
+    except (DatabaseError, InterfaceError) as exc:
+        metrics.DB_ERRORS.labels(op="depth").inc()
+        log.warning("%s unavailable, postgres failed: %s", what, exc)
+        return None
+    finally:
+        if not connection.in_atomic_block:
+            connection.close()
 
 
 class DepthCollector(Collector):
@@ -76,18 +99,9 @@ class DepthCollector(Collector):
             now = self.clock()
             if self._rows is not None and now - self._read_at < self.cache_seconds:
                 return self._rows
-            try:
-                rows = selectors.depth_by_state()
-            except (DatabaseError, InterfaceError) as exc:
-                metrics.DB_ERRORS.labels(op="depth").inc()
-                log.warning("queue depth unavailable, postgres failed: %s", exc)
-                self._rows = None
+            rows = self._rows = read_on_scrape_thread("queue depth", selectors.depth_by_state)
+            if rows is None:
                 return None
-            finally:
-                # Scrapes run on short-lived server threads: do not leave their
-                # connections behind (a test's own transaction is left alone).
-                if not connection.in_atomic_block:
-                    connection.close()
             self.reads += 1
             self._rows, self._read_at = rows, now
             for _, queue, _, _ in rows:
@@ -133,16 +147,9 @@ class ConsumersCollector(Collector):
             now = self.depth.clock()
             if self._consumers is not None and now - self._read_at < self.depth.cache_seconds:
                 return self._consumers
-            try:
-                self._consumers = selectors.queue_consumers()
-            except (DatabaseError, InterfaceError) as exc:
-                metrics.DB_ERRORS.labels(op="depth").inc()
-                log.warning("queue consumers unavailable, postgres failed: %s", exc)
-                self._consumers = None
+            self._consumers = read_on_scrape_thread("queue consumers", selectors.queue_consumers)
+            if self._consumers is None:
                 return None
-            finally:
-                if not connection.in_atomic_block:
-                    connection.close()
             self._read_at = now
             return self._consumers
 
@@ -162,40 +169,91 @@ class ConsumersCollector(Collector):
         yield unserved
 
 
-class WorkerCollector(Collector):
+QUEUE_GAUGES = {
+    "jobs_queue_paused": "1 while the queue is paused: its jobs wait queued, none starts",
+    "jobs_queue_concurrency_limit": "The queue's cap on jobs processing at once (capped queues)",
+    "jobs_queue_concurrency_used": "Jobs of a capped queue processing now, against its cap",
+    "jobs_queue_rate_limit": "Job starts the queue's rate allows per period (rate-limited queues)",
+    "jobs_queue_rate_tokens": "Starts the queue's rate still allows in the current window",
+}
+
+
+class QueueControlsCollector(Collector):
+    """The queue controls (jobs_queue rows) with one small query per cache period."""
+
+    def __init__(self, cache_seconds: float | None = None) -> None:
+        self.cache_seconds = (
+            settings.JOBS_METRICS_CACHE_SECONDS if cache_seconds is None else cache_seconds
+        )
+        self._lock = threading.Lock()
+        self._states: list[selectors.QueueState] | None = None
+        self._read_at = float("-inf")
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        for name, documentation in QUEUE_GAUGES.items():
+            yield GaugeMetricFamily(name, documentation, labels=["queue"])
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        with self._lock:
+            if time.monotonic() - self._read_at >= self.cache_seconds:
+                self._states = read_on_scrape_thread("queue controls", selectors.queue_states)
+                self._read_at = time.monotonic() if self._states is not None else float("-inf")
+            states = self._states
+        if states is None:
+            return
+        families = {
+            name: GaugeMetricFamily(name, documentation, labels=["queue"])
+            for name, documentation in QUEUE_GAUGES.items()
+        }
+        for q in states:
+            families["jobs_queue_paused"].add_metric([q.name], int(q.paused))
+            if q.concurrency is not None:
+                families["jobs_queue_concurrency_limit"].add_metric([q.name], q.concurrency)
+                families["jobs_queue_concurrency_used"].add_metric([q.name], q.processing)
+            if q.rate_limit is not None:
+                families["jobs_queue_rate_limit"].add_metric([q.name], q.rate_limit)
+                families["jobs_queue_rate_tokens"].add_metric([q.name], q.rate_tokens)
+        yield from families.values()
+
+
+class LiveGauges(Collector):
+    """Gauges read from one live object at each scrape: (name, help, read)."""
+
+    def __init__(self, gauges: list[tuple[str, str, Callable[[], float]]]) -> None:
+        self.gauges = gauges
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        for name, documentation, read in self.gauges:
+            yield GaugeMetricFamily(name, documentation, value=read())
+
+
+def worker_gauges(worker: Worker) -> LiveGauges:
     """One worker's busy and total slots: capacity, and its presence to Prometheus."""
-
-    def __init__(self, worker: Worker) -> None:
-        self.worker = worker
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        yield GaugeMetricFamily(
-            "jobs_worker_inflight",
-            "Jobs this worker is running right now (busy slots; results awaiting "
-            "write-back no longer take a slot)",
-            value=self.worker.running,
-        )
-        yield GaugeMetricFamily(
-            "jobs_worker_slots",
-            "Jobs this worker can hold at once (--concurrency)",
-            value=self.worker.concurrency,
-        )
+    return LiveGauges([
+        ("jobs_worker_inflight",
+         "Jobs this worker is running right now (busy slots; results awaiting "
+         "write-back no longer take a slot)", lambda: worker.running),
+        ("jobs_worker_slots", "Jobs this worker can hold at once (--concurrency)",
+         lambda: worker.concurrency),
+    ])  # fmt: skip
 
 
-class ReaperCollector(Collector):
+def reaper_gauges(reaper: Reaper) -> LiveGauges:
     """When the last sweep finished: a reaper that is up but stuck shows here."""
+    return LiveGauges([
+        ("jobs_reaper_last_sweep_timestamp_seconds",
+         "Unix time the last sweep finished (0: none yet)", lambda: reaper.last_sweep_at),
+        ("jobs_reaper_interval_seconds", "Seconds between sweeps", lambda: reaper.interval),
+    ])  # fmt: skip
 
-    def __init__(self, reaper: Reaper) -> None:
-        self.reaper = reaper
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        yield GaugeMetricFamily(
-            "jobs_reaper_last_sweep_timestamp_seconds",
-            "Unix time the last sweep finished (0: none yet)",
-            value=self.reaper.last_sweep_at,
-        )
-        yield GaugeMetricFamily(
-            "jobs_reaper_interval_seconds",
-            "Seconds between sweeps",
-            value=self.reaper.interval,
-        )
+def scheduler_gauges(scheduler: Scheduler) -> LiveGauges:
+    """A reaper's scheduler that stopped ticking, and schedules that stopped firing."""
+    return LiveGauges([
+        ("jobs_scheduler_last_tick_timestamp_seconds",
+         "Unix time this reaper's scheduler last read the schedules (0: not yet)",
+         lambda: scheduler.last_tick_at),
+        ("jobs_schedule_overdue_seconds",
+         "How far the most overdue enabled schedule's next slot lay behind the database "
+         "clock at the last tick (0: none overdue)", lambda: scheduler.overdue),
+    ])  # fmt: skip

@@ -32,18 +32,33 @@ class QueueSpec:
     weights: dict[str, float]
     wildcard_weight: float | None = None  # set when `*` is served
     names: tuple[str, ...] = field(default=())  # as given, for registration and logs
+    weighted: frozenset[str] = frozenset()  # names (and `*`) given a weight in --queues
 
     @property
     def serves_all(self) -> bool:
         return self.wildcard_weight is not None
 
-    def with_queues(self, found: Iterable[str]) -> dict[str, float]:
-        """The weights to poll with, given the queues known to have work (for `*`)."""
-        if self.wildcard_weight is None:
+    def with_queues(
+        self, found: Iterable[str], defaults: Mapping[str, float] | None = None
+    ) -> dict[str, float]:
+        """The weights to poll with, given the queues known to have work (for `*`).
+
+        `defaults` (the Queue model's weights) replace the weight a queue would get
+        for lack of one in --queues; a weight given there wins.
+        """
+        if self.wildcard_weight is None and not defaults:
             return self.weights
         out = dict(self.weights)
-        for queue in found:
-            out.setdefault(queue, self.wildcard_weight)
+        if self.wildcard_weight is not None:
+            for queue in found:
+                out.setdefault(queue, self.wildcard_weight)
+        for queue, weight in (defaults or {}).items():
+            if (
+                queue in out
+                and queue not in self.weighted
+                and (queue in self.weights or WILDCARD not in self.weighted)
+            ):
+                out[queue] = weight
         return out
 
 
@@ -56,6 +71,7 @@ def parse_queues(value: str) -> QueueSpec:
     weights: dict[str, float] = {}
     wildcard: float | None = None
     names = []
+    weighted = set()
     for n, part in enumerate(parts):
         name, sep, raw = part.partition(":")
         name = name.strip()
@@ -68,6 +84,7 @@ def parse_queues(value: str) -> QueueSpec:
                 raise QueueSpecError(f"weight of {name!r} is not a number: {raw!r}") from None
             if not 0 < weight <= 1000:
                 raise QueueSpecError(f"weight of {name!r} must be in (0, 1000]")
+            weighted.add(name)
         else:
             weight = 1.0 if explicit else float(len(parts) - n)
         if name in weights or (name == WILDCARD and wildcard is not None):
@@ -77,15 +94,15 @@ def parse_queues(value: str) -> QueueSpec:
             wildcard = weight
         else:
             weights[name] = weight
-    return QueueSpec(weights, wildcard, tuple(names))
+    return QueueSpec(weights, wildcard, tuple(names), frozenset(weighted))
 
 
 def polling_order(weights: Mapping[str, float], rng: random.Random | None = None) -> list[str]:
     """The queues in a random order where each comes first in proportion to its weight.
 
     Weighted sampling without replacement (Efraimidis–Spirakis: sort by u^(1/w)).
-    This is the one place the weighting lives; a later Queue model only has to
-    supply the mapping.
+    This is the one place the weighting lives; the Queue model's weights reach it
+    through QueueSpec.with_queues.
     """
     draw = (rng or random).random
     return sorted(weights, key=lambda q: draw() ** (1.0 / weights[q]), reverse=True)

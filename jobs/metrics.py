@@ -58,6 +58,18 @@ RETRIES = Histogram(
 RETRIED = Counter("jobs_retried_total", "Failed attempts sent back to queued", ["queue", "task"])
 LEASE_EXPIRED = Counter("jobs_lease_expired_total", "Leases found expired by the reaper", ["queue"])
 REAPER_SWEEPS = Counter("jobs_reaper_sweeps_total", "Reaper sweeps completed")
+# Schedules (jobs.schedules): from a slot's fire time to the commit of its job. No
+# label: schedule names and ids are unbounded.
+SCHEDULE_LAG = Histogram(
+    "jobs_schedule_lag_seconds",
+    "Seconds from a schedule slot's fire time to the scheduler claiming it",
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300, 3600),
+)
+SCHEDULE_SLOTS = Counter(
+    "jobs_schedule_slots_total",
+    "Schedule slots claimed by this scheduler, by outcome (enqueued, overlap_skipped)",
+    ["outcome"],
+)
 REAPER_SWEEP_DURATION = Histogram(
     "jobs_reaper_sweep_duration_seconds", "Reaper sweep wall time", buckets=DURATION_BUCKETS
 )

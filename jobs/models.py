@@ -12,7 +12,7 @@ from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
 
-from jobs.lifecycle import STATUSES, TERMINAL, UNOWNED, Move, Status
+from jobs.lifecycle import NON_TERMINAL, STATUSES, TERMINAL, UNOWNED, Move, Status
 
 PRIORITY_MIN = -100
 PRIORITY_MAX = 100
@@ -126,8 +126,26 @@ class Job(models.Model):
     # A cancel asked of a processing job: the worker stops the handler at its next
     # heartbeat; a requeue with a request pending ends the job instead (lifecycle).
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    # Per client: at most one live (queued, enqueue_failed, processing) job holds a key;
+    # a submission with a held key returns that job (docs/schedules.md).
+    unique_key = models.CharField(max_length=200, null=True, blank=True)
+    # The schedule that made the job and the slot it fired for. No database foreign
+    # key: adding one validates 10M rows under lock, and a deleted schedule's jobs
+    # keep its id as history (D57).
+    schedule = models.ForeignKey(
+        "Schedule",
+        null=True,
+        blank=True,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        db_index=False,  # the partial indexes below serve every lookup
+        related_name="jobs",
+    )
+    fire_time = models.DateTimeField(null=True, blank=True)
 
     objects = JobQuerySet.as_manager()
+    # Set on the job `submit()` returns when a live job already held its unique_key.
+    duplicate = False
 
     class Meta:
         db_table = "jobs_job"
@@ -184,6 +202,13 @@ class Job(models.Model):
                 condition=Q(idempotency_key__isnull=False),
                 nulls_distinct=False,
             ),
+            # Created CONCURRENTLY by migration 0010 (a unique partial index).
+            models.UniqueConstraint(
+                name="job_unique_key_live",
+                fields=["client", "unique_key"],
+                condition=Q(unique_key__isnull=False, status__in=sorted(NON_TERMINAL)),
+                nulls_distinct=False,
+            ),
         ]
         indexes = [
             # The claim: claimable rows only, in claim order.
@@ -210,6 +235,17 @@ class Job(models.Model):
             # Retention and time-window aggregates over finished jobs.
             models.Index(name="job_finished_idx", fields=["finished_at"]),
             models.Index(name="job_status_task_idx", fields=["status", "task"]),
+            # A schedule's jobs, newest first (?schedule=), and its live ones (overlap).
+            models.Index(
+                name="job_schedule_created_idx",
+                fields=["schedule", "-created_at", "-id"],
+                condition=Q(schedule__isnull=False),
+            ),
+            models.Index(
+                name="job_schedule_live_idx",
+                fields=["schedule"],
+                condition=Q(schedule__isnull=False, status__in=sorted(NON_TERMINAL)),
+            ),
         ]
 
     def __str__(self) -> str:
@@ -278,3 +314,191 @@ class WorkerProcess(models.Model):
 
     def __str__(self) -> str:
         return self.id
+
+
+class Queue(models.Model):
+    """A declared queue's controls (docs/queue-controls.md), enforced by the claim.
+
+    Seeded from JOBS_QUEUES by `jobs.queuecontrol.sync`; staff may edit it in the
+    admin. `declared` is the JOBS_QUEUES entry last applied, so a restart applies
+    only what the deployment changed and keeps staff edits (decision D52).
+    `rate_starts` holds the claim times (the history's `at`) of the latest starts
+    within the rate's period: the sliding window the claim counts against.
+    """
+
+    name = models.CharField(max_length=100, primary_key=True)
+    paused = models.BooleanField(default=False)
+    concurrency = models.IntegerField(
+        null=True, blank=True, help_text="Most jobs processing at once across all workers."
+    )
+    rate_limit = models.IntegerField(
+        null=True, blank=True, help_text="Most job starts per rate period across all workers."
+    )
+    rate_period = models.IntegerField(
+        null=True,
+        blank=True,
+        choices=[(1, "second"), (60, "minute"), (3600, "hour")],
+        help_text="Seconds.",
+    )
+    weight = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="Polling weight for workers serving several queues without a weight of "
+        "their own for it (runworker --queues a:4 wins).",
+    )
+    rate_starts = ArrayField(models.DateTimeField(), default=list, blank=True)
+    declared = models.JSONField(default=dict, blank=True)
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "jobs_queue"
+        ordering = ["name"]
+        permissions = [("pause_queue", "Can pause and resume queues")]
+        constraints = [
+            models.CheckConstraint(
+                name="queue_concurrency_positive",
+                condition=Q(concurrency__isnull=True) | Q(concurrency__gte=1),
+            ),
+            models.CheckConstraint(
+                name="queue_rate_complete",
+                # Both or neither (a NULL in `IN (...)` would pass a CHECK: say it).
+                condition=Q(rate_limit__isnull=True, rate_period__isnull=True)
+                | Q(
+                    rate_limit__isnull=False,
+                    rate_period__isnull=False,
+                    rate_limit__gte=1,
+                    rate_limit__lte=1000,
+                    rate_period__in=[1, 60, 3600],
+                ),
+            ),
+            models.CheckConstraint(
+                name="queue_weight_range",
+                condition=Q(weight__isnull=True) | Q(weight__gt=0, weight__lte=1000),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def limited(self) -> bool:
+        """Claims need the queue's lock: a cap or a rate to count against."""
+        return self.concurrency is not None or self.rate_limit is not None
+
+
+class CatchUp(models.TextChoices):
+    SKIP = "skip"  # after downtime, only the latest missed slot
+    ALL = "all"  # every missed slot, up to JOBS_SCHEDULE_CATCH_UP_MAX
+
+
+class Overlap(models.TextChoices):
+    ALLOW = "allow"
+    SKIP = "skip"  # no new run while the previous one is queued or processing
+
+
+class Origin(models.TextChoices):
+    API = "api"
+    CODE = "code"  # @periodic: synced from the task registry
+    ADMIN = "admin"
+
+
+class Schedule(models.Model):
+    """A periodic job: a cron expression or an interval, in a time zone (docs/schedules.md).
+
+    Fired by every runreaper (jobs.schedules.scheduler); a slot makes its job only
+    through the SchedulerRun row it inserts first, so any number of replicas fire it once.
+    """
+
+    CatchUp = CatchUp
+    Overlap = Overlap
+    Origin = Origin
+
+    id = models.BigAutoField(primary_key=True)
+    client = models.ForeignKey(
+        Client, null=True, blank=True, on_delete=models.PROTECT, related_name="schedules"
+    )
+    name = models.CharField(max_length=200)
+    origin = models.CharField(max_length=10, choices=Origin.choices, default=Origin.ADMIN)
+    cron = models.CharField(max_length=200, null=True, blank=True)
+    interval_seconds = models.IntegerField(null=True, blank=True)
+    timezone = models.CharField(max_length=64, default="UTC")
+    task = models.CharField(max_length=200)
+    payload = models.JSONField(default=dict, blank=True)
+    queue = models.CharField(max_length=100, default="default")
+    priority = models.SmallIntegerField(default=0)
+    max_retries = models.IntegerField(null=True, blank=True)
+    enabled = models.BooleanField(default=True)
+    catch_up = models.CharField(max_length=10, choices=CatchUp.choices, default=CatchUp.SKIP)
+    overlap = models.CharField(max_length=10, choices=Overlap.choices, default=Overlap.ALLOW)
+    next_fire_at = models.DateTimeField(null=True, blank=True)
+    last_fire_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "jobs_schedule"
+        ordering = ["name", "id"]
+        permissions = [("run_schedule", "Can run a schedule now")]
+        constraints = [
+            models.UniqueConstraint(
+                name="schedule_name_per_client", fields=["client", "name"], nulls_distinct=False
+            ),
+            models.CheckConstraint(
+                name="schedule_cron_xor_interval",
+                condition=(Q(cron__isnull=False) & Q(interval_seconds__isnull=True))
+                | (Q(cron__isnull=True) & Q(interval_seconds__isnull=False)),
+            ),
+            models.CheckConstraint(
+                name="schedule_interval_positive",
+                condition=Q(interval_seconds__isnull=True) | Q(interval_seconds__gte=1),
+            ),
+            models.CheckConstraint(
+                name="schedule_catch_up_valid", condition=Q(catch_up__in=CatchUp.values)
+            ),
+            models.CheckConstraint(
+                name="schedule_overlap_valid", condition=Q(overlap__in=Overlap.values)
+            ),
+            models.CheckConstraint(
+                name="schedule_enabled_has_next",
+                condition=Q(enabled=False) | Q(next_fire_at__isnull=False),
+            ),
+        ]
+        indexes = [
+            models.Index(
+                name="schedule_due_idx", fields=["next_fire_at"], condition=Q(enabled=True)
+            )
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def every(self) -> str:
+        return self.cron if self.cron else f"every {self.interval_seconds}s"
+
+
+class SchedulerRun(models.Model):
+    """One slot of a schedule, claimed by whichever scheduler inserted it first.
+
+    The job exists only if this row does (same transaction); `job_id` is NULL for a
+    slot skipped because the previous run was still live (overlap `skip`). No foreign
+    key to the job: retention deletes finished jobs, the runs stay as the record.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    schedule = models.ForeignKey(Schedule, on_delete=models.CASCADE, related_name="runs")
+    fire_time = models.DateTimeField()
+    job_id = models.BigIntegerField(null=True, blank=True)
+    manual = models.BooleanField(default=False, help_text="Run now, by staff.")
+    fired_by = models.CharField(max_length=250, blank=True, default="")
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "scheduler_runs"
+        ordering = ["schedule_id", "fire_time"]
+        constraints = [
+            models.UniqueConstraint(name="scheduler_run_slot", fields=["schedule", "fire_time"])
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.schedule_id} @ {self.fire_time:%Y-%m-%d %H:%M:%S}"

@@ -17,8 +17,51 @@ from django.core.exceptions import ImproperlyConfigured
 DEFAULT = '{"default": {}}'
 # Matched whole (fullmatch): `$` would also match before a trailing newline.
 QUEUE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}")
-# The per-queue settings a queue may carry (their meaning is documented where they are used).
+# The per-queue settings a queue may carry (docs/queue-controls.md says what each does).
 QUEUE_SETTINGS = frozenset({"paused", "concurrency", "rate", "weight"})
+# At most 1000 starts per period: the claim keeps each start of the window in the row.
+RATE_RE = re.compile(r"([1-9][0-9]{0,2}|1000)/([smh])")
+RATE_PERIODS = {"s": 1, "m": 60, "h": 3600}
+MAX_WEIGHT = 1000  # as runworker --queues accepts
+
+
+def parse_rate(text: Any) -> tuple[int, int]:
+    """`N/s`, `N/m` or `N/h` → (starts, period in seconds); ValueError says what is wrong."""
+    match = RATE_RE.fullmatch(text) if isinstance(text, str) else None
+    if match is None:
+        raise ValueError(
+            f"rate must look like 5/s, 100/m or 1000/h (N from 1 to 1000), got {text!r}"
+        )
+    return int(match[1]), RATE_PERIODS[match[2]]
+
+
+def format_rate(limit: int | None, period: int | None) -> str:
+    if limit is None or period is None:
+        return ""
+    unit = {v: k for k, v in RATE_PERIODS.items()}.get(period)
+    return f"{limit}/{unit}" if unit else f"{limit}/{period}s"
+
+
+def _check_value(key: str, value: Any) -> None:
+    """Raise ValueError unless `value` is a valid `key` setting (null clears a limit)."""
+    if key == "paused":
+        if not isinstance(value, bool):
+            raise ValueError(f"paused must be true or false, got {value!r}")
+    elif key == "concurrency":
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 100_000
+        ):
+            raise ValueError(f"concurrency must be a whole number 1-100000 or null, got {value!r}")
+    elif key == "rate":
+        if value is not None:
+            parse_rate(value)
+    elif key == "weight":
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not 0 < value <= MAX_WEIGHT
+        ):
+            raise ValueError(f"weight must be a number in (0, {MAX_WEIGHT}], got {value!r}")
 
 
 def valid_name(name: Any) -> bool:
@@ -51,6 +94,11 @@ def parse(text: str) -> dict[str, dict[str, Any]]:
                 f"JOBS_QUEUES[{name!r}] has unknown setting(s) {', '.join(unknown)}; "
                 f"allowed: {', '.join(sorted(QUEUE_SETTINGS))}"
             )
+        for key, value in conf.items():
+            try:
+                _check_value(key, value)
+            except ValueError as exc:
+                raise ImproperlyConfigured(f"JOBS_QUEUES[{name!r}]: {exc}") from None
     return doc
 
 

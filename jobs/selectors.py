@@ -21,7 +21,7 @@ from django.db.models import F, QuerySet
 from django.db.models.functions import Now
 
 from jobs.lifecycle import NON_TERMINAL, Status, due_sql, sql_list
-from jobs.models import Job, WorkerProcess
+from jobs.models import Job, Queue, WorkerProcess
 
 T = Job._meta.db_table
 DUE = due_sql()  # latency counts from when a job became due (SPEC §6)
@@ -152,17 +152,12 @@ def queued_queues() -> list[str]:
     return [r[0] for r in _fetch(QUEUED_QUEUES_SQL, [])]
 
 
-@dataclass(frozen=True)
-class SloReport:
-    window_seconds: float
-    slo_seconds: float
-    terminal: int
+class FinishedShares:
+    """The two shares of the jobs finished in a window (SPEC §6), failures counted."""
+
     within_slo: int
     done: int
-    failed: int
-    p50: float | None
-    p95: float | None
-    p99: float | None
+    terminal: int
 
     @property
     def attainment(self) -> float | None:
@@ -172,6 +167,19 @@ class SloReport:
     @property
     def success_rate(self) -> float | None:
         return self.done / self.terminal if self.terminal else None
+
+
+@dataclass(frozen=True)
+class SloReport(FinishedShares):
+    window_seconds: float
+    slo_seconds: float
+    terminal: int
+    within_slo: int
+    done: int
+    failed: int
+    p50: float | None
+    p95: float | None
+    p99: float | None
 
 
 # Due → terminal latency (SPEC §6) of the jobs finished in a window, failures counted:
@@ -245,3 +253,65 @@ def progress_of(job: Job) -> dict[str, Any] | None:
         "message": report.get("message", ""),
         "updated_at": report.get("updated_at"),
     }
+
+
+@dataclass(frozen=True, slots=True)
+class QueueControl:
+    """A queue's controls as a worker reads them (jobs.queuecontrol)."""
+
+    name: str
+    paused: bool
+    concurrency: int | None
+    rate_limit: int | None
+    rate_period: int | None
+    weight: float | None
+
+    @property
+    def limited(self) -> bool:
+        return self.concurrency is not None or self.rate_limit is not None
+
+
+def paused_queues() -> list[str]:
+    return list(Queue.objects.filter(paused=True).order_by("name").values_list("name", flat=True))
+
+
+def queue_controls() -> dict[str, QueueControl]:
+    """Every jobs_queue row (a handful: one per declared queue), by name."""
+    fields = ("name", "paused", "concurrency", "rate_limit", "rate_period", "weight")
+    return {r[0]: QueueControl(*r) for r in Queue.objects.values_list(*fields)}
+
+
+# Per queue with a row: its controls, processing rows (through job_processing_id_idx)
+# and the starts its rate still counts (tokens left = rate_limit - starts). Depth per
+# queue is jobs_depth's (DepthCollector).
+QUEUE_STATE_SQL = f"""
+SELECT q.name, q.paused, q.concurrency, q.rate_limit, q.rate_period,
+       (SELECT count(*) FROM unnest(q.rate_starts) s
+         WHERE s > now() - q.rate_period * interval '1 second'),
+       coalesce(p.n, 0)
+FROM {Queue._meta.db_table} q
+LEFT JOIN (SELECT queue, count(*) AS n FROM {T} WHERE status = '{Status.PROCESSING}'
+           GROUP BY queue) p ON p.queue = q.name
+ORDER BY q.name"""
+
+
+@dataclass(frozen=True, slots=True)
+class QueueState:
+    """A queue's controls and what they hold back right now (metrics, dashboard)."""
+
+    name: str
+    paused: bool
+    concurrency: int | None
+    rate_limit: int | None
+    rate_period: int | None
+    recent_starts: int
+    processing: int
+
+    @property
+    def rate_tokens(self) -> int | None:
+        """Starts the rate still allows in the current window."""
+        return None if self.rate_limit is None else max(0, self.rate_limit - self.recent_starts)
+
+
+def queue_states() -> list[QueueState]:
+    return [QueueState(*r) for r in _fetch(QUEUE_STATE_SQL, [])]

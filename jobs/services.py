@@ -18,19 +18,28 @@ import zlib
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
 import psycopg
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 
 from jobs import clientcache, lifecycle, metrics
 from jobs.exceptions import BatchIdempotencyConflict, IdempotencyConflict
-from jobs.lifecycle import CANCELLED, TERMINAL, Role, Status, actor_role, actor_sql, due_sql
+from jobs.lifecycle import (
+    CANCELLED,
+    NON_TERMINAL,
+    TERMINAL,
+    Role,
+    Status,
+    actor_role,
+    actor_sql,
+    due_sql,
+)
 from jobs.logconfig import job_log_fields
-from jobs.models import Client, Job, JobEvent, WorkerProcess
+from jobs.models import Client, Job, JobEvent, Queue, WorkerProcess
 from jobs.transport import TransportError, get_transport
 
 log = logging.getLogger(__name__)
@@ -179,11 +188,21 @@ def push_now_ignoring_rollback(pairs: Iterable[tuple[int, str]]) -> None:
 _JOB_FIELDS = [f.attname for f in Job._meta.concrete_fields]
 _INSERT_SQL = f"""
 INSERT INTO {T} (task, payload, queue, priority, run_at, max_retries, client_id,
-                 idempotency_key, request_hash, updated_by, status, retry_count, lease_version)
-VALUES (%s, %s::jsonb, %s, %s, COALESCE(%s, now()), %s, %s, %s, %s, %s, '{Status.QUEUED}', 0, 0)
+                 idempotency_key, request_hash, updated_by, unique_key, status, retry_count,
+                 lease_version)
+VALUES (%s, %s::jsonb, %s, %s, COALESCE(%s, now()), %s, %s, %s, %s, %s, %s,
+        '{Status.QUEUED}', 0, 0)
 ON CONFLICT DO NOTHING
 RETURNING {", ".join(_JOB_FIELDS)}, run_at <= now()
 """
+# The live job holding a unique key (the partial unique index job_unique_key_live).
+_KEY_HOLDER_SQL = f"""
+SELECT {", ".join(_JOB_FIELDS)} FROM {T}
+WHERE client_id IS NOT DISTINCT FROM %s AND unique_key = %s
+  AND status IN ({lifecycle.sql_list(NON_TERMINAL)})"""
+# A holder can finish between the refused insert and the read; the key is then free
+# and the insert is tried again. Each round needs another job to take the key.
+_KEY_ROUNDS = 5
 
 
 def _job_from_row(row: Sequence[Any]) -> Job:
@@ -206,14 +225,17 @@ def submit(
     request_hash: str | None = None,
     actor: str = "app",
     payload_json: str | None = None,
+    unique_key: str | None = None,
 ) -> tuple[Job, bool]:
     """Insert a queued job inside the caller's transaction (the outbox of seed 002).
 
     The Redis push runs only when that transaction commits, so the job exists
     exactly when the caller's change does. Returns (job, created); a reused
     idempotency key returns the existing job, or raises IdempotencyConflict when
-    `request_hash` differs. Validation of task and payload is the caller's
-    (see jobs.submission); this is the write.
+    `request_hash` differs. A `unique_key` held by a live job of the same client
+    returns that job with `duplicate` set: the partial unique index decides, so
+    concurrent submissions make one job. Validation of task and payload is the
+    caller's (see jobs.submission); this is the write.
     """
     if max_retries is None:
         max_retries = settings.JOBS_MAX_RETRIES
@@ -230,13 +252,25 @@ def submit(
         idempotency_key,
         request_hash,
         actor,
+        unique_key,
     ]
-    rows = _rows(_INSERT_SQL, params)
-    if not rows:
-        existing = Job.objects.get(client_id=client_id, idempotency_key=idempotency_key)
-        if existing.request_hash != request_hash:
-            raise IdempotencyConflict(existing)
-        return existing, False
+    for _ in range(_KEY_ROUNDS):
+        rows = _rows(_INSERT_SQL, params)
+        if rows:
+            break
+        if idempotency_key is not None:
+            existing = Job.objects.filter(
+                client_id=client_id, idempotency_key=idempotency_key
+            ).first()
+            if existing is not None:
+                if existing.request_hash != request_hash:
+                    raise IdempotencyConflict(existing)
+                return existing, False
+        holder = key_holder(client_id, unique_key)
+        if holder is not None:
+            return holder, False
+    else:
+        raise RuntimeError(f"unique key {unique_key!r} changed hands {_KEY_ROUNDS} times")
     row = rows[0]
     job = _job_from_row(row)
     due = row[-1]
@@ -250,6 +284,18 @@ def submit(
 
         signal_after_commit([(job.pk, queue)], park_on_failure=True, on_parked=parked)
     return job, True
+
+
+def key_holder(client_id: int | None, unique_key: str | None) -> Job | None:
+    """The live job of this client holding `unique_key`, marked `duplicate`; or None."""
+    if unique_key is None:
+        return None
+    rows = _rows(_KEY_HOLDER_SQL, [client_id, unique_key])
+    if not rows:
+        return None
+    job = _job_from_row(rows[0])
+    job.duplicate = True
+    return job
 
 
 @dataclass(frozen=True, slots=True)
@@ -411,20 +457,36 @@ SELECT id, lease_version, task, payload, queue, retry_count, max_retries, create
        priority
 FROM u ORDER BY priority DESC, run_at, id
 """
-_CLAIM_NEXT_SQL = f"""
+QT = Queue._meta.db_table
+# An open queue: no row in jobs_queue says paused or limited. Uncorrelated, so one
+# primary-key probe per statement (an InitPlan), evaluated before any job row is read.
+_CONTROLLED = "(q.paused OR q.concurrency IS NOT NULL OR q.rate_limit IS NOT NULL)"
+_QUEUE_OPEN = f"NOT EXISTS (SELECT FROM {QT} q WHERE q.name = %(queue)s AND {_CONTROLLED})"
+
+
+def _claim_queue_sql(also: str = "") -> str:
+    return f"""
 WITH c AS (
   SELECT id FROM {T}
-  WHERE {lifecycle.CLAIM.where()} AND queue = %(queue)s AND run_at <= now()
+  WHERE {lifecycle.CLAIM.where()} AND queue = %(queue)s AND run_at <= now(){also}
   ORDER BY priority DESC, run_at, id
   LIMIT %(limit)s
   FOR UPDATE SKIP LOCKED
 )
 {_CLAIM_SET}
 """
+
+
+# The claim of an open queue. A queue with controls is claimed by claim_limited only,
+# so a worker that still thinks it open (its snapshot is a second old) claims nothing.
+_CLAIM_NEXT_SQL = _claim_queue_sql(f"\n    AND {_QUEUE_OPEN}")
+# The same claim under the queue's row lock, with the limit its controls allow.
+_CLAIM_LIMITED_SQL = _claim_queue_sql()
 _CLAIM_IDS_SQL = f"""
 WITH c AS (
   SELECT id FROM {T}
   WHERE id = ANY(%(ids)s) AND {lifecycle.CLAIM.where()} AND run_at <= now()
+    AND NOT EXISTS (SELECT FROM {QT} q WHERE q.name = {T}.queue AND {_CONTROLLED})
   ORDER BY priority DESC, run_at, id
   FOR UPDATE SKIP LOCKED
 )
@@ -469,11 +531,91 @@ def claim_next(worker_id: str, queues: Sequence[str], limit: int) -> list[Lease]
     return leases
 
 
+# The queue's row lock serialises every claim of a limited queue (and its pause). The
+# statements after it begin once the previous holder committed: they read its claims.
+_QUEUE_LOCK_SQL = (
+    f"SELECT paused, concurrency, rate_limit, rate_period FROM {QT} WHERE name = %s FOR UPDATE"
+)
+_QUEUE_STATE_SQL = f"""
+SELECT statement_timestamp(), rate_starts,
+       CASE WHEN concurrency IS NULL THEN 0 ELSE (
+         SELECT count(*) FROM {T} WHERE status = '{Status.PROCESSING}' AND queue = %(queue)s)
+       END
+FROM {QT} WHERE name = %(queue)s"""
+_QUEUE_STARTS_SQL = f"UPDATE {QT} SET rate_starts = %s WHERE name = %s"
+# The limited claim also returns its statement_timestamp(): the history's `at`.
+_CLAIM_LIMITED_SQL = _CLAIM_LIMITED_SQL.replace(
+    "priority\nFROM u", "priority, statement_timestamp()\nFROM u"
+)
+assert "statement_timestamp()" in _CLAIM_LIMITED_SQL
+CAP_RECHECK_SECONDS = 0.2  # when a slot frees is not known: how soon to look again
+
+
+@dataclass(frozen=True, slots=True)
+class Gated:
+    """What a claim of a limited queue got, and whether its controls cut it short.
+
+    `blocked_for` is None when the controls allowed every job asked for, else the
+    seconds until a slot or a token may be due: CAP_RECHECK_SECONDS for a cap, the
+    exact time for a rate, inf when paused (until someone resumes it).
+    """
+
+    leases: list[Lease]
+    blocked_for: float | None = None
+
+
+def claim_limited_under_queue_lock(worker_id: str, queue: str, limit: int) -> Gated:
+    """queued → processing for up to `limit` due jobs of a queue with controls, never
+    more than its concurrency cap processing at once nor more than its rate's starts
+    in any window of its period, however many workers claim at once.
+
+    Under the queue row's lock (FOR UPDATE), the processing rows and the window of
+    starts are read at a statement_timestamp() later than every start recorded (each
+    holder committed before this one locked), and each start is recorded with its claim
+    statement's statement_timestamp(), the history's `at`. So for any window of the
+    period, the last claim to start a job in it counted every earlier start in it.
+    Hazard: every claim of the queue waits for the lock, so keep this transaction short.
+    """
+    with transaction.atomic(durable=True):
+        rows = _rows(_QUEUE_LOCK_SQL, [queue])
+        if not rows:  # no controls row (not synced yet): an open queue
+            return Gated(claim_next(worker_id, [queue], limit))
+        paused, cap, rate, period = rows[0]
+        if paused:
+            return Gated([], float("inf"))
+        now, starts, running = _rows(_QUEUE_STATE_SQL, {"queue": queue})[0]
+        allowed, blocked_for = limit, None
+        if cap is not None and cap - running < allowed:
+            allowed, blocked_for = max(0, cap - running), CAP_RECHECK_SECONDS
+        window: list[datetime] = []
+        if rate is not None:
+            since = now - timedelta(seconds=period)
+            window = sorted((s for s in starts if s > since), reverse=True)
+            if rate - len(window) < allowed:
+                allowed = max(0, rate - len(window))
+                # After this claim, the rate-th newest start is the first to leave.
+                first_out = window[rate - allowed - 1] if rate > allowed else now
+                due = (first_out + timedelta(seconds=period) - now).total_seconds()
+                blocked_for = max(blocked_for or 0.0, due, 0.001)
+        if allowed <= 0:
+            return Gated([], blocked_for)
+        rows = _hot_rows(
+            _CLAIM_LIMITED_SQL,
+            {"queue": queue, "limit": allowed, "worker": worker_id,
+             "actor": worker_actor(worker_id)},
+        )  # fmt: skip
+        if rate is not None and rows:
+            _rows(_QUEUE_STARTS_SQL, [[r[-1] for r in rows] + window, queue])
+        return Gated(_leases(rows, worker_id), blocked_for)
+
+
 def claim_ids(worker_id: str, job_ids: Sequence[int]) -> list[Lease]:
     """queued → processing for the given ids that are still claimable.
 
     An id not returned was a duplicate delivery (already claimed, finished,
-    not yet due, or being claimed by someone else right now).
+    not yet due, or being claimed by someone else right now). Jobs of a queue
+    with controls are never claimed by id (claim_limited_under_queue_lock is
+    their only claim).
     """
     if not job_ids:
         return []
@@ -956,11 +1098,24 @@ def fail_over_budget(limit: int = 500) -> dict[int, Finished]:
 # --- staff and clients ------------------------------------------------------------
 
 
+# A failed job whose unique_key another live job holds stays failed (the key is
+# taken), and of several chosen jobs sharing a free key only the oldest is retried:
+# a retry never makes two live holders of a key (D58).
 _STAFF_RETRY_SQL = f"""
 UPDATE {T} j SET status = '{Status.QUEUED}', retry_count = 0, result = NULL,
        finished_at = NULL, run_at = now(), due_at = now(),
-       cancel_requested_at = NULL, updated_by = %s
-WHERE id = ANY(%s) AND {lifecycle.STAFF_RETRY.where()} RETURNING id, queue"""
+       cancel_requested_at = NULL, updated_by = %(actor)s
+WHERE id = ANY(%(ids)s) AND {lifecycle.STAFF_RETRY.where()}
+  AND (j.unique_key IS NULL OR (
+    NOT EXISTS (SELECT 1 FROM {T} h
+                WHERE h.client_id IS NOT DISTINCT FROM j.client_id
+                  AND h.unique_key = j.unique_key
+                  AND h.status IN ({lifecycle.sql_list(NON_TERMINAL)}))
+    AND j.id = (SELECT min(o.id) FROM {T} o
+                WHERE o.id = ANY(%(ids)s) AND o.status = '{Status.FAILED}'
+                  AND o.client_id IS NOT DISTINCT FROM j.client_id
+                  AND o.unique_key = j.unique_key)))
+RETURNING id, queue"""
 
 
 def staff_retry(job_ids: Sequence[int], actor: str) -> list[int]:
@@ -968,11 +1123,18 @@ def staff_retry(job_ids: Sequence[int], actor: str) -> list[int]:
 
     The job is due again now: the SLO clock (`due_at`) restarts at the retry. An
     earlier cancel request is forgotten: the retry is a new decision to run it.
+    A job whose unique_key a live job holds is left failed (not in the result); a
+    holder submitted while this statement runs makes it retry nothing rather than
+    fail with the index's violation.
     """
-    rows = _rows(
-        _STAFF_RETRY_SQL,
-        [actor, list(job_ids)],
-    )
+    try:
+        with transaction.atomic():
+            rows = _rows(_STAFF_RETRY_SQL, {"actor": actor, "ids": list(job_ids)})
+    except IntegrityError as exc:
+        if "job_unique_key_live" not in str(exc):
+            raise
+        log.warning("staff retry raced a submission for a unique key; nothing retried")
+        rows = []
     _count_on_commit(metrics.STAFF_ACTIONS.labels("retry"), len(rows))
     signal_after_commit(rows, park_on_failure=False)
     return [r[0] for r in rows]

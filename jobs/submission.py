@@ -139,9 +139,16 @@ def serialise_payload(payload: Any) -> bytes:
 
 
 def request_hash(
-    task: str, payload: Any, queue: str, priority: int, run_at: datetime | None, max_retries: int
+    task: str,
+    payload: Any,
+    queue: str,
+    priority: int,
+    run_at: datetime | None,
+    max_retries: int,
+    unique_key: str | None = None,
 ) -> str:
-    """SHA-256 of the normalised request, canonical JSON: what an idempotent replay must match."""
+    """SHA-256 of the normalised request, canonical JSON: what an idempotent replay must match.
+    A unique_key counts only when given, so hashes of requests without one are unchanged."""
     doc = {
         "task": task,
         "payload": payload,
@@ -150,6 +157,8 @@ def request_hash(
         "run_at": run_at.astimezone(UTC).isoformat() if run_at is not None else None,
         "max_retries": max_retries,
     }
+    if unique_key is not None:
+        doc["unique_key"] = unique_key
     canonical = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
@@ -209,12 +218,15 @@ def submit(
     max_retries: int | None = None,
     idempotency_key: str | None = None,
     client: Client | None = None,
+    unique_key: str | None = None,
 ) -> tuple[Job, bool]:
     """Validate and enqueue a job inside the caller's transaction.
 
     Returns (job, created). With `idempotency_key`, a repeat of the same request
     (same client) returns the existing job with created=False; a different
-    request under the same key raises IdempotencyConflict. Raises UnknownTask,
+    request under the same key raises IdempotencyConflict. With `unique_key`,
+    while a job of the same client with that key is queued, enqueue_failed or
+    processing, that job is returned (created=False, `job.duplicate` True). Raises UnknownTask,
     InvalidSubmission, PayloadTooLarge or QueueFull and writes nothing when the
     submission is refused. The Redis push runs when the caller's transaction
     commits; if it fails the job is parked as enqueue_failed (the reaper
@@ -231,6 +243,7 @@ def submit(
             max_retries=max_retries,
             idempotency_key=idempotency_key,
             client=client,
+            unique_key=unique_key,
         )
     except SubmissionError as exc:
         metrics.SUBMISSIONS_REJECTED.labels(metric_queue, exc.code).inc()
@@ -248,9 +261,10 @@ def _submit(
     max_retries: int | None,
     idempotency_key: str | None,
     client: Client | None,
+    unique_key: str | None = None,
 ) -> tuple[Job, bool]:
     run_at, max_retries, digest, payload_json = _validate(
-        task, payload, queue, priority, run_at, max_retries, idempotency_key
+        task, payload, queue, priority, run_at, max_retries, idempotency_key, unique_key
     )
     return _submit_checked(
         {
@@ -263,6 +277,7 @@ def _submit(
             "idempotency_key": idempotency_key,
             "request_hash": digest,
             "payload_json": payload_json,
+            "unique_key": unique_key,
         },
         client,
     )
@@ -276,9 +291,13 @@ def _submit_checked(item: dict[str, Any], client: Client | None) -> tuple[Job, b
     depth = queue_depth(queue, limit)
     if depth > limit:
         # A replay of a request that was already accepted is answered, not refused.
-        existing = _existing(client, idempotency_key)
+        existing = _existing(client, idempotency_key) or services.key_holder(
+            client.pk if client is not None else None, item.get("unique_key")
+        )
         if existing is None:
             raise QueueFull(queue, depth, limit)
+        if existing.duplicate:
+            return existing, False
         if existing.request_hash != digest:
             raise IdempotencyConflict(existing)
         return existing, False
@@ -294,6 +313,7 @@ def _submit_checked(item: dict[str, Any], client: Client | None) -> tuple[Job, b
         request_hash=digest,
         actor=f"client:{client.name}" if client is not None else "app",
         payload_json=item["payload_json"],
+        unique_key=item.get("unique_key"),
     )
     if created:
         _count_accepted(queue)
@@ -355,6 +375,7 @@ def _validate(
     run_at: Any,
     max_retries: Any,
     idempotency_key: Any,
+    unique_key: Any = None,
 ) -> tuple[datetime | None, int, str | None, str]:
     """Every rule one submission must pass; returns (run_at in UTC, max_retries,
     request hash or None, the payload as compact JSON).
@@ -390,6 +411,14 @@ def _validate(
             field="idempotency_key",
             code="invalid_idempotency_key",
         )
+    if unique_key is not None and (
+        not isinstance(unique_key, str) or not IDEMPOTENCY_KEY_RE.fullmatch(unique_key)
+    ):
+        raise InvalidSubmission(
+            "unique_key must be 1-200 printable ASCII characters without spaces",
+            field="unique_key",
+            code="invalid_unique_key",
+        )
     payload_json = serialise_payload(payload).decode("utf-8")
     try:
         tasks.validate_payload(task, payload)
@@ -398,7 +427,7 @@ def _validate(
 
     digest = None
     if idempotency_key is not None:
-        digest = request_hash(task, payload, queue, priority, run_at, max_retries)
+        digest = request_hash(task, payload, queue, priority, run_at, max_retries, unique_key)
     return run_at, max_retries, digest, payload_json
 
 
@@ -412,8 +441,9 @@ def _existing(client: Client | None, idempotency_key: str | None) -> Job | None:
 
 # --- requests as JSON (both API endpoints) -------------------------------------------
 
-REQUEST_FIELDS = ("task", "payload", "queue", "priority", "run_at", "max_retries")
-BATCH_FIELDS = (*REQUEST_FIELDS, "idempotency_key")
+JOB_FIELDS = ("task", "payload", "queue", "priority", "run_at", "max_retries")
+REQUEST_FIELDS = (*JOB_FIELDS, "unique_key")
+BATCH_FIELDS = (*JOB_FIELDS, "idempotency_key")  # unique keys: single submissions only
 
 
 def _request_item(
@@ -445,6 +475,7 @@ def _request_item(
         "run_at": raw.get("run_at"),
         "max_retries": raw.get("max_retries"),
         "idempotency_key": raw.get("idempotency_key", idempotency_key),
+        "unique_key": raw.get("unique_key"),
     }
     if item["payload"] is None:
         errors.append(

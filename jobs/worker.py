@@ -12,7 +12,7 @@ are visited in a weighted random order (jobs.dispatch), so none starves.
 Prefetch: for short jobs a claim takes more than the free threads, what they finish
 within 1/15 of the lease at the measured run time (bounded by --prefetch); the
 jobs wait in a priority heap, and those no thread has taken are released unrun at
-shutdown or when long jobs keep them waiting (D52).
+shutdown or when long jobs keep them waiting (D62).
 
 Batching never merges authority: each row of a batched write carries its own
 (id, lease_version, owned_by) and status = 'processing' predicate, so one stale
@@ -62,6 +62,7 @@ from jobs.errors import (
 )
 from jobs.lifecycle import CANCELLED, TERMINAL, Status
 from jobs.presence import Presence
+from jobs.queuecontrol import Gate
 from jobs.runtime import Backoff, StopRequests
 from jobs.services import Lease
 from jobs.tasks import InvalidPayload, JobContext, PermanentError
@@ -222,6 +223,10 @@ class Worker:
             prefetch = settings.JOBS_WORKER_PREFETCH
         self.max_prefetch = max(0, prefetch)
         self.prefetch_window = self.lease_seconds * PREFETCH_WINDOW_FRACTION
+        # Weights share claims between queues one claim at a time (jobs.dispatch): a
+        # worker serving several queues claims for its free threads only, so the shares
+        # hold per job, not per batch of a hundred.
+        self._several_queues = len(self.spec.weights) > 1 or self.spec.serves_all
         self._run_time: float | None = None  # estimated seconds per job; None: not measured
         self._long_running = 0  # handlers busy for longer than the prefetch window
         self._long_at = float("-inf")
@@ -260,6 +265,7 @@ class Worker:
         self._db_backoff = Backoff(0.2, DB_BACKOFF_MAX)
         self._found: list[str] = []  # queues with work, for a worker serving `*`
         self._found_at = float("-inf")
+        self.gate = Gate()  # queue controls: pause, cap, rate, weight (jobs.queuecontrol)
 
     # --- control ------------------------------------------------------------------
 
@@ -368,7 +374,7 @@ class Worker:
         if self.spec.serves_all and time.monotonic() - self._found_at >= self.poll_interval:
             self._found = selectors.queued_queues()
             self._found_at = time.monotonic()
-        return self.spec.with_queues(self._found)
+        return self.spec.with_queues(self._found, self.gate.weights())
 
     def _discover(self, free: int) -> list[Lease] | None:
         """Claim up to `free` jobs. None means "nothing, loop again at once".
@@ -378,13 +384,21 @@ class Worker:
         no row (claimed by someone else already) counts as a duplicate delivery.
         """
         try:
-            order = polling_order(self._weights())
-            if not order:  # serving `*` and no queue has work
+            order = self.gate.open(polling_order(self._weights()))
+            leases = self.gate.claim_pending(self.worker_id, order, free)
+            if leases:
+                return leases
+            order = self.gate.open(order)  # less any queue that claim found blocked again
+            if not order:  # serving `*` and no queue has work, or every queue paused or limited
+                wake = self.gate.wake_in()
+                if wake is not None:  # a slot this worker frees may end a cap's wait sooner
+                    self._slot_free.wait(wake)
+                    return None
                 self.stopping.wait(self.poll_interval if not self.burst else 0)
                 return []
             if self.transport.enabled and time.monotonic() >= self._redis_down_until:
                 try:
-                    timeout = 0 if self._pg_had_work else self.poll_interval
+                    timeout = 0 if self._pg_had_work else self.gate.wake_in(self.poll_interval)
                     queue, ids = self.transport.pop(order, timeout, free)
                     self._redis_backoff.reset()
                 except TransportError as exc:
@@ -398,15 +412,15 @@ class Worker:
                     )
                     ids = []
                 if ids:
-                    leases = services.claim_next(self.worker_id, [queue], len(ids))
+                    leases = self.gate.claim_next(self.worker_id, [queue], len(ids))
                     dupes = len(ids) - len(leases)
-                    if dupes:
+                    if dupes and not self.gate.held_back(queue):  # held back: not duplicates
                         metrics.child(metrics.DUPLICATE_DELIVERIES, queue).inc(dupes)
                     self._db_backoff.reset()
                     if leases:
                         return leases
                     return None
-            leases = services.claim_next(self.worker_id, order, free)
+            leases = self.gate.claim_next(self.worker_id, order, free)
             self._db_backoff.reset()
             self._pg_had_work = len(leases) == free
             if not leases and (not self.transport.enabled or self._redis_down()):
@@ -598,6 +612,7 @@ class Worker:
                     self._waiting -= 1
                 elif not item.finishing:
                     self._running -= 1
+        self.gate.freed({lease.queue for lease in leases})
         self._slot_free.set()
 
     # --- prefetch ------------------------------------------------------------------------
@@ -616,12 +631,12 @@ class Worker:
         """Jobs to hold claimed beyond the handler threads: what the threads not stuck
         on a long job finish within the prefetch window at the estimated run time,
         less one each for the job they run; 0 until a run time is measured, for long
-        jobs, and when every thread runs one. Running and prefetched jobs together stay
-        within max(concurrency, max_prefetch), as a broker's prefetch count bounds
-        unacknowledged deliveries."""
+        jobs, when every thread runs one, and for a worker serving several queues.
+        Running and prefetched jobs together stay within max(concurrency,
+        max_prefetch), as a broker's prefetch count bounds unacknowledged deliveries."""
         avg = self._run_time
         room = self.max_prefetch - self.concurrency
-        if room <= 0 or avg is None:
+        if room <= 0 or avg is None or self._several_queues:
             return 0
         now = time.monotonic()
         if now - self._long_at >= 0.1:  # a scan of the held leases, ten times a second

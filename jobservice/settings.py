@@ -147,9 +147,13 @@ JOBS_LEASE_SECONDS = env.float("JOBS_LEASE_SECONDS", default=15.0)
 # At most one progress write per running job per this many seconds (with the heartbeat).
 JOBS_PROGRESS_INTERVAL = env.float("JOBS_PROGRESS_INTERVAL", default=1.0)
 JOBS_REAPER_INTERVAL = env.float("JOBS_REAPER_INTERVAL", default=5.0)
-# Most jobs a worker claims ahead of its handler threads (runworker --prefetch); the
-# number used adapts to run times, and long jobs get none (docs/performance.md).
+# Most jobs a worker holds claimed, running ones included (runworker --prefetch): short
+# jobs are claimed ahead, long jobs one per free thread (docs/performance.md#prefetch).
 JOBS_WORKER_PREFETCH = env.int("JOBS_WORKER_PREFETCH", default=128)
+# Schedules (docs/schedules.md): every runreaper fires them; it looks at most this often
+# when nothing is due sooner, and `catch_up: all` makes at most this many missed slots.
+JOBS_SCHEDULER_POLL_SECONDS = env.float("JOBS_SCHEDULER_POLL_SECONDS", default=0.5)
+JOBS_SCHEDULE_CATCH_UP_MAX = env.int("JOBS_SCHEDULE_CATCH_UP_MAX", default=100)
 JOBS_MAX_RETRIES = env.int("JOBS_MAX_RETRIES", default=3)
 JOBS_MAX_QUEUE_DEPTH = env.int("JOBS_MAX_QUEUE_DEPTH", default=100_000)
 JOBS_MAX_PAYLOAD_BYTES = env.int("JOBS_MAX_PAYLOAD_BYTES", default=65_536)

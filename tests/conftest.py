@@ -85,7 +85,7 @@ def pytest_runtest_makereport(item, call):
 # one worker of `pytest -n 2 --dist loadgroup` (make test): the API tests, because the
 # schema-coverage test reads what the others requested; the long CPU-heavy runs, so that
 # two of them never compete for the two cores while asserting their own figures.
-HEAVY_FILES = {"test_chaos_short.py", "test_e2e_slo.py", "test_bench.py"}
+HEAVY_FILES = {"test_chaos_short.py", "test_e2e_slo.py", "test_bench.py", "test_schedules_e2e.py"}
 HEAVY_TESTS = {"test_make_target_runs"}
 
 

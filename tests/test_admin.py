@@ -271,7 +271,7 @@ def test_retry_confirms_then_requeues_failed_and_skips_done(client, alice):
     assert status(failed.pk) == "failed"  # nothing happens before confirmation
 
     response = post_action(client, "retry_jobs", [failed.pk, done.pk])
-    assert messages_of(response) == ["1 retried, 1 skipped: not failed"]
+    assert messages_of(response) == ["1 retried, 1 skipped: not failed, or its unique key is taken"]
     row = Job.objects.get(pk=failed.pk)
     assert (row.status, row.retry_count, row.finished_at, row.result) == ("queued", 0, None, None)
     event = last_event(failed.pk)
@@ -286,7 +286,7 @@ def test_retrying_only_a_done_job_changes_nothing(client, alice):
     done = JobFactory.create(status="done")
     events = JobEvent.objects.count()
     response = post_action(client, "retry_jobs", [done.pk])
-    assert messages_of(response) == ["0 retried, 1 skipped: not failed"]
+    assert messages_of(response) == ["0 retried, 1 skipped: not failed, or its unique key is taken"]
     assert status(done.pk) == "done"
     assert JobEvent.objects.count() == events
     assert not LogEntry.objects.exists()
@@ -375,7 +375,7 @@ def test_select_across_without_filter_counts_the_skipped(client, alice):
     failed = JobFactory.create(status="failed")
     others = [JobFactory.create(status=s).pk for s in ("done", "queued", "processing")]
     response = post_action(client, "retry_jobs", [failed.pk], select_across=True)
-    assert messages_of(response) == ["1 retried, 3 skipped: not failed"]
+    assert messages_of(response) == ["1 retried, 3 skipped: not failed, or its unique key is taken"]
     assert [status(i) for i in others] == ["done", "queued", "processing"]
 
 

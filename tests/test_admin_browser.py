@@ -184,3 +184,49 @@ def test_failed_job_list_shows_the_last_error_and_the_detail_its_traceback(page)
     assert "payments.errors.CardDeclined" in history.inner_text()
     assert 'payments/gateway.py", line 88, in charge' in history.inner_text()
     page.screenshot(path=str(SCREENSHOTS / "admin-failed-job-traceback.png"), full_page=True)
+
+
+def test_schedule_pause_resume_and_run_now(page):
+    from jobs.models import Schedule, SchedulerRun
+    from jobs.schedules import define
+
+    s = define.create(
+        {"name": "nightly", "cron": "0 3 * * *", "timezone": "Europe/Berlin", "task": "echo"},
+        client=None,
+        origin=Schedule.Origin.ADMIN,
+    )
+    page.goto(f"{page.base}/admin/jobs/schedule/")
+    row = page.locator("#result_list tbody tr").first
+    assert "0 3 * * * (Europe/Berlin)" in row.inner_text()
+    page.screenshot(path=str(SCREENSHOTS / "admin-schedule-list.png"), full_page=True)
+
+    page.check(f"input[name=_selected_action][value='{s.pk}']")
+    page.select_option("select[name=action]", "pause_schedules")
+    page.click("button[name=index]")
+    assert "1 schedule paused" in page.locator("ul.messagelist").inner_text()
+    assert "paused" in page.locator("#result_list tbody td.field-next_run").inner_text()
+    assert Schedule.objects.get(pk=s.pk).enabled is False
+
+    page.check(f"input[name=_selected_action][value='{s.pk}']")
+    page.select_option("select[name=action]", "resume_schedules")
+    page.click("button[name=index]")
+    assert "1 schedule resumed" in page.locator("ul.messagelist").inner_text()
+    assert Schedule.objects.get(pk=s.pk).enabled is True
+
+    page.check(f"input[name=_selected_action][value='{s.pk}']")
+    page.select_option("select[name=action]", "run_schedules_now")
+    page.click("button[name=index]")
+    assert "nightly" in page.locator("#run-now-schedules").inner_text()
+    assert not Job.objects.filter(schedule=s).exists()  # nothing before the confirmation
+    page.click("input[type=submit][value='Run now']")
+    assert "1 job made" in page.locator("ul.messagelist").inner_text()
+    job = Job.objects.get(schedule=s)
+    assert SchedulerRun.objects.get(schedule=s).manual is True
+
+    page.goto(f"{page.base}/admin/jobs/schedule/{s.pk}/change/")
+    assert str(job.pk) in page.locator(".field-recent_jobs").inner_text()
+    page.screenshot(path=str(SCREENSHOTS / "admin-schedule-detail.png"), full_page=True)
+    page.click(".field-recent_jobs a:has-text('all jobs of this schedule')")
+    page.wait_for_url(re.compile(rf"/admin/jobs/job/\?schedule__id__exact={s.pk}$"))
+    page.wait_for_selector("#result_list")
+    assert page.locator("#result_list tbody tr").count() == 1

@@ -81,7 +81,7 @@ def test_dashboard_figures(settings):
     # The last hour: 2 done + 1 failed; the job done 2 h ago is outside the window.
     assert (board.finished, board.done, board.failed) == (3, 2, 1)
     assert board.within_slo == 2  # the 40 s job missed the 25 s SLO
-    assert board.slo_attainment == pytest.approx(2 / 3)
+    assert board.attainment == pytest.approx(2 / 3)
     assert board.success_rate == pytest.approx(2 / 3)
     assert board.latency_p99 == pytest.approx(40, abs=1)
     assert len(board.minutes) == 60

@@ -16,7 +16,14 @@ from prometheus_client import REGISTRY
 from prometheus_client.utils import floatToGoString
 
 from jobs import metrics
-from jobs.collectors import ConsumersCollector, DepthCollector, ReaperCollector, WorkerCollector
+from jobs.collectors import (
+    ConsumersCollector,
+    DepthCollector,
+    QueueControlsCollector,
+    reaper_gauges,
+    scheduler_gauges,
+    worker_gauges,
+)
 from tests.harness import ROOT
 
 PROM_DIR = ROOT / "deploy" / "prometheus"
@@ -80,12 +87,16 @@ def exported() -> dict[str, set[str]]:
         names[name] = labels
     worker = SimpleNamespace(inflight=0, running=0, concurrency=1)
     reaper = SimpleNamespace(last_sweep_at=0.0, interval=5.0)
-    for collector in (WorkerCollector(worker), ReaperCollector(reaper)):
+    scheduler = SimpleNamespace(last_tick_at=0.0, overdue=0.0)
+    gauges = (worker_gauges(worker), reaper_gauges(reaper), scheduler_gauges(scheduler))
+    for collector in gauges:
         for family in collector.collect():
             names[family.name] = set()
     for family in DepthCollector(cache_seconds=5).describe():
         names[family.name] = {"state", "queue"}
     for family in ConsumersCollector(DepthCollector(cache_seconds=5)).describe():
+        names[family.name] = {"queue"}
+    for family in QueueControlsCollector(cache_seconds=5).describe():
         names[family.name] = {"queue"}
     return names
 

@@ -26,7 +26,8 @@ LAYERS: list[tuple[str, list[str]]] = [
         "jobs", "jobs.lifecycle", "jobs.metrics", "jobs.errors", "jobs.exceptions",
         "jobs.logconfig", "jobs.queues", "jobs.tasks", "jobs.tasks_compat", "jobs.dispatch",
         "jobs.templatetags", "jobs.templatetags.*", "jobs.management",
-        "jobs.management.commands",
+        "jobs.management.commands", "jobs.schedules", "jobs.schedules.timing",
+        "jobs.schedules.periodic",
     ]),
     # Talk to the outside world; transport is the only module that imports redis.
     ("infrastructure", ["jobs.transport", "jobs.runtime"]),
@@ -35,8 +36,13 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("model caches", ["jobs.clientcache"]),
     # Every write (one fenced compare-and-set each) and every read.
     ("services and selectors", ["jobs.services", "jobs.selectors"]),
-    ("pipeline and presence", ["jobs.submission", "jobs.presence"]),
-    ("processes", ["jobs.worker", "jobs.reaper"]),
+    # A schedule's slots: the scheduler_runs row and the job it makes, in one statement.
+    ("schedule firing", ["jobs.schedules.firing"]),
+    # Queue controls: the Queue rows synced from JOBS_QUEUES and a worker's view of them.
+    ("pipeline and presence", ["jobs.submission", "jobs.presence", "jobs.queuecontrol"]),
+    # Schedules held to the submission rules of the jobs they make.
+    ("schedule definitions", ["jobs.schedules.define"]),
+    ("processes", ["jobs.worker", "jobs.reaper", "jobs.schedules.scheduler"]),
     # Bridges to frameworks around the processes: Django Tasks, Prometheus scrapes.
     ("adapters", ["jobs.backends", "jobs.collectors"]),
     ("entry points", [

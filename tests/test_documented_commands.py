@@ -47,6 +47,7 @@ QUICK = {
     "chaos-long": ["CHAOS_DURATION=20"],
     "fuzz": ["FUZZ_EXAMPLES=2"],
     "crash-bench": ["CRASH_KILLS=1"],
+    "schedules-long": ["SCHEDULE_E2E_SECONDS=10"],
 }
 # A skipped target whose recipe is exactly what another test runs.
 SAME_AS_SUITE = {
@@ -238,6 +239,8 @@ def test_no_module_shadows_the_standard_library():
     allowed = {
         # The project's name for the read layer; jobs/ is never on sys.path.
         "jobs/selectors.py",
+        # `manage.py queue` (issue 19's name); Django imports it as jobs.management.commands.queue.
+        "jobs/management/commands/queue.py",
     }
     shadowing = {
         str(p.relative_to(ROOT))
@@ -404,6 +407,7 @@ README_COMMANDS = [
     (r"^make \S+", "dry-run here; the target itself runs in test_make_target_runs"),
     (r"^python manage\.py (runworker|runreaper) .*--metrics-port", "run here on free ports"),
     (r"^python manage\.py (runreaper --once|slo --window)", "run here"),
+    (r"^python manage\.py queue (pause|resume|list)\b", "run here"),
     (r"^manage\.py prunejobs ", "a synopsis: run here without brackets, --dry-run"),
     (r"^docker compose|^cp \.env\.example", "needs docker: tests/test_deploy_files.py"),
     (r"^python -m bench --quick", "tests/test_bench.py"),

@@ -97,4 +97,4 @@ def test_admin_dashboard_counts_from_run_at(scheduled_done, client):
     assert response.status_code == 200
     board = response.context["board"]
     assert board.latency_p99 is not None and board.latency_p99 < 25, board
-    assert board.slo_attainment == 1.0, board
+    assert board.attainment == 1.0, board

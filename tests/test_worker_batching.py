@@ -132,6 +132,11 @@ def test_prefetch_follows_measured_run_times_and_stays_bounded():
         other = Worker(concurrency=concurrency, worker_id="w-off", prefetch=prefetch)
         other._learn_run_time(0.0001)
         assert other._prefetch() == 0
+    # Several queues: weights share claims one claim at a time, so no batches ahead.
+    for served in (["a", "b"], ["*"], ["a", "*"]):
+        several = Worker(served, concurrency=4, worker_id="w-several", prefetch=128)
+        several._learn_run_time(0.0001)
+        assert several._prefetch() == 0
 
 
 def test_prefetch_out_of_range_is_refused(stack):

@@ -4,7 +4,11 @@ the capped-count paginator, the dashboard and the display helpers, registered he
 from django.contrib import admin
 
 from jobs.admin.options import ClientAdmin, JobAdmin
-from jobs.models import Client, Job
+from jobs.admin.queues import QueueAdmin
+from jobs.admin.schedules import ScheduleAdmin
+from jobs.models import Client, Job, Queue, Schedule
 
 admin.site.register(Job, JobAdmin)
 admin.site.register(Client, ClientAdmin)
+admin.site.register(Queue, QueueAdmin)
+admin.site.register(Schedule, ScheduleAdmin)

@@ -19,7 +19,8 @@ from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.utils.functional import Promise
 from django.utils.translation import gettext as _
-from django.utils.translation import gettext_lazy, ngettext
+from django.utils.translation import gettext_lazy as _lazy
+from django.utils.translation import ngettext
 
 from jobs import lifecycle, selectors, services
 from jobs.admin.display import budget_text, error_detail_html
@@ -31,98 +32,67 @@ from jobs.models import Job
 class StaffAction:
     """One repair a staff member may run on selected jobs."""
 
-    name: str
     permission: str  # has_<permission>_permission, backed by jobs.<permission>_job
+    move: Move  # the lifecycle move the service makes: its sources are the eligible states
+    service: Callable[[Sequence[int], str], list[int]]
     label: str | Promise
     button: str | Promise  # short label on the job's detail page
     verb: str | Promise  # "3 retried"
-    move: Move  # the lifecycle move the service makes: its sources are the eligible states
-    skip_reason: str | Promise  # "1 skipped: not failed"
-    explanation: str | Promise
-    service: Callable[[Sequence[int], str], list[int]]
+    # "1 skipped: not failed"; by default, the eligible states the job was not in.
+    skip_reason: str | Promise | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.permission}_jobs"
+
+    @property
+    def skipped_because(self) -> str | Promise:
+        return self.skip_reason or _lazy("not %s") % " or ".join(s.value for s in self.eligible)
+
+    @property
+    def explanation_template(self) -> str:
+        """What the action does, in words, on its confirmation page."""
+        return f"admin/jobs/job/actions/{self.name}.html"
 
     @property
     def eligible(self) -> tuple[Status, ...]:
         return self.move.states
 
 
+# Each: the permission (the action is "<permission>_jobs"), the lifecycle move, the
+# service; the label, the button's label and the verb. The confirmation page explains
+# each in the template admin/jobs/job/actions/<name>.html.
+# fmt: off
+# A failed job runs again with a fresh retry budget.
 RETRY = StaffAction(
-    name="retry_jobs",
-    permission="retry",
-    label=gettext_lazy("Retry failed jobs (resets the retry budget)"),
-    button=gettext_lazy("Retry"),
-    verb=gettext_lazy("retried"),
-    move=lifecycle.STAFF_RETRY,
-    skip_reason=gettext_lazy("not failed"),
-    explanation=gettext_lazy(
-        "Each failed job goes back to queued with retry_count reset to 0, its result "
-        "cleared and run_at set to now; workers are signalled after commit. Jobs that "
-        "are not failed are left alone."
-    ),
-    service=services.staff_retry,
+    "retry", lifecycle.STAFF_RETRY, services.staff_retry,
+    _lazy("Retry failed jobs (resets the retry budget)"), _lazy("Retry"), _lazy("retried"),
+    skip_reason=_lazy("not failed, or its unique key is taken"),
 )
+# An enqueue_failed job is queued again and re-signalled.
 REPAIR = StaffAction(
-    name="repair_jobs",
-    permission="repair",
-    label=gettext_lazy("Repair enqueue_failed jobs (requeue and re-signal)"),
-    button=gettext_lazy("Repair"),
-    verb=gettext_lazy("repaired"),
-    move=lifecycle.REPAIR,
-    skip_reason=gettext_lazy("not enqueue_failed"),
-    explanation=gettext_lazy(
-        "Each enqueue_failed job goes back to queued and its id is pushed to Redis "
-        "again after commit. Jobs in any other state are left alone."
-    ),
-    service=services.staff_repair,
+    "repair", lifecycle.REPAIR, services.staff_repair,
+    _lazy("Repair enqueue_failed jobs (requeue and re-signal)"), _lazy("Repair"),
+    _lazy("repaired"),
 )
+# The worker running it is fenced off and the job queued again, no retry spent.
 REVOKE = StaffAction(
-    name="revoke_jobs",
-    permission="revoke",
-    label=gettext_lazy("Revoke lease and requeue processing jobs"),
-    button=gettext_lazy("Revoke lease"),
-    verb=gettext_lazy("revoked"),
-    move=lifecycle.REVOKE,
-    skip_reason=gettext_lazy("not processing"),
-    explanation=gettext_lazy(
-        "Each processing job goes back to queued with lease_version bumped and its "
-        "owner cleared, so the worker still running it is fenced off: its heartbeat and "
-        "its final write are rejected. No retry is spent. Jobs that are not processing "
-        "are left alone."
-    ),
-    service=services.revoke,
+    "revoke", lifecycle.REVOKE, services.revoke,
+    _lazy("Revoke lease and requeue processing jobs"), _lazy("Revoke lease"), _lazy("revoked"),
 )
+# The handler is asked to stop at its next heartbeat; the lease stays.
 CANCEL_RUNNING = StaffAction(
-    name="cancel_running_jobs",
-    permission="cancel_running",
-    label=gettext_lazy("Cancel running jobs (ask the handler to stop)"),
-    button=gettext_lazy("Cancel running"),
-    verb=gettext_lazy("asked to stop"),
-    move=lifecycle.CANCEL_RUNNING,
-    skip_reason=gettext_lazy("not processing"),
-    explanation=gettext_lazy(
-        "Each processing job gets a cancel request: its worker tells the handler at its "
-        "next heartbeat (within a third of the lease). A handler that stops ends failed "
-        'with the error "cancelled"; one that finishes anyway ends done (the cancel came '
-        "too late). A retry or an expired lease never runs it again. The lease is not "
-        "revoked. Jobs that are not processing are left alone."
-    ),
-    service=services.staff_cancel_running,
+    "cancel_running", lifecycle.CANCEL_RUNNING, services.staff_cancel_running,
+    _lazy("Cancel running jobs (ask the handler to stop)"), _lazy("Cancel running"),
+    _lazy("asked to stop"),
 )
+# A job that has not started ends failed and never runs.
 CANCEL = StaffAction(
-    name="cancel_jobs",
-    permission="cancel",
-    label=gettext_lazy("Cancel jobs that have not started"),
-    button=gettext_lazy("Cancel"),
-    verb=gettext_lazy("cancelled"),
-    move=lifecycle.CANCEL,
-    skip_reason=gettext_lazy("already started or finished"),
-    explanation=gettext_lazy(
-        'Each queued or enqueue_failed job ends as failed with the error "cancelled". '
-        "Jobs already processing or finished are left alone (revoke a processing job "
-        "first if it must not run)."
-    ),
-    service=services.cancel,
+    "cancel", lifecycle.CANCEL, services.cancel,
+    _lazy("Cancel jobs that have not started"), _lazy("Cancel"), _lazy("cancelled"),
+    skip_reason=_lazy("already started or finished"),
 )
+# fmt: on
 STAFF_ACTIONS: tuple[StaffAction, ...] = (RETRY, REPAIR, REVOKE, CANCEL_RUNNING, CANCEL)
 
 
@@ -178,7 +148,7 @@ def run_staff_action(
     if skipped:
         text += ngettext(
             ", %(count)d skipped: %(reason)s", ", %(count)d skipped: %(reason)s", skipped
-        ) % {"count": skipped, "reason": spec.skip_reason}
+        ) % {"count": skipped, "reason": spec.skipped_because}
     elif not exact:
         text += _(" (over %(cap)s selected: the skipped are not counted)") % {"cap": f"{cap:,}"}
     modeladmin.message_user(request, text, messages.WARNING if skipped else messages.SUCCESS)

@@ -94,6 +94,7 @@ class QueueRow:
     done: int = 0
     failed: int = 0
     consumers: int = 0  # live workers serving this queue, `*` workers included
+    paused: bool = False  # nothing starts from it until someone resumes it
 
     @property
     def unserved(self) -> bool:
@@ -113,7 +114,7 @@ class MinuteBar:
 
 
 @dataclass
-class Dashboard:
+class Dashboard(selectors.FinishedShares):
     """What the admin dashboard shows; counts of finished jobs cover the window only."""
 
     now: datetime
@@ -131,15 +132,11 @@ class Dashboard:
     latency_p95: float | None = None
     latency_p99: float | None = None
     totals: QueueRow = field(default_factory=lambda: QueueRow("all"))
+    paused: list[QueueRow] = field(default_factory=list)  # paused queues, with or without jobs
 
     @property
-    def slo_attainment(self) -> float | None:
-        """Share of jobs finished in the window within the SLO, failures counted."""
-        return self.within_slo / self.finished if self.finished else None
-
-    @property
-    def success_rate(self) -> float | None:
-        return self.done / self.finished if self.finished else None
+    def terminal(self) -> int:
+        return self.finished
 
     @property
     def unserved(self) -> list[QueueRow]:
@@ -232,6 +229,9 @@ def dashboard(
     consumers = selectors.consumer_counts(_fetch(*queries["consumers"]))
     for r in rows.values():
         r.consumers = consumers(r.queue)
+    board.paused = [rows.get(name, QueueRow(name)) for name in selectors.paused_queues()]
+    for r in board.paused:
+        r.paused = True
     board.queues = sorted(rows.values(), key=lambda r: r.queue)
     board.minutes = [bars[k] for k in sorted(bars)][-max(window_seconds // 60, 1) :]
     totals = QueueRow("all")
@@ -308,7 +308,7 @@ def dashboard_view(modeladmin: admin.ModelAdmin, request: HttpRequest) -> Templa
         "state_bars": state_bars(board),
         "slo_target": SLO_TARGET,
         "window_minutes": board.window_seconds // 60,
-        "slo_percent": percent(board.slo_attainment),
+        "slo_percent": percent(board.attainment),
         "success_percent": percent(board.success_rate),
         "changelist_url": reverse("admin:jobs_job_changelist"),
     }

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from django.contrib import admin
 from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext as _
 from django.utils.translation import ngettext
@@ -47,6 +49,26 @@ def iso_time(value: datetime | None) -> str:
     if value is None:
         return "—"
     return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
+
+
+def time_column(field: str, description: Any, **display: Any) -> Callable[[Any, Any], str]:
+    """An admin list/detail column showing one timestamp field as `iso_time` does."""
+
+    def column(admin_self: Any, obj: Any) -> str:
+        return iso_time(getattr(obj, field))
+
+    column.__name__ = field
+    return admin.display(description=description, **display)(column)
+
+
+def duration_column(attr: str, description: Any, **display: Any) -> Callable[[Any, Any], str]:
+    """A column showing an annotated age (`attr`, set by the list's queryset) in short form."""
+
+    def column(admin_self: Any, obj: Any) -> str:
+        return short_duration(getattr(obj, attr, None))
+
+    column.__name__ = attr.lstrip("_")
+    return admin.display(description=description, **display)(column)
 
 
 def percent(share: float | None) -> str:

@@ -22,8 +22,9 @@ from django.db.models import F, Q
 from django.db.models.functions import Now
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
-from django.urls import path
+from django.urls import path, reverse
 from django.utils.cache import add_never_cache_headers
+from django.utils.html import format_html
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
@@ -32,6 +33,7 @@ from jobs.admin import dashboard
 from jobs.admin.actions import STAFF_ACTIONS, make_action
 from jobs.admin.display import (
     budget_text,
+    duration_column,
     error_detail_html,
     iso_time,
     last_error_html,
@@ -40,6 +42,7 @@ from jobs.admin.display import (
     progress_detail_html,
     short_duration,
     status_badge_html,
+    time_column,
 )
 from jobs.admin.filters import QueueFilter, StuckFilter, TaskFilter
 from jobs.admin.paginator import CappedCountPaginator
@@ -54,10 +57,23 @@ NARROW_STATES = frozenset(Status) - {Status.DONE}
 JOBS_CSS = "jobs/admin/jobs.css"
 
 
+class WrittenByServices:
+    """Rows only the services write: no add, change or delete in the admin."""
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+
 # --- inlines -------------------------------------------------------------------------
 
 
-class JobEventInline(admin.TabularInline):
+class JobEventInline(WrittenByServices, admin.TabularInline):
     """The job's full history, oldest first, read-only."""
 
     model = JobEvent
@@ -96,15 +112,6 @@ class JobEventInline(admin.TabularInline):
     def has_view_permission(self, request, obj=None) -> bool:
         return request.user.has_perm("jobs.view_job")
 
-    def has_add_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
-
 
 # --- jobs ----------------------------------------------------------------------------
 
@@ -115,7 +122,7 @@ class JobChangeList(ChangeList):
         return super().get_queryset(request, exclude_parameters).defer("error_traceback")
 
 
-class JobAdmin(admin.ModelAdmin):
+class JobAdmin(WrittenByServices, admin.ModelAdmin):
     """Jobs, read-only, with the staff actions of `jobs.admin.actions` and a dashboard."""
 
     list_display = (
@@ -164,7 +171,11 @@ class JobAdmin(admin.ModelAdmin):
         ),
         (gettext_lazy("Payload"), {"fields": ("payload_pretty",)}),
         (gettext_lazy("Result"), {"fields": ("result_pretty",)}),
-        (gettext_lazy("Idempotency"), {"fields": ("idempotency_key", "request_hash")}),
+        (
+            gettext_lazy("Idempotency"),
+            {"fields": ("idempotency_key", "request_hash", "unique_key")},
+        ),
+        (gettext_lazy("Schedule"), {"fields": ("made_by_schedule", "fire_time")}),
     )
     readonly_fields = tuple(f for _, opts in fieldsets for f in opts["fields"])
 
@@ -173,16 +184,6 @@ class JobAdmin(admin.ModelAdmin):
 
     def get_changelist(self, request, **kwargs):
         return JobChangeList
-
-    # Jobs are written only by the services: no add, change or delete here.
-    def has_add_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
 
     def has_retry_permission(self, request) -> bool:
         return request.user.has_perm("jobs.retry_job")
@@ -245,6 +246,17 @@ class JobAdmin(admin.ModelAdmin):
 
     # --- columns
 
+    def lookup_allowed(self, lookup, value, request=None) -> bool:
+        # The schedule admin links to a schedule's jobs (indexed: job_schedule_created_idx).
+        return lookup == "schedule__id__exact" or super().lookup_allowed(lookup, value, request)
+
+    @admin.display(description=gettext_lazy("schedule"))
+    def made_by_schedule(self, obj: Job) -> str:
+        if obj.schedule_id is None:
+            return "-"
+        url = reverse("admin:jobs_schedule_change", args=[obj.schedule_id])
+        return format_html('<a href="{}">{}</a>', url, obj.schedule_id)
+
     @admin.display(description=gettext_lazy("status"), ordering="status")
     def status_badge(self, obj: Job) -> str:
         return status_badge_html(obj.status)
@@ -279,39 +291,15 @@ class JobAdmin(admin.ModelAdmin):
             }
         return iso_time(obj.cancel_requested_at)
 
-    @admin.display(
-        description=gettext_lazy("age"), ordering="id"
-    )  # submission order, on the pk index
-    def age(self, obj: Job) -> str:
-        return short_duration(getattr(obj, "_age", None))
-
-    @admin.display(description=gettext_lazy("in state for"), ordering="updated_at")
-    def in_state(self, obj: Job) -> str:
-        return short_duration(getattr(obj, "_in_state", None))
-
-    @admin.display(description=gettext_lazy("created at"))
-    def created(self, obj: Job) -> str:
-        return iso_time(obj.created_at)
-
-    @admin.display(description=gettext_lazy("updated at"))
-    def updated(self, obj: Job) -> str:
-        return iso_time(obj.updated_at)
-
-    @admin.display(description=gettext_lazy("finished at"))
-    def finished(self, obj: Job) -> str:
-        return iso_time(obj.finished_at)
-
-    @admin.display(description=gettext_lazy("claimed at"))
-    def claimed(self, obj: Job) -> str:
-        return iso_time(obj.claimed_at)
-
-    @admin.display(description=gettext_lazy("heartbeat at"))
-    def heartbeat(self, obj: Job) -> str:
-        return iso_time(obj.heartbeat_at)
-
-    @admin.display(description=gettext_lazy("run at"))
-    def run(self, obj: Job) -> str:
-        return iso_time(obj.run_at)
+    # Age in submission order, on the pk index.
+    age = duration_column("_age", gettext_lazy("age"), ordering="id")
+    in_state = duration_column("_in_state", gettext_lazy("in state for"), ordering="updated_at")
+    created = time_column("created_at", gettext_lazy("created at"))
+    updated = time_column("updated_at", gettext_lazy("updated at"))
+    finished = time_column("finished_at", gettext_lazy("finished at"))
+    claimed = time_column("claimed_at", gettext_lazy("claimed at"))
+    heartbeat = time_column("heartbeat_at", gettext_lazy("heartbeat at"))
+    run = time_column("run_at", gettext_lazy("run at"))
 
     @admin.display(description=gettext_lazy("since heartbeat"))
     def heartbeat_age(self, obj: Job) -> str:

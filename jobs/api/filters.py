@@ -41,7 +41,14 @@ class JobFilter(django_filters.FilterSet):
     created_before = UTCIsoDateTimeFilter(
         field_name="created_at", lookup_expr="lt", help_text="created_at < this (ISO 8601)."
     )
+    schedule = django_filters.NumberFilter(
+        field_name="schedule_id",
+        min_value=1,
+        max_value=2**63 - 1,
+        decimal_places=0,
+        help_text="The jobs one of your schedules made (its id).",
+    )
 
     class Meta:
         model = Job
-        fields = ["status", "task", "queue", "created_after", "created_before"]
+        fields = ["status", "task", "queue", "created_after", "created_before", "schedule"]

@@ -10,7 +10,7 @@ from rest_framework import serializers
 
 from jobs import queues, services, submission
 from jobs.lifecycle import STATUSES, Status
-from jobs.models import PRIORITY_MAX, PRIORITY_MIN, Job, JobEvent
+from jobs.models import PRIORITY_MAX, PRIORITY_MIN, Job, JobEvent, Schedule
 from jobs.selectors import progress_of
 
 
@@ -50,10 +50,23 @@ class JobSubmitSerializer(serializers.Serializer):
         max_value=submission.MAX_RETRIES_LIMIT,
         help_text="Retries after the first attempt; default JOBS_MAX_RETRIES (3).",
     )
+    unique_key = serializers.RegexField(
+        r"^[\x21-\x7e]{1,200}$",
+        required=False,
+        allow_null=True,
+        default=None,
+        max_length=200,
+        help_text="Per client. While a job with this key is queued, enqueue_failed or "
+        "processing, submitting returns that job (200, `duplicate: true`) instead of "
+        "creating one; once it is done or failed the key is free again.",
+    )
 
 
 class BatchItemSerializer(JobSubmitSerializer):
-    """One job of a batch: the single body, with its own idempotency key."""
+    """One job of a batch: the single body, with its own idempotency key (unique keys
+    are for single submissions)."""
+
+    unique_key = None
 
     idempotency_key = serializers.RegexField(
         r"^[\x21-\x7e]{1,200}$",
@@ -145,8 +158,15 @@ class JobSerializer(serializers.ModelSerializer):
             "progress",
             "cancel_requested_at",
             "cancel_too_late",
+            "unique_key",
+            "schedule",
+            "fire_time",
         ]
         read_only_fields = fields
+        extra_kwargs = {
+            "schedule": {"help_text": "The schedule that made this job (its id), or null."},
+            "fire_time": {"help_text": "The schedule's slot this job was made for, or null."},
+        }
 
     # Fields bound once per process: ModelSerializer rebuilds all sixteen from the model
     # for every job it renders, the largest CPU cost of a submission's response.
@@ -166,6 +186,25 @@ class JobSerializer(serializers.ModelSerializer):
             value = field.get_attribute(instance)
             out[name] = None if value is None else field.to_representation(value)
         return out
+
+
+class SubmittedJobSerializer(JobSerializer):
+    """The answer to a submission: the job, and whether a live job with the same
+    `unique_key` was returned instead of a new one."""
+
+    duplicate = serializers.SerializerMethodField(
+        help_text="True: a live job of yours already held this `unique_key`; this is it."
+    )
+
+    @extend_schema_field(OpenApiTypes.BOOL)
+    def get_duplicate(self, job: Job) -> bool:
+        return job.duplicate
+
+    class Meta(JobSerializer.Meta):
+        fields = [*JobSerializer.Meta.fields, "duplicate"]
+        read_only_fields = fields
+
+    _bound_fields = None
 
 
 class JobEventSerializer(serializers.ModelSerializer):
@@ -201,6 +240,59 @@ class JobEventSerializer(serializers.ModelSerializer):
     @extend_schema_field(serializers.ChoiceField(choices=services.Role.choices))
     def get_role(self, event: JobEvent) -> str:
         return services.actor_role(event.actor)
+
+
+class ScheduleWriteSerializer(serializers.Serializer):
+    """The body of `POST` and `PATCH /api/v1/schedules/` (documentation: the rules are
+    jobs.schedules.define's). Unknown fields are refused."""
+
+    name = serializers.CharField(max_length=200, help_text="Unique among your schedules.")
+    cron = serializers.CharField(
+        required=False,
+        allow_null=True,
+        max_length=200,
+        help_text="5 fields (minute hour day month weekday), or 6 with seconds first.",
+    )
+    interval_seconds = serializers.IntegerField(
+        required=False, allow_null=True, min_value=1, help_text="Instead of cron."
+    )
+    timezone = serializers.CharField(
+        required=False, default="UTC", help_text="IANA name the cron times are read in."
+    )
+    task = serializers.CharField(max_length=200, help_text="A registered task name.")
+    payload = serializers.JSONField(required=False, help_text="The job's payload; not null.")
+    queue = serializers.ChoiceField(choices=list(queues.declared()), required=False)
+    priority = serializers.IntegerField(
+        required=False, min_value=PRIORITY_MIN, max_value=PRIORITY_MAX
+    )
+    max_retries = serializers.IntegerField(
+        required=False, allow_null=True, min_value=0, max_value=submission.MAX_RETRIES_LIMIT
+    )
+    enabled = serializers.BooleanField(required=False, default=True)
+    catch_up = serializers.ChoiceField(
+        choices=Schedule.CatchUp.choices,
+        required=False,
+        help_text="After downtime: one job for the missed period (skip), or one per "
+        "missed slot (all, bounded by JOBS_SCHEDULE_CATCH_UP_MAX).",
+    )
+    overlap = serializers.ChoiceField(
+        choices=Schedule.Overlap.choices,
+        required=False,
+        help_text="skip: no new job while the previous one is queued or processing.",
+    )
+
+
+class ScheduleSerializer(serializers.ModelSerializer):
+    """A schedule as its client sees it."""
+
+    class Meta:
+        model = Schedule
+        fields = [
+            "id", "name", "cron", "interval_seconds", "timezone", "task", "payload", "queue",
+            "priority", "max_retries", "enabled", "catch_up", "overlap", "next_fire_at",
+            "last_fire_at", "created_at", "updated_at",
+        ]  # fmt: skip
+        read_only_fields = fields
 
 
 class ErrorItemSerializer(serializers.Serializer):

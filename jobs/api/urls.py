@@ -9,6 +9,7 @@ from rest_framework.permissions import AllowAny
 from rest_framework.renderers import JSONRenderer
 
 from jobs.api import schema  # noqa: F401  (registers the token scheme with drf-spectacular)
+from jobs.api.schedules import ScheduleViewSet
 from jobs.api.views import JobHistoryView, JobViewSet
 
 
@@ -38,6 +39,18 @@ urlpatterns = [
     path("jobs/<int:pk>/", JobViewSet.as_view({"get": "retrieve"}), name="job-detail"),
     path("jobs/<int:pk>/cancel/", JobViewSet.as_view({"post": "cancel"}), name="job-cancel"),
     path("jobs/<int:pk>/history/", JobHistoryView.as_view(), name="job-history"),
+    path(
+        "schedules/",
+        ScheduleViewSet.as_view({"get": "list", "post": "create"}),
+        name="schedule-list",
+    ),
+    path(
+        "schedules/<int:pk>/",
+        ScheduleViewSet.as_view(
+            {"get": "retrieve", "patch": "partial_update", "delete": "destroy"}
+        ),
+        name="schedule-detail",
+    ),
     path("schema/", SchemaView.as_view(**_public), name="api-schema"),
     path("docs/", DocsView.as_view(url_name="api-schema", **_public), name="api-docs"),
 ]

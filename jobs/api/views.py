@@ -27,6 +27,7 @@ from jobs.api.serializers import (
     JobEventSerializer,
     JobSerializer,
     JobSubmitSerializer,
+    SubmittedJobSerializer,
 )
 from jobs.lifecycle import Status
 from jobs.models import Job, JobEvent
@@ -83,6 +84,15 @@ def _errors(*codes: int) -> dict[int, OpenApiResponse]:
     return {c: OpenApiResponse(ErrorSerializer, description=described[c]) for c in codes}
 
 
+def _submission_responses(serializer: Any, created: str, replayed: str) -> dict:
+    """A submission's answers: 201 when it created, 200 when it replayed, and its refusals."""
+    return {
+        201: OpenApiResponse(serializer, description=created),
+        200: OpenApiResponse(serializer, description=replayed),
+        **_errors(400, 401, 409, 413, 415, 429),
+    }
+
+
 IDEMPOTENCY_KEY = OpenApiParameter(
     "Idempotency-Key",
     OpenApiTypes.STR,
@@ -114,13 +124,12 @@ class JobViewSet(viewsets.GenericViewSet):
         summary="Submit a job",
         request=JobSubmitSerializer,
         parameters=[IDEMPOTENCY_KEY],
-        responses={
-            201: OpenApiResponse(JobSerializer, description="Created."),
-            200: OpenApiResponse(
-                JobSerializer, description="Idempotent replay: the job this key created."
-            ),
-            **_errors(400, 401, 409, 413, 415, 429),
-        },
+        responses=_submission_responses(
+            SubmittedJobSerializer,
+            "Created.",
+            "Idempotent replay: the job this key created; or, with `duplicate: true`, the "
+            "live job holding this `unique_key`.",
+        ),
         examples=[
             OpenApiExample(
                 "echo", value={"task": "echo", "payload": {"hello": "world"}}, request_only=True
@@ -137,11 +146,11 @@ class JobViewSet(viewsets.GenericViewSet):
                 request.data, idempotency_key=key, client=request.user
             )
         if not created:
-            return Response(JobSerializer(job).data, status=status.HTTP_200_OK)
+            return Response(SubmittedJobSerializer(job).data, status=status.HTTP_200_OK)
         if job.status != Status.QUEUED:
             job = Job.objects.get(pk=job.pk)
         return Response(
-            JobSerializer(job).data,
+            SubmittedJobSerializer(job).data,
             status=status.HTTP_201_CREATED,
             headers={"Location": reverse("job-detail", args=[job.pk])},
         )
@@ -160,13 +169,11 @@ class JobViewSet(viewsets.GenericViewSet):
         "counts the jobs the batch would create (replays do not count). One Redis push "
         "signals every due job after the commit.",
         request=BatchSubmitSerializer,
-        responses={
-            201: OpenApiResponse(BatchResultSerializer, description="At least one job created."),
-            200: OpenApiResponse(
-                BatchResultSerializer, description="Every job was an idempotent replay."
-            ),
-            **_errors(400, 401, 409, 413, 415, 429),
-        },
+        responses=_submission_responses(
+            BatchResultSerializer,
+            created="At least one job created.",
+            replayed="Every job was an idempotent replay.",
+        ),
         examples=[
             OpenApiExample(
                 "two echoes",

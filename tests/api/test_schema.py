@@ -17,6 +17,11 @@ EXPECTED_OPERATIONS = {
     ("GET", "/api/v1/jobs/{id}/"),
     ("POST", "/api/v1/jobs/{id}/cancel/"),
     ("GET", "/api/v1/jobs/{id}/history/"),
+    ("GET", "/api/v1/schedules/"),
+    ("POST", "/api/v1/schedules/"),
+    ("GET", "/api/v1/schedules/{id}/"),
+    ("PATCH", "/api/v1/schedules/{id}/"),
+    ("DELETE", "/api/v1/schedules/{id}/"),
 }
 HTTP_METHODS = {"get", "put", "post", "delete", "patch", "options", "head", "trace"}
 
@@ -65,6 +70,17 @@ def test_schema_describes_the_api(anon):
     submit = schema["components"]["schemas"]["JobSubmit"]
     assert submit["properties"]["priority"]["maximum"] == 100
     assert submit["required"] == ["payload", "task"]
+    assert "unique_key" in submit["properties"]
+    answer = post["responses"]["200"]["content"]["application/json"]["schema"]["$ref"]
+    assert answer == "#/components/schemas/SubmittedJob"
+    assert "duplicate" in schema["components"]["schemas"]["SubmittedJob"]["properties"]
+    jobs = {p["name"] for p in schema["paths"]["/api/v1/jobs/"]["get"]["parameters"]}
+    assert "schedule" in jobs
+    write = schema["components"]["schemas"]["ScheduleWrite"]["properties"]
+    assert {"cron", "interval_seconds", "timezone", "catch_up", "overlap"} <= set(write)
+    detail = schema["paths"]["/api/v1/schedules/{id}/"]
+    assert {"get", "patch", "delete"} <= set(detail)
+    assert {"400", "404"} <= set(detail["patch"]["responses"])
 
 
 def test_docs_page_is_served(anon):
@@ -92,6 +108,8 @@ def test_every_schema_operation_is_exercised(anon, request):
     schema = fetch_schema(anon)
     missing = operations(schema) - EXERCISED
     assert not missing, f"schema operations no test requested: {sorted(missing)}"
-    undocumented = {(m, p) for m, p in EXERCISED if p.startswith("/api/v1/jobs")}
+    undocumented = {
+        (m, p) for m, p in EXERCISED if p.startswith(("/api/v1/jobs", "/api/v1/schedules"))
+    }
     undocumented -= operations(schema)
     assert not undocumented, f"requested but not in the schema: {sorted(undocumented)}"

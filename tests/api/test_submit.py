@@ -33,6 +33,10 @@ JOB_FIELDS = {
     "progress",
     "cancel_requested_at",
     "cancel_too_late",
+    "unique_key",
+    "schedule",
+    "fire_time",
+    "duplicate",
 }
 
 

@@ -60,24 +60,17 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument(
-            "--older-than", required=True, help="Age of finished_at, e.g. 7d, 12h, 30m."
-        )
-        parser.add_argument(
-            "--status", default="done,failed", help="Terminal statuses to prune [done,failed]."
-        )
-        parser.add_argument(
-            "--batch", type=int, default=10_000, help="Jobs deleted per transaction [10000]."
-        )
-        parser.add_argument(
+        add = parser.add_argument
+        add("--older-than", required=True, help="Age of finished_at, e.g. 7d, 12h, 30m.")
+        add("--status", default="done,failed", help="Terminal statuses to prune [%(default)s].")
+        add("--batch", type=int, default=10_000, help="Jobs deleted per transaction [10000].")
+        add(
             "--pause",
             type=float,
             default=0.0,
             help="Seconds to sleep between batches, to spare replicas and autovacuum [0].",
         )
-        parser.add_argument(
-            "--dry-run", action="store_true", help="Count what would go; delete nothing."
-        )
+        add("--dry-run", action="store_true", help="Count what would go; delete nothing.")
 
     def handle(self, *args: Any, **opts: Any) -> None:
         age = parse_duration(opts["older_than"])

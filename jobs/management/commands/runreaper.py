@@ -6,10 +6,18 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from jobs import metrics
-from jobs.collectors import ConsumersCollector, DepthCollector, ReaperCollector
+from jobs.collectors import (
+    ConsumersCollector,
+    DepthCollector,
+    QueueControlsCollector,
+    reaper_gauges,
+    scheduler_gauges,
+)
 from jobs.lifecycle import Status
 from jobs.reaper import Reaper
 from jobs.runtime import add_metrics_arguments, start_metrics_server
+from jobs.schedules.define import sync_periodic
+from jobs.schedules.scheduler import Scheduler
 
 RECOVERY_KINDS = (
     "worker_gone",
@@ -24,7 +32,7 @@ RECOVERY_KINDS = (
 class Command(BaseCommand):
     help = (
         "Run the reaper: requeue the jobs of gone workers, sweep for expired leases, "
-        "enqueue_failed rows and lost signals."
+        "enqueue_failed rows and lost signals; fire due schedules."
     )
 
     def add_arguments(self, parser):
@@ -51,7 +59,10 @@ class Command(BaseCommand):
         if opts["batch"] < 1:
             raise CommandError("--batch must be at least 1")
         reaper = Reaper(interval=opts["interval"], lease=opts["lease"], batch=opts["batch"])
+        sync_periodic()
+        scheduler = Scheduler()  # every reaper fires schedules (docs/schedules.md)
         if opts["once"]:
+            scheduler.tick()
             report = reaper.sweep()
             self.stdout.write(
                 f"sweep: {report.worker_gone} of gone workers, "
@@ -69,11 +80,14 @@ class Command(BaseCommand):
             depth = DepthCollector()
             REGISTRY.register(depth)
             REGISTRY.register(ConsumersCollector(depth))
-            REGISTRY.register(ReaperCollector(reaper))
+            REGISTRY.register(QueueControlsCollector())
+            REGISTRY.register(reaper_gauges(reaper))
+            REGISTRY.register(scheduler_gauges(scheduler))
             for kind in RECOVERY_KINDS:  # every kind shows 0 before its first repair
                 metrics.RECOVERED.labels(kind)
         start_metrics_server(opts["metrics_port"], opts["metrics_host"])
         reaper.install_signal_handlers()
+        scheduler.start(reaper.stop)
         if settings.LOG_FORMAT != "json":  # else "reaper started" is logged as JSON
             self.stdout.write(f"reaper: lease {reaper.lease}s, interval {reaper.interval}s")
         reaper.run()

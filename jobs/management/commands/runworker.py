@@ -5,8 +5,8 @@ from __future__ import annotations
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from jobs import dispatch
-from jobs.collectors import WorkerCollector
+from jobs import dispatch, queuecontrol
+from jobs.collectors import worker_gauges
 from jobs.dispatch import QueueSpec
 from jobs.runtime import add_metrics_arguments, start_metrics_server
 from jobs.worker import MAX_PREFETCH, Worker
@@ -80,8 +80,10 @@ class Command(BaseCommand):
         if opts["max_jobs"] is not None and opts["max_jobs"] < 1:
             raise CommandError("--max-jobs must be at least 1")
         start_metrics_server(opts["metrics_port"], opts["metrics_host"])
+        spec = parse_queues(opts["queues"])
+        queuecontrol.sync()  # JOBS_QUEUES changes a deployment made reach the Queue rows
         worker = Worker(
-            parse_queues(opts["queues"]),
+            spec,
             opts["concurrency"],
             burst=opts["burst"],
             max_jobs=opts["max_jobs"],
@@ -93,7 +95,7 @@ class Command(BaseCommand):
         if opts["metrics_port"]:
             from prometheus_client import REGISTRY
 
-            REGISTRY.register(WorkerCollector(worker))
+            REGISTRY.register(worker_gauges(worker))
         worker.install_signal_handlers()
         # With JSON logs, the "worker started/stopped" log lines say this; stdout stays JSON.
         banners = settings.LOG_FORMAT != "json"

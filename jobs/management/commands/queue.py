@@ -1,0 +1,52 @@
+"""manage.py queue pause|resume NAME, queue list, queue sync (docs/queue-controls.md)."""
+
+from __future__ import annotations
+
+import logging
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from jobs import queuecontrol, queues, selectors
+
+log = logging.getLogger(__name__)
+
+
+class Command(BaseCommand):
+    help = (
+        "Pause or resume a queue (a paused queue accepts jobs and keeps them queued; no "
+        "worker starts one), list the queues' controls, or sync them from JOBS_QUEUES."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        sub = parser.add_subparsers(dest="action", required=True)
+        for action, what in (("pause", "Stop starting jobs"), ("resume", "Start jobs again")):
+            cmd = sub.add_parser(action, help=f"{what} of queue NAME.")
+            cmd.add_argument("name", metavar="NAME")
+        sub.add_parser("list", help="Each queue's controls and what they hold back now.")
+        sub.add_parser("sync", help="Apply JOBS_QUEUES changes to the Queue rows now.")
+
+    def handle(self, *args, **opts) -> None:
+        action = opts["action"]
+        if action == "sync":
+            changes = queuecontrol.sync()
+            self.stdout.write("\n".join(changes) if changes else "queues already in sync")
+            return
+        if action == "list":
+            for q in selectors.queue_states():
+                cap = "-" if q.concurrency is None else f"{q.processing}/{q.concurrency}"
+                rate = queues.format_rate(q.rate_limit, q.rate_period) or "-"
+                tokens = "" if q.rate_tokens is None else f" ({q.rate_tokens} left)"
+                state = "paused" if q.paused else "active"
+                self.stdout.write(f"{q.name}\t{state}\tprocessing {cap}\trate {rate}{tokens}")
+            return
+        name = opts["name"]
+        try:
+            changed = queuecontrol.set_paused(name, action == "pause")
+        except queuecontrol.UnknownQueue:
+            declared = ", ".join(sorted(queues.declared()))
+            raise CommandError(
+                f"unknown queue {name!r}: not declared in JOBS_QUEUES ({declared})"
+            ) from None
+        done = "paused" if action == "pause" else "resumed"
+        log.info("queue %s from the command line", done, extra={"queue": name})
+        self.stdout.write(f"queue {name} {done}" if changed else f"queue {name} already {done}")
