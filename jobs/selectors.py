@@ -10,6 +10,7 @@ from the database clock. The admin dashboard's own statements live in
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -253,3 +254,45 @@ def progress_of(job: Job) -> dict[str, Any] | None:
         "message": report.get("message", ""),
         "updated_at": report.get("updated_at"),
     }
+
+
+# --- durable jobs and workflows ------------------------------------------------------
+
+JOB_STEPS_SQL = "SELECT name, result, now() FROM jobs_jobstep WHERE job_id = %s"
+JOB_SIGNAL_SQL = "SELECT payload FROM jobs_jobsignal WHERE job_id = %s AND key = %s"
+PARENT_OUTCOMES_SQL = f"""
+SELECT wn.key, p.status, p.result, p.error
+FROM jobs_jobdependency d JOIN {T} p ON p.id = d.parent_id
+JOIN jobs_workflownode wn ON wn.job_id = p.id
+WHERE d.child_id = %s"""
+
+
+def _json_value(value: Any) -> Any:
+    # Django's psycopg setup hands raw-SQL jsonb back as text.
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def job_steps(job_id: int) -> tuple[dict[str, Any], Any]:
+    """A job's committed checkpoints {name: result}, and the database clock now."""
+    rows = _fetch(JOB_STEPS_SQL, [job_id])
+    if not rows:
+        return {}, db_now()
+    return {r[0]: _json_value(r[1]) for r in rows}, rows[0][2]
+
+
+def job_signal(job_id: int, key: str) -> tuple[bool, Any]:
+    """(delivered, payload) of the signal `key` of a job."""
+    rows = _fetch(JOB_SIGNAL_SQL, [job_id, key])
+    return (True, _json_value(rows[0][0])) if rows else (False, None)
+
+
+def parent_outcomes(job_id: int) -> tuple[dict[str, Any], dict[str, str]]:
+    """A workflow job's parents: {step id: result} of those done, {step id: error} of
+    those failed."""
+    results, errors = {}, {}
+    for key, status, result, error in _fetch(PARENT_OUTCOMES_SQL, [job_id]):
+        if status == Status.DONE:
+            results[key] = _json_value(result)
+        elif status == Status.FAILED:
+            errors[key] = error
+    return results, errors

@@ -43,7 +43,7 @@ from django.db import (
     transaction,
 )
 
-from jobs import metrics, selectors, services, tasks
+from jobs import durable, metrics, selectors, services, tasks
 from jobs.dispatch import QueueSpec, parse_queues, polling_order
 from jobs.errors import (
     MAX_ERROR_CHARS,
@@ -399,14 +399,7 @@ class Worker:
         """Hand a claimed batch to the handler threads (one lock round for the batch)."""
         started = []
         for lease in leases:
-            ctx = JobContext(
-                job_id=lease.job_id,
-                lease_version=lease.lease_version,
-                attempt=lease.retry_count + 1,
-                worker_id=self.worker_id,
-                queue=lease.queue,
-                task=lease.task,
-            )
+            ctx = durable.context(lease)  # a JobContext with steps and waits (issue 17)
             started.append((lease, ctx))
         with self._lock:
             for lease, ctx in started:
@@ -473,6 +466,11 @@ class Worker:
             return Outcome(
                 lease, OutcomeKind.DONE, result=check_result(spec.fn(lease.payload, ctx))
             )
+        except durable.Suspend as wait:  # the handler parks its job (jobs.durable)
+            durable.park(lease, ctx, wait)
+            return Outcome(lease, OutcomeKind.SETTLED)
+        except durable.FencedOff:  # a stale checkpoint, refused and recorded
+            return Outcome(lease, OutcomeKind.SETTLED)
         except InvalidPayload as exc:
             return self._failed(lease, exc, True, f"invalid payload: {exc}")
         except InvalidResult as exc:
