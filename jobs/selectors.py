@@ -296,3 +296,58 @@ def parent_outcomes(job_id: int) -> tuple[dict[str, Any], dict[str, str]]:
         elif status == Status.FAILED:
             errors[key] = error
     return results, errors
+
+
+WORKFLOW_SQL = """
+SELECT id, name, on_failure, created_at, finished_at, client_id
+FROM jobs_workflow WHERE id = %s"""
+WORKFLOW_STEPS_SQL = f"""
+SELECT wn.key, j.id, j.task, j.queue, j.status, j.wait_reason, j.result, j.error,
+       j.retry_count, j.created_at, j.finished_at,
+       coalesce(array_agg(pn.key ORDER BY pn.key) FILTER (WHERE pn.key IS NOT NULL), '{{}}')
+FROM jobs_workflownode wn JOIN {T} j ON j.id = wn.job_id
+LEFT JOIN jobs_jobdependency d ON d.child_id = wn.job_id
+LEFT JOIN jobs_workflownode pn ON pn.job_id = d.parent_id
+WHERE wn.workflow_id = %s
+GROUP BY wn.key, j.id
+ORDER BY j.id"""
+
+
+def workflow_detail(workflow_id: int, client_id: int | None = None) -> dict[str, Any] | None:
+    """A workflow with each step's job and state; None when missing or (with
+    `client_id`) another client's."""
+    rows = _fetch(WORKFLOW_SQL, [workflow_id])
+    if not rows or (client_id is not None and rows[0][5] != client_id):
+        return None
+    wf_id, name, on_failure, created_at, finished_at, _ = rows[0]
+    steps = [
+        {
+            "id": r[0],
+            "job_id": r[1],
+            "task": r[2],
+            "queue": r[3],
+            "status": r[4],
+            "wait_reason": r[5],
+            "result": _json_value(r[6]),
+            "error": r[7],
+            "retry_count": r[8],
+            "created_at": r[9],
+            "finished_at": r[10],
+            "after": list(r[11]),
+        }
+        for r in _fetch(WORKFLOW_STEPS_SQL, [workflow_id])
+    ]
+    statuses = {s["status"] for s in steps}
+    if finished_at is None:
+        state = "running"
+    else:
+        state = Status.FAILED.value if Status.FAILED in statuses else Status.DONE.value
+    return {
+        "id": wf_id,
+        "name": name,
+        "on_failure": on_failure,
+        "status": state,
+        "created_at": created_at,
+        "finished_at": finished_at,
+        "steps": steps,
+    }

@@ -1293,3 +1293,92 @@ def deliver_signal(
         signal_after_commit(woke, park_on_failure=False)
         _count_on_commit(metrics.SIGNALS, 1)
     return bool(woke)
+
+
+# --- workflows (jobs.workflows; the database side is jobs.graph) ---------------------
+
+_WORKFLOW_INSERT_SQL = """
+INSERT INTO jobs_workflow (name, on_failure, client_id, unfinished, created_at)
+VALUES (%s, %s, %s, %s, now()) RETURNING id"""
+_WORKFLOW_IDS_SQL = (
+    f"SELECT nextval(pg_get_serial_sequence('{T}', 'id')) FROM generate_series(1, %s)"
+)
+_WORKFLOW_JOBS_SQL = f"""
+INSERT INTO {T} (id, task, payload, queue, priority, run_at, max_retries, client_id,
+                 updated_by, status, retry_count, lease_version, wait_reason)
+SELECT u.id, u.task, u.payload::jsonb, u.queue, u.priority,
+       CASE WHEN u.blocked THEN %(blocked)s::timestamptz ELSE now() END,
+       u.max_retries, %(client)s, %(actor)s, '{Status.QUEUED}', 0, 0,
+       CASE WHEN u.blocked THEN '{WaitReason.PARENTS}' END
+FROM unnest(%(ids)s::bigint[], %(tasks)s::text[], %(payloads)s::text[], %(queues)s::text[],
+            %(priorities)s::int[], %(max_retries)s::int[], %(blocked_flags)s::boolean[])
+     AS u(id, task, payload, queue, priority, max_retries, blocked)"""
+_WORKFLOW_NODES_SQL = """
+INSERT INTO jobs_workflownode (job_id, workflow_id, key, pending_parents, ended)
+SELECT u.id, %(workflow)s, u.key, u.pending, false
+FROM unnest(%(ids)s::bigint[], %(keys)s::text[], %(pending)s::int[]) AS u(id, key, pending)"""
+_WORKFLOW_EDGES_SQL = """
+INSERT INTO jobs_jobdependency (child_id, parent_id, settled)
+SELECT u.child, u.parent, false FROM unnest(%(children)s::bigint[], %(parents)s::bigint[])
+     AS u(child, parent)"""
+
+
+def create_workflow(
+    name: str,
+    on_failure: str,
+    steps: Sequence[tuple[str, Sequence[str], dict[str, Any]]],
+    *,
+    client_id: int | None = None,
+    actor: str = "app",
+) -> int:
+    """Insert a checked workflow (jobs.workflows.build): every job, node and edge in one
+    (nested) transaction. Each step is (id, parent ids, checked submission arguments).
+    Jobs without parents are due now and signalled on commit; the others wait for the
+    database to count their parents down (jobs.graph)."""
+    with transaction.atomic():
+        workflow_id = _rows(_WORKFLOW_INSERT_SQL, [name, on_failure, client_id, len(steps)])[0][0]
+        ids = [r[0] for r in _rows(_WORKFLOW_IDS_SQL, [len(steps)])]
+        by_key = {key: job_id for (key, _, _), job_id in zip(steps, ids, strict=True)}
+        default_retries = settings.JOBS_MAX_RETRIES
+        jobs = [job for _, _, job in steps]
+        _hot_rows(
+            _WORKFLOW_JOBS_SQL,
+            {
+                "ids": ids,
+                "tasks": [j["task"] for j in jobs],
+                "payloads": [j["payload_json"] for j in jobs],
+                "queues": [j["queue"] for j in jobs],
+                "priorities": [j["priority"] for j in jobs],
+                "max_retries": [
+                    default_retries if j["max_retries"] is None else j["max_retries"] for j in jobs
+                ],
+                "blocked_flags": [bool(after) for _, after, _ in steps],
+                "blocked": BLOCKED_RUN_AT,
+                "client": client_id,
+                "actor": actor,
+            },
+        )
+        _hot_rows(
+            _WORKFLOW_NODES_SQL,
+            {
+                "workflow": workflow_id,
+                "ids": ids,
+                "keys": [key for key, _, _ in steps],
+                "pending": [len(after) for _, after, _ in steps],
+            },
+        )
+        edges = [(by_key[key], by_key[p]) for key, after, _ in steps for p in after]
+        if edges:
+            _hot_rows(
+                _WORKFLOW_EDGES_SQL,
+                {"children": [c for c, _ in edges], "parents": [p for _, p in edges]},
+            )
+        counts: dict[tuple[str, str], int] = defaultdict(int)
+        for job in jobs:
+            counts[(job["queue"], job["task"])] += 1
+        for (queue, task), n in counts.items():
+            _count_on_commit(metrics.child(metrics.SUBMITTED, queue, task), n)
+        roots = [(job_id, job["queue"]) for (_, after, job), job_id in zip(steps, ids, strict=True)
+                 if not after]  # fmt: skip
+        signal_after_commit(roots, park_on_failure=True)
+    return workflow_id
