@@ -17,6 +17,10 @@ EXPECTED_OPERATIONS = {
     ("GET", "/api/v1/jobs/{id}/"),
     ("POST", "/api/v1/jobs/{id}/cancel/"),
     ("GET", "/api/v1/jobs/{id}/history/"),
+    ("POST", "/api/v1/jobs/{id}/signal/"),
+    ("POST", "/api/v1/workflows/"),
+    ("GET", "/api/v1/workflows/{id}/"),
+    ("POST", "/api/v1/workflows/{id}/cancel/"),
 }
 HTTP_METHODS = {"get", "put", "post", "delete", "patch", "options", "head", "trace"}
 

@@ -33,6 +33,7 @@ JOB_FIELDS = {
     "progress",
     "cancel_requested_at",
     "cancel_too_late",
+    "wait_reason",
 }
 
 
