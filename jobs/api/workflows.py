@@ -17,7 +17,7 @@ from jobs import signals, workflows
 from jobs.api.errors import Conflict, exception_handler
 from jobs.api.parsers import BatchJSONParser, BoundedJSONParser
 from jobs.api.serializers import ErrorSerializer
-from jobs.lifecycle import STATUSES, WaitReason
+from jobs.lifecycle import STATUSES, Status, WaitReason
 from jobs.models import OnFailure
 
 
@@ -136,7 +136,7 @@ class WorkflowSerializer(serializers.Serializer):
     name = serializers.CharField()
     on_failure = serializers.ChoiceField(choices=OnFailure.values)
     status = serializers.ChoiceField(
-        choices=["running", "done", "failed"],
+        choices=["running", Status.DONE.value, Status.FAILED.value],
         help_text="running until every step ended; then failed if any step failed, else done",
     )
     created_at = serializers.DateTimeField()
