@@ -1382,3 +1382,19 @@ def create_workflow(
                  if not after]  # fmt: skip
         signal_after_commit(roots, park_on_failure=True)
     return workflow_id
+
+
+# Children a statement's ends just made due (jobs.graph) are found by polling; this
+# pushes them at once. A hint only: the wake-up itself is already committed.
+_WOKEN_CHILDREN_SQL = f"""
+SELECT j.id, j.queue FROM jobs_jobdependency d JOIN {T} j ON j.id = d.child_id
+WHERE d.parent_id = ANY(%s::bigint[]) AND {lifecycle.WAKE.where("j.status")}
+  AND j.run_at <= now() AND j.wait_reason IS NULL"""
+
+
+def signal_woken_children(parent_ids: Sequence[int]) -> None:
+    """Push the workflow children that the end of `parent_ids` made due (on commit)."""
+    if parent_ids:
+        signal_after_commit(
+            _hot_rows(_WOKEN_CHILDREN_SQL, [list(parent_ids)]), park_on_failure=False
+        )
