@@ -1153,7 +1153,8 @@ WITH f AS (
   UPDATE {T} j SET heartbeat_at = now() WHERE {_FENCE_ONE} RETURNING j.id, j.lease_version),
 ins AS (
   INSERT INTO {_STEP} (job_id, name, result, lease_version, worker_id, created_at)
-  SELECT f.id, %(name)s, %(result)s::jsonb, f.lease_version, %(owner)s, now() FROM f
+  SELECT f.id, %(name)s, %(result)s::jsonb, f.lease_version, %(owner)s, statement_timestamp()
+  FROM f
   ON CONFLICT (job_id, name) DO NOTHING
   RETURNING id)
 SELECT (SELECT count(*) FROM f), (SELECT count(*) FROM ins)"""
@@ -1194,7 +1195,7 @@ cp AS (
   SELECT f.id, %(name)s::text,
          jsonb_build_object('until', CASE WHEN f.run_at >= %(blocked)s::timestamptz THEN NULL
                                           ELSE f.run_at END),
-         %(lv)s, %(owner)s, now()
+         %(lv)s, %(owner)s, statement_timestamp()
   FROM f WHERE %(name)s::text IS NOT NULL
   ON CONFLICT (job_id, name) DO NOTHING)
 SELECT id, queue, status, run_at <= now() FROM f"""
