@@ -1386,16 +1386,26 @@ def create_workflow(
 
 
 # Children a statement's ends just made due (jobs.graph) are found by polling; this
-# pushes them at once. A hint only: the wake-up itself is already committed.
-_WOKEN_CHILDREN_SQL = f"""
-SELECT j.id, j.queue FROM jobs_jobdependency d JOIN {T} j ON j.id = d.child_id
-WHERE d.parent_id = ANY(%s::bigint[]) AND {lifecycle.WAKE.where("j.status")}
-  AND j.run_at <= now() AND j.wait_reason IS NULL"""
+# pushes them at once (a hint only: the wake-up itself is committed), and reports the
+# workflows these ends finished (their finished_at is the ending statement's time).
+_AFTER_ENDS_SQL = f"""
+SELECT j.id, j.queue, NULL::float8 FROM jobs_jobdependency d JOIN {T} j ON j.id = d.child_id
+WHERE d.parent_id = ANY(%(ids)s::bigint[]) AND {lifecycle.WAKE.where("j.status")}
+  AND j.run_at <= now() AND j.wait_reason IS NULL
+UNION ALL
+SELECT DISTINCT w.id, NULL, extract(epoch FROM w.finished_at - w.created_at)::float8
+FROM jobs_workflownode wn JOIN jobs_workflow w ON w.id = wn.workflow_id
+JOIN {T} j ON j.id = wn.job_id
+WHERE wn.job_id = ANY(%(ids)s::bigint[]) AND w.finished_at = j.finished_at"""
 
 
 def signal_woken_children(parent_ids: Sequence[int]) -> None:
-    """Push the workflow children that the end of `parent_ids` made due (on commit)."""
-    if parent_ids:
-        signal_after_commit(
-            _hot_rows(_WOKEN_CHILDREN_SQL, [list(parent_ids)]), park_on_failure=False
-        )
+    """Push the workflow children that the end of `parent_ids` made due (on commit), and
+    observe the completion time of the workflows those ends finished."""
+    if not parent_ids:
+        return
+    rows = _hot_rows(_AFTER_ENDS_SQL, {"ids": list(parent_ids)})
+    signal_after_commit([r[:2] for r in rows if r[1] is not None], park_on_failure=False)
+    for r in rows:
+        if r[1] is None and r[2] is not None:
+            metrics.WORKFLOW_SECONDS.observe(max(0.0, r[2]))

@@ -85,8 +85,12 @@ def test_a_checkpoint_under_a_stale_lease_is_refused_and_recorded():
 
 
 def test_durable_sleep_parks_without_spending_a_retry(tmp_path):
+    from jobs import metrics
+
+    parked = metrics.PARKED.labels("sleep")._value.get()
     job, _ = services.submit("durable.sleeper", {"dir": str(tmp_path), "seconds": 2})
     assert run_once(job.pk) == OutcomeKind.SETTLED
+    assert metrics.PARKED.labels("sleep")._value.get() == parked + 1
     job.refresh_from_db()
     assert (job.status, job.retry_count, job.lease_version) == ("queued", 0, 2)
     assert job.wait_reason == "sleep" and job.owned_by is None

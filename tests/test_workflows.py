@@ -128,3 +128,23 @@ def test_the_builder_writes_in_the_callers_transaction():
         workflows.Workflow("rolled-back").step("a", "echo").submit()
         raise RuntimeError
     assert _nothing_written() == before
+
+
+def test_the_end_that_finishes_a_workflow_observes_its_completion_time():
+    from jobs import metrics
+
+    def observed() -> float:
+        return metrics.WORKFLOW_SECONDS._sum.get(), sum(
+            b.get() for b in metrics.WORKFLOW_SECONDS._buckets
+        )
+
+    wf = workflows.Workflow("timed")
+    wf.step("a", "echo").step("b", "echo", after=["a"])
+    ids = _ids(wf.submit())
+    _, count = observed()
+    _finish(ids["a"], 1)
+    services.signal_woken_children([ids["a"]])  # as the worker's write-back does
+    assert observed()[1] == count  # not finished yet
+    _finish(ids["b"], 2)
+    services.signal_woken_children([ids["b"]])
+    assert observed()[1] == count + 1
