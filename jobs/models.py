@@ -142,6 +142,7 @@ class Job(models.Model):
             ("revoke_job", "Can revoke the lease of processing jobs"),
             ("cancel_job", "Can cancel jobs that have not started"),
             ("cancel_running_job", "Can ask running jobs to stop (cancel running)"),
+            ("signal_job", "Can send a signal to a durable job"),
         ]
         constraints = [
             models.CheckConstraint(name="job_status_valid", condition=Q(status__in=STATUSES)),

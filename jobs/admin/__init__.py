@@ -4,7 +4,9 @@ the capped-count paginator, the dashboard and the display helpers, registered he
 from django.contrib import admin
 
 from jobs.admin.options import ClientAdmin, JobAdmin
-from jobs.models import Client, Job
+from jobs.admin.workflows import WorkflowAdmin
+from jobs.models import Client, Job, Workflow
 
 admin.site.register(Job, JobAdmin)
 admin.site.register(Client, ClientAdmin)
+admin.site.register(Workflow, WorkflowAdmin)

@@ -253,5 +253,18 @@ class Migration(migrations.Migration):
                 condition=models.Q(("pending_parents__gte", 0)), name="workflownode_pending_nonneg"
             ),
         ),
+        migrations.AlterModelOptions(
+            name="job",
+            options={
+                "permissions": [
+                    ("retry_job", "Can retry failed jobs (resets the retry budget)"),
+                    ("repair_job", "Can repair enqueue_failed jobs"),
+                    ("revoke_job", "Can revoke the lease of processing jobs"),
+                    ("cancel_job", "Can cancel jobs that have not started"),
+                    ("cancel_running_job", "Can ask running jobs to stop (cancel running)"),
+                    ("signal_job", "Can send a signal to a durable job"),
+                ]
+            },
+        ),
         migrations.RunSQL(triggers_sql(), drop_triggers_sql()),
     ]
