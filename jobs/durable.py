@@ -257,6 +257,11 @@ def park(lease: Lease, ctx: JobContext, wait: Suspend) -> None:
     if status is None:
         services.record_fence_rejections([lease], "park")
         return
-    steps = len(getattr(ctx, "_names", ()))
-    metrics.child(metrics.STEPS_PER_JOB, lease.task).observe(steps)
     log.info("parked: %s", wait.reason.value, extra=lease.log_fields(wait_key=wait.key))
+
+
+def observe_steps(lease: Lease, ctx: JobContext) -> None:
+    """Steps per job: counted when an attempt that used steps or waits ends (or parks)."""
+    names = getattr(ctx, "_names", None)
+    if names:
+        metrics.child(metrics.STEPS_PER_JOB, lease.task).observe(len(names))

@@ -351,3 +351,14 @@ def workflow_detail(workflow_id: int, client_id: int | None = None) -> dict[str,
         "finished_at": finished_at,
         "steps": steps,
     }
+
+
+WAITING_SQL = f"""
+SELECT wait_reason, count(*) FROM {T}
+WHERE status = '{Status.QUEUED}' AND wait_reason IS NOT NULL GROUP BY wait_reason"""
+
+
+def waiting_by_reason() -> dict[str, int]:
+    """Queued jobs that are not due because they wait (parked, blocked), by reason:
+    read through the partial index job_waiting_idx."""
+    return dict(_fetch(WAITING_SQL, []))

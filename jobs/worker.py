@@ -423,6 +423,7 @@ class Worker:
     def _run_one(self, lease: Lease, ctx: JobContext) -> None:
         started = time.monotonic()
         outcome = self._execute(lease, ctx)
+        durable.observe_steps(lease, ctx)
         metrics.child(metrics.DURATION, lease.queue, lease.task).observe(time.monotonic() - started)
         if (
             outcome.kind in (OutcomeKind.DONE, OutcomeKind.FAIL)

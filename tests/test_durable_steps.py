@@ -28,6 +28,19 @@ def run_once(job_id: int, worker_id: str = "w-durable") -> OutcomeKind | None:
     return outcome.kind
 
 
+def test_steps_per_job_are_observed_when_an_attempt_ends(tmp_path):
+    from jobs import metrics
+
+    def count() -> float:
+        return sum(b.get() for b in metrics.STEPS_PER_JOB.labels("durable.five_steps")._buckets)
+
+    before = count()
+    job, _ = services.submit("durable.five_steps", {"dir": str(tmp_path)})
+    lease = services.claim("w-obs", job.pk)
+    Worker(worker_id="w-obs")._run_one(lease, durable.context(lease))
+    assert count() == before + 1
+
+
 def test_a_later_attempt_replays_committed_steps_without_running_them(tmp_path):
     job, _ = services.submit("durable.five_steps", {"dir": str(tmp_path)})
     lease = services.claim("w-a", job.pk)

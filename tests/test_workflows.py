@@ -148,3 +148,19 @@ def test_the_end_that_finishes_a_workflow_observes_its_completion_time():
     _finish(ids["b"], 2)
     services.signal_woken_children([ids["b"]])
     assert observed()[1] == count + 1
+
+
+def test_waiting_gauge_counts_parked_and_blocked_jobs_by_reason():
+    from jobs.collectors import DepthCollector, WaitingCollector
+    from jobs.lifecycle import WaitReason
+
+    collector = WaitingCollector(DepthCollector(cache_seconds=0))
+
+    def read() -> dict[str, float]:
+        return {s.labels["reason"]: s.value for f in collector.collect() for s in f.samples}
+
+    assert read() == {"sleep": 0, "signal": 0, "parents": 0}
+    workflows.Workflow("w").step("a", "echo").step("b", "echo", after=["a"]).submit()
+    job, _ = services.submit("echo", {})
+    services.suspend(services.claim("w-wf", job.pk), reason=WaitReason.SLEEP, seconds=60)
+    assert read() == {"sleep": 1, "signal": 0, "parents": 1}

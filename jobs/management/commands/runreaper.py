@@ -6,7 +6,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from jobs import metrics
-from jobs.collectors import ConsumersCollector, DepthCollector, reaper_gauges
+from jobs.collectors import ConsumersCollector, DepthCollector, WaitingCollector, reaper_gauges
 from jobs.lifecycle import Status
 from jobs.reaper import Reaper
 from jobs.runtime import add_metrics_arguments, start_metrics_server
@@ -69,6 +69,7 @@ class Command(BaseCommand):
             depth = DepthCollector()
             REGISTRY.register(depth)
             REGISTRY.register(ConsumersCollector(depth))
+            REGISTRY.register(WaitingCollector(depth))  # parked and blocked jobs by reason
             REGISTRY.register(reaper_gauges(reaper))
             for kind in RECOVERY_KINDS:  # every kind shows 0 before its first repair
                 metrics.RECOVERED.labels(kind)
