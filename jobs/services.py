@@ -1097,13 +1097,19 @@ WITH victims AS (
   LIMIT %(batch)s
   FOR UPDATE SKIP LOCKED),
 ev AS (DELETE FROM {_H} WHERE job_id IN (SELECT id FROM victims)),
+steps AS (DELETE FROM jobs_jobstep WHERE job_id IN (SELECT id FROM victims)),
+sigs AS (DELETE FROM jobs_jobsignal WHERE job_id IN (SELECT id FROM victims)),
+nodes AS (DELETE FROM jobs_workflownode WHERE job_id IN (SELECT id FROM victims)),
+edges AS (DELETE FROM jobs_jobdependency
+          WHERE child_id IN (SELECT id FROM victims) OR parent_id IN (SELECT id FROM victims)),
 gone AS (DELETE FROM {T} WHERE id IN (SELECT id FROM victims) RETURNING 1)
 SELECT count(*) FROM gone"""
 
 
 def prune_finished(older_than_seconds: float, statuses: Sequence[str], batch: int) -> int:
     """Delete one batch of terminal jobs finished more than `older_than_seconds` ago
-    (database clock), with their history; returns how many jobs went.
+    (database clock), with their history, steps, signals and workflow links; returns
+    how many jobs went.
 
     One short statement: rows another transaction holds are skipped (SKIP LOCKED),
     so workers, the reaper and a concurrent prune never wait on it. Only terminal

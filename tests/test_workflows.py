@@ -164,3 +164,25 @@ def test_waiting_gauge_counts_parked_and_blocked_jobs_by_reason():
     job, _ = services.submit("echo", {})
     services.suspend(services.claim("w-wf", job.pk), reason=WaitReason.SLEEP, seconds=60)
     assert read() == {"sleep": 1, "signal": 0, "parents": 1}
+
+
+def test_pruning_a_finished_job_takes_its_steps_signals_and_links_along(sql):
+    from jobs.models import JobSignal, JobStep
+    from jobs.signals import signal_job
+
+    wf = workflows.Workflow("old")
+    wf.step("a", "echo").step("b", "echo", after=["a"])
+    ids = _ids(wf.submit())
+    keep = services.submit("echo", {})[0]
+    signal_job(ids["a"], "k", 1)
+    lease = services.claim("w-wf", ids["a"])
+    durable.context(lease).step("s", lambda: 1)
+    services.complete([(lease, 1)])
+    sql("UPDATE jobs_job SET finished_at = now() - interval '2 days' WHERE id = %s", [ids["a"]])
+    assert services.prune_finished(86400, ["done", "failed"], 100) == 1
+    assert not JobStep.objects.filter(job_id=ids["a"]).exists()
+    assert not JobSignal.objects.filter(job_id=ids["a"]).exists()
+    assert not WorkflowNode.objects.filter(job_id=ids["a"]).exists()
+    assert not JobDependency.objects.filter(parent_id=ids["a"]).exists()
+    assert WorkflowNode.objects.filter(job_id=ids["b"]).exists()
+    assert Job.objects.filter(pk=keep.pk).exists()
