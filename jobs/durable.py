@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -104,7 +106,7 @@ class DurableContext(JobContext):
     durable: bool = field(default=False, repr=False, compare=False)
     _steps: dict[str, Any] | None = field(default=None, repr=False, compare=False)
     _loaded_at: datetime | None = field(default=None, repr=False, compare=False)
-    _names: set[str] = field(default_factory=set, repr=False, compare=False)
+    _names: set[str] | None = field(default=None, repr=False, compare=False)
     _sleeps: int = field(default=0, repr=False, compare=False)
     _parents: tuple[dict, dict] | None = field(default=None, repr=False, compare=False)
 
@@ -116,6 +118,8 @@ class DurableContext(JobContext):
         return self._steps
 
     def _claim_name(self, name: str) -> None:
+        if self._names is None:
+            self._names = set()
         if name in self._names:
             raise StepError(f"step name {name!r} used twice in one run: names must be unique")
         if len(self._names) >= max_steps():
@@ -258,6 +262,41 @@ def park(lease: Lease, ctx: JobContext, wait: Suspend) -> None:
         services.record_fence_rejections([lease], "park")
         return
     log.info("parked: %s", wait.reason.value, extra=lease.log_fields(wait_key=wait.key))
+
+
+class _RunningWorkflows:
+    """Whether any workflow is unfinished, read at most every `every` seconds: a worker
+    skips the children query while none is (no cost for deployments without them)."""
+
+    def __init__(self, every: float = 2.0) -> None:
+        self.every = every
+        self._at = float("-inf")
+        self._any = False
+        self._lock = threading.Lock()
+
+    def __call__(self) -> bool:
+        with self._lock:
+            now = time.monotonic()
+            if now - self._at >= self.every:
+                self._any = selectors.workflows_running()
+                self._at = now
+            return self._any
+
+
+running_workflows = _RunningWorkflows()
+
+
+def after_ends(job_ids: list[int]) -> None:
+    """After a write-back ended `job_ids`: push the workflow children their ends made
+    due and observe the workflows they finished (jobs.services.signal_woken_children).
+    A failure only delays the children to the next poll."""
+    if not job_ids:
+        return
+    try:
+        if running_workflows():
+            services.signal_woken_children(job_ids)
+    except (DatabaseError, InterfaceError) as exc:
+        log.warning("could not signal workflow children (polling finds them): %s", exc)
 
 
 def observe_steps(lease: Lease, ctx: JobContext) -> None:

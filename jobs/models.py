@@ -370,6 +370,11 @@ class Workflow(models.Model):
                 name="workflow_on_failure_valid", condition=Q(on_failure__in=OnFailure.values)
             ),
         ]
+        indexes = [
+            models.Index(
+                name="workflow_running_idx", fields=["id"], condition=Q(finished_at__isnull=True)
+            )
+        ]
 
     def __str__(self) -> str:
         return f"workflow {self.id} {self.name}"

@@ -362,3 +362,11 @@ def waiting_by_reason() -> dict[str, int]:
     """Queued jobs that are not due because they wait (parked, blocked), by reason:
     read through the partial index job_waiting_idx."""
     return dict(_fetch(WAITING_SQL, []))
+
+
+WORKFLOWS_RUNNING_SQL = "SELECT EXISTS (SELECT 1 FROM jobs_workflow WHERE finished_at IS NULL)"
+
+
+def workflows_running() -> bool:
+    """Whether any workflow is unfinished (the partial index workflow_running_idx)."""
+    return bool(_fetch(WORKFLOWS_RUNNING_SQL, [])[0][0])

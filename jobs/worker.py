@@ -671,11 +671,8 @@ class Worker:
         self._count_finished(
             len(ok_done) + sum(1 for f in ok_fail.values() if f.status in TERMINAL)
         )
-        ended = [*ok_done, *(i for i, f in ok_fail.items() if f.status in TERMINAL)]
-        try:  # workflow children made due by these ends: signal them now (jobs.graph)
-            services.signal_woken_children(ended)
-        except (DatabaseError, InterfaceError) as exc:
-            log.warning("could not signal workflow children (polling finds them): %s", exc)
+        # Workflow children these ends made due: pushed now, not at the next poll.
+        durable.after_ends([*ok_done, *(i for i, f in ok_fail.items() if f.status in TERMINAL)])
         for o in batch:
             if o.kind == OutcomeKind.RELEASE and o.lease.job_id in ok_rel:
                 log.info("released on shutdown", extra=o.lease.log_fields())

@@ -266,5 +266,13 @@ class Migration(migrations.Migration):
                 ]
             },
         ),
+        migrations.AddIndex(
+            model_name="workflow",
+            index=models.Index(
+                condition=models.Q(("finished_at__isnull", True)),
+                fields=["id"],
+                name="workflow_running_idx",
+            ),
+        ),
         migrations.RunSQL(triggers_sql(), drop_triggers_sql()),
     ]
