@@ -45,6 +45,7 @@ def observed(conn: Any) -> Counter[str]:
                        JOIN jobs_jobstep t ON t.job_id = s.job_id
                         AND t.lease_version > s.lease_version),
                       (SELECT count(*) FROM jobs_workflow),
+                      (SELECT count(*) FROM jobs_jobstep WHERE name LIKE '~sleep:%%'),
                       (SELECT count(*) FROM jobs_job WHERE error LIKE 'dependency failed:%%')"""
         )
         row = (*row, *cur.fetchone())
@@ -61,6 +62,7 @@ def observed(conn: Any) -> Counter[str]:
         "step_checkpoints",
         "steps_resumed_after_recovery",
         "workflows",
+        "parked_sleeps",
         "dependency_failed",
     ]
     return Counter(dict(zip(names, (int(x) for x in row), strict=True)))

@@ -33,3 +33,12 @@ def steps(payload: Any, ctx: JobContext) -> Any:
     count = int(payload.get("steps", 4)) if isinstance(payload, dict) else 4
     seconds = float(payload.get("seconds", 0.2)) if isinstance(payload, dict) else 0.2
     return [ctx.step(f"s{n}", _work, seconds, n) for n in range(count)]  # type: ignore[attr-defined]
+
+
+@task("chaos.nap", durable=True)
+def nap(payload: Any, ctx: JobContext) -> Any:
+    """A step, a durable sleep (the job parks: processing → queued, no retry), a step."""
+    seconds = float(payload.get("seconds", 1.0)) if isinstance(payload, dict) else 1.0
+    before = ctx.step("before", _work, 0.05, 0)  # type: ignore[attr-defined]
+    ctx.sleep(seconds)
+    return [before, ctx.step("after", _work, 0.05, 1)]  # type: ignore[attr-defined]

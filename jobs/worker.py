@@ -468,6 +468,7 @@ class Worker:
                 lease, OutcomeKind.DONE, result=check_result(spec.fn(lease.payload, ctx))
             )
         except durable.Suspend as wait:  # the handler parks its job (jobs.durable)
+            self._mark_finishing(lease)  # its heartbeat stops before the lease is bumped
             durable.park(lease, ctx, wait)
             return Outcome(lease, OutcomeKind.SETTLED)
         except durable.FencedOff:  # a stale checkpoint, refused and recorded
