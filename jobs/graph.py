@@ -64,7 +64,8 @@ BEGIN
     SELECT id, min(root) AS root FROM descendants GROUP BY id
   )
   UPDATE {T} j SET status = '{Status.FAILED}', error = 'dependency failed: ' || v.root,
-         finished_at = statement_timestamp(), result = NULL, updated_by = '{Role.API}'
+         finished_at = statement_timestamp(), result = NULL, wait_reason = NULL,
+         updated_by = '{Role.API}'
   FROM victims v
   WHERE j.id = v.id AND j.status IN ('{Status.QUEUED}', '{Status.ENQUEUE_FAILED}');
 

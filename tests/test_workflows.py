@@ -186,3 +186,10 @@ def test_pruning_a_finished_job_takes_its_steps_signals_and_links_along(sql):
     assert not JobDependency.objects.filter(parent_id=ids["a"]).exists()
     assert WorkflowNode.objects.filter(job_id=ids["b"]).exists()
     assert Job.objects.filter(pk=keep.pk).exists()
+
+
+def test_a_failed_descendant_no_longer_counts_as_waiting():
+    wf = workflows.Workflow("w").step("a", "echo").step("b", "echo", after=["a"])
+    ids = _ids(wf.submit())
+    _finish(ids["a"], error="boom")
+    assert Job.objects.get(pk=ids["b"]).wait_reason is None
