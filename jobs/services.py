@@ -1258,14 +1258,17 @@ def suspend(
 
 
 class SignalRefused(Exception):
-    """A signal the job cannot take: `reason` is "not_found", "finished" or "duplicate"."""
+    """A signal the job cannot take: `reason` is "not_found", "finished", "not_waiting"
+    (parked waiting for another key) or "duplicate"."""
 
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
         self.reason = reason
 
 
-_SIGNAL_LOCK_SQL = f"SELECT status, client_id FROM {T} WHERE id = %s FOR UPDATE"
+_SIGNAL_LOCK_SQL = (
+    f"SELECT status, client_id, wait_reason, wait_key FROM {T} WHERE id = %s FOR UPDATE"
+)
 _SIGNAL_INSERT_SQL = f"""
 INSERT INTO {_SIGNAL} (job_id, key, payload, sent_by, created_at)
 VALUES (%(id)s, %(key)s, %(payload)s::jsonb, %(actor)s, now())
@@ -1291,8 +1294,13 @@ def deliver_signal(
         rows = _rows(_SIGNAL_LOCK_SQL, [job_id])
         if not rows or (client_id is not None and rows[0][1] != client_id):
             raise SignalRefused("not_found", "Not found.")
-        if rows[0][0] in TERMINAL:
-            raise SignalRefused("finished", f"job {job_id} has finished ({rows[0][0]})")
+        status, _, reason, waits_for = rows[0]
+        if status in TERMINAL:
+            raise SignalRefused("finished", f"job {job_id} has finished ({status})")
+        if status == Status.QUEUED and reason == WaitReason.SIGNAL and waits_for != key:
+            raise SignalRefused(
+                "not_waiting", f"job {job_id} is waiting for the signal {waits_for!r}, not {key!r}"
+            )
         params = {"id": job_id, "key": key, "payload": payload_json, "actor": actor}
         if not _rows(_SIGNAL_INSERT_SQL, params):
             raise SignalRefused("duplicate", f"job {job_id} already has a signal {key!r}")

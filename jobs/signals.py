@@ -32,8 +32,9 @@ def signal_job(
     """Deliver signal `key` with `payload` to a job. Returns True when it woke the job
     (parked waiting for that key), False when it is kept for a wait to come.
 
-    Raises SignalRefused (reason "not_found", "finished" or "duplicate": one signal per
-    key per job) and InvalidSubmission for a key or payload that cannot be stored.
+    Raises SignalRefused (reason "not_found", "finished", "not_waiting": parked waiting
+    for another key, or "duplicate": one signal per key per job) and InvalidSubmission
+    for a key or payload that cannot be stored.
     Runs in the caller's transaction when there is one: the wake-up counts from commit.
     """
     check_key(key)

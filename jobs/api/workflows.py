@@ -63,9 +63,11 @@ class JobSignalView(_View):
     @extend_schema(
         summary="Send a signal to a job",
         description="Stores the signal durably. A job parked in `wait_for_signal(key)` is "
-        "due at once (`woke` true); to a job that has not reached the wait yet the signal "
-        "is kept and the wait returns it. One signal per key per job: a second is 409 "
-        "(`code` duplicate_signal), as is a signal to a finished job (`job_finished`).",
+        "due at once (`woke` true); to a job that has not reached a signal wait yet "
+        "(running, not started, sleeping) the signal is kept and the wait returns it. 409 "
+        "when the job is parked waiting for another key (`not_waiting_for_key`), has "
+        "finished (`job_finished`), or already has a signal with this key "
+        "(`duplicate_signal`: one per key per job).",
         request=SignalSerializer,
         responses={202: SignalResultSerializer, **_errors(400, 401, 404, 409, 413, 415)},
         examples=[
@@ -93,8 +95,8 @@ class JobSignalView(_View):
         except signals.SignalRefused as refused:
             if refused.reason == "not_found":
                 raise exceptions.NotFound() from None
-            code = "duplicate_signal" if refused.reason == "duplicate" else "job_finished"
-            raise Conflict(str(refused), code=code) from None
+            codes = {"duplicate": "duplicate_signal", "not_waiting": "not_waiting_for_key"}
+            raise Conflict(str(refused), code=codes.get(refused.reason, "job_finished")) from None
         return Response({"job_id": pk, "key": key, "woke": woke}, status=status.HTTP_202_ACCEPTED)
 
 

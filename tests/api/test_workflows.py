@@ -37,6 +37,9 @@ def test_signal_wakes_a_job_parked_for_that_key(api, me):
 
     services.suspend(lease, reason=WaitReason.SIGNAL, key="go", until=BLOCKED_RUN_AT)
     assert services.claim("w-api", job.pk) is None  # parked
+    other_key = api.post(f"/api/v1/jobs/{job.pk}/signal/", {"key": "stop"}, format="json")
+    assert other_key.status_code == 409 and other_key.json()["code"] == "not_waiting_for_key"
+    assert not JobSignal.objects.filter(job_id=job.pk, key="stop").exists()
     r = api.post(f"/api/v1/jobs/{job.pk}/signal/", {"key": "go"}, format="json")
     assert r.status_code == 202 and r.json()["woke"] is True
     job.refresh_from_db()
