@@ -181,6 +181,17 @@ class JobAdmin(WrittenByServices, admin.ModelAdmin):
     class Media:
         css = {"all": (JOBS_CSS,)}
 
+    def get_inline_instances(self, request, obj=None):
+        """Steps and signals only on the jobs that have some (durable jobs)."""
+        inlines = super().get_inline_instances(request, obj)
+        durable = (JobStepInline, JobSignalInline)
+        return [
+            i
+            for i in inlines
+            if not isinstance(i, durable)
+            or (obj is not None and i.model.objects.filter(job_id=obj.pk).exists())
+        ]
+
     def get_changelist(self, request, **kwargs):
         return JobChangeList
 
