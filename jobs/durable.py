@@ -26,7 +26,7 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.db import DatabaseError, DataError, InterfaceError
+from django.db import DatabaseError, DataError, InterfaceError, connection
 
 from jobs import metrics, selectors, services, tasks
 from jobs.lifecycle import BLOCKED_RUN_AT, WaitReason
@@ -130,6 +130,10 @@ class DurableContext(JobContext):
         self._names.add(name)
 
     def _checkpoint(self, name: str, value: Any) -> Any:
+        if connection.in_atomic_block:
+            # Inside a transaction the checkpoint (and a refusal's record) would commit
+            # or roll back with it, not alone: a step would not be a step.
+            raise StepError(f"step {name!r} inside a transaction: a checkpoint commits alone")
         text = _json(name, value)
         assert self.lease is not None
         try:

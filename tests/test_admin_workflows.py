@@ -9,7 +9,7 @@ import pytest
 from django.contrib.admin.models import LogEntry
 from django.urls import reverse
 
-from jobs import durable, services, workflows
+from jobs import services, workflows
 from jobs.lifecycle import BLOCKED_RUN_AT, WaitReason
 from jobs.models import Job, JobSignal, WorkflowNode
 from tests.test_admin import make_staff, messages_of
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.django_db
 def _parked_job() -> Job:
     job, _ = services.submit("echo", {})
     lease = services.claim("w-admin", job.pk)
-    durable.context(lease).step("fetch", lambda: {"rows": 3})
+    assert services.checkpoint_step(lease, "fetch", '{"rows": 3}')
     services.suspend(lease, reason=WaitReason.SIGNAL, key="approval", until=BLOCKED_RUN_AT,
                      checkpoint="~wait:approval")  # fmt: skip
     return Job.objects.get(pk=job.pk)

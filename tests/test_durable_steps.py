@@ -120,3 +120,13 @@ def test_durable_sleep_parks_without_spending_a_retry(tmp_path):
     job.refresh_from_db()
     assert job.status == "done" and job.wait_reason is None
     assert runs(str(tmp_path), "before") == 1 and runs(str(tmp_path), "after") == 1
+
+
+def test_a_step_inside_a_transaction_is_refused():
+    from django.db import transaction
+
+    job, _ = services.submit("echo", {})
+    ctx = durable.context(services.claim("w-tx", job.pk))
+    with pytest.raises(durable.StepError, match="inside a transaction"), transaction.atomic():
+        ctx.step("a", lambda: 1)
+    assert not JobStep.objects.filter(job_id=job.pk).exists()
