@@ -289,7 +289,7 @@ class LoadGenerator:
         if status is None:
             self.stats["unacknowledged"] += 1
             return
-        if status == 201 and req.path == WORKFLOWS_PATH and isinstance(body, dict):
+        if status in (200, 201) and req.path == WORKFLOWS_PATH and isinstance(body, dict):
             self.stats["accepted_workflows"] += 1
             for step in body.get("steps", []):
                 self.record(int(step["job_id"]), f"{req.kind}:{step['id']}", "api")

@@ -359,6 +359,8 @@ class Workflow(models.Model):
         Client, null=True, blank=True, on_delete=models.PROTECT, related_name="workflows"
     )
     unfinished = models.IntegerField(default=0, help_text="Jobs that have not ended yet.")
+    idempotency_key = models.CharField(max_length=200, null=True, blank=True)
+    request_hash = models.CharField(max_length=64, null=True, blank=True)
     created_at = models.DateTimeField(db_default=Now())
     finished_at = models.DateTimeField(null=True, blank=True)
 
@@ -368,6 +370,12 @@ class Workflow(models.Model):
         constraints = [
             models.CheckConstraint(
                 name="workflow_on_failure_valid", condition=Q(on_failure__in=OnFailure.values)
+            ),
+            models.UniqueConstraint(
+                name="workflow_idempotency_key_per_client",
+                fields=["client", "idempotency_key"],
+                condition=Q(idempotency_key__isnull=False),
+                nulls_distinct=False,
             ),
         ]
         indexes = [

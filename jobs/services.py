@@ -27,7 +27,11 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from jobs import clientcache, lifecycle, metrics
-from jobs.exceptions import BatchIdempotencyConflict, IdempotencyConflict
+from jobs.exceptions import (
+    BatchIdempotencyConflict,
+    IdempotencyConflict,
+    WorkflowIdempotencyConflict,
+)
 from jobs.lifecycle import (
     BLOCKED_RUN_AT,
     CANCELLED,
@@ -1313,8 +1317,13 @@ def deliver_signal(
 # --- workflows (jobs.workflows; the database side is jobs.graph) ---------------------
 
 _WORKFLOW_INSERT_SQL = """
-INSERT INTO jobs_workflow (name, on_failure, client_id, unfinished, created_at)
-VALUES (%s, %s, %s, %s, now()) RETURNING id"""
+INSERT INTO jobs_workflow (name, on_failure, client_id, unfinished, idempotency_key,
+                           request_hash, created_at)
+VALUES (%s, %s, %s, %s, %s, %s, now())
+ON CONFLICT DO NOTHING RETURNING id"""
+_WORKFLOW_BY_KEY_SQL = """
+SELECT id, request_hash FROM jobs_workflow
+WHERE client_id IS NOT DISTINCT FROM %s AND idempotency_key = %s"""
 _WORKFLOW_IDS_SQL = (
     f"SELECT nextval(pg_get_serial_sequence('{T}', 'id')) FROM generate_series(1, %s)"
 )
@@ -1345,13 +1354,28 @@ def create_workflow(
     *,
     client_id: int | None = None,
     actor: str = "app",
-) -> int:
+    idempotency_key: str | None = None,
+    request_hash: str | None = None,
+) -> tuple[int, bool]:
     """Insert a checked workflow (jobs.workflows.build): every job, node and edge in one
     (nested) transaction. Each step is (id, parent ids, checked submission arguments).
     Jobs without parents are due now and signalled on commit; the others wait for the
-    database to count their parents down (jobs.graph)."""
+    database to count their parents down (jobs.graph). Returns (workflow id, created):
+    a reused idempotency key returns the existing workflow, or raises
+    WorkflowIdempotencyConflict when `request_hash` differs."""
     with transaction.atomic():
-        workflow_id = _rows(_WORKFLOW_INSERT_SQL, [name, on_failure, client_id, len(steps)])[0][0]
+        row = _rows(
+            _WORKFLOW_INSERT_SQL,
+            [name, on_failure, client_id, len(steps), idempotency_key, request_hash],
+        )
+        if not row:
+            existing_id, existing_hash = _rows(_WORKFLOW_BY_KEY_SQL, [client_id, idempotency_key])[
+                0
+            ]
+            if existing_hash != request_hash:
+                raise WorkflowIdempotencyConflict(existing_id)
+            return existing_id, False
+        workflow_id = row[0][0]
         ids = [r[0] for r in _rows(_WORKFLOW_IDS_SQL, [len(steps)])]
         by_key = {key: job_id for (key, _, _), job_id in zip(steps, ids, strict=True)}
         default_retries = settings.JOBS_MAX_RETRIES
@@ -1396,7 +1420,7 @@ def create_workflow(
         roots = [(job_id, job["queue"]) for (_, after, job), job_id in zip(steps, ids, strict=True)
                  if not after]  # fmt: skip
         signal_after_commit(roots, park_on_failure=True)
-    return workflow_id
+    return workflow_id, True
 
 
 # Children a statement's ends just made due (jobs.graph) are found by polling; this

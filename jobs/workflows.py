@@ -11,6 +11,8 @@ database makes it due when its last parent ends (jobs.graph). A refused graph
 from __future__ import annotations
 
 import graphlib
+import hashlib
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +43,7 @@ class Graph:
     name: str
     on_failure: str
     steps: tuple[Step, ...]
+    request_hash: str = ""  # SHA-256 of the canonical request: what a replay must match
 
 
 def _err(errors: dict, where: str, message: str, code: str = "invalid") -> None:
@@ -117,23 +120,60 @@ def build(body: Any) -> Graph:
             _err(errors, "steps", f"the steps form a cycle: {cycle}", "cycle")
     if errors:
         raise RequestInvalid(errors)
-    return Graph(name, on_failure, tuple(steps))
+    canonical = {
+        "name": name,
+        "on_failure": on_failure,
+        "steps": [{"id": st.id, "after": list(st.after), **{k: st.job[k] for k in _JOB_FIELDS}}
+                  for st in steps],
+    }  # fmt: skip
+    digest = hashlib.sha256(
+        json.dumps(canonical, sort_keys=True, separators=(",", ":"), default=str).encode()
+    ).hexdigest()
+    return Graph(name, on_failure, tuple(steps), digest)
 
 
-def create(graph: Graph, *, client: Client | None = None, actor: str = "app") -> int:
+def check_idempotency_key(key: Any) -> str | None:
+    if key is not None and (
+        not isinstance(key, str) or not submission.IDEMPOTENCY_KEY_RE.fullmatch(key)
+    ):
+        raise InvalidSubmission(
+            "idempotency key must be 1-200 printable ASCII characters without spaces",
+            field="idempotency_key",
+            code="invalid_idempotency_key",
+        )
+    return key
+
+
+def create(
+    graph: Graph,
+    *,
+    client: Client | None = None,
+    actor: str = "app",
+    idempotency_key: str | None = None,
+) -> tuple[int, bool]:
     """Write a checked graph: every job, node and edge in one transaction; the roots are
-    signalled once it commits. Returns the workflow id."""
+    signalled once it commits. Returns (workflow id, created): the same idempotency key
+    with the same request returns the workflow it created (WorkflowIdempotencyConflict
+    with another request)."""
     return services.create_workflow(
         graph.name,
         graph.on_failure,
         [(s.id, s.after, s.job) for s in graph.steps],
         client_id=client.pk if client is not None else None,
         actor=actor,
+        idempotency_key=check_idempotency_key(idempotency_key),
+        request_hash=graph.request_hash if idempotency_key is not None else None,
     )
 
 
-def submit_request(body: Any, *, client: Client | None = None, actor: str = "app") -> int:
-    return create(build(body), client=client, actor=actor)
+def submit_request(
+    body: Any,
+    *,
+    client: Client | None = None,
+    actor: str = "app",
+    idempotency_key: str | None = None,
+) -> tuple[int, bool]:
+    return create(build(body), client=client, actor=actor, idempotency_key=idempotency_key)
 
 
 @dataclass
@@ -177,9 +217,16 @@ class Workflow:
         self.steps.append(raw)
         return self
 
-    def submit(self, *, client: Client | None = None, actor: str = "app") -> int:
+    def submit(
+        self,
+        *,
+        client: Client | None = None,
+        actor: str = "app",
+        idempotency_key: str | None = None,
+    ) -> int:
+        """Create the workflow; returns its id (the existing one for a reused key)."""
         body = {"name": self.name, "steps": self.steps, "on_failure": self.on_failure}
-        return submit_request(body, client=client, actor=actor)
+        return submit_request(body, client=client, actor=actor, idempotency_key=idempotency_key)[0]
 
 
 def detail(workflow_id: int, client: Client | None = None) -> dict[str, Any] | None:

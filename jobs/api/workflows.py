@@ -7,7 +7,13 @@ from typing import Any
 
 from django.db import transaction
 from django.urls import reverse
-from drf_spectacular.utils import OpenApiExample, OpenApiResponse, extend_schema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import (
+    OpenApiExample,
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+)
 from rest_framework import exceptions, serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -31,6 +37,16 @@ def _errors(*codes: int) -> dict[int, OpenApiResponse]:
         415: "Content-Type is not application/json.",
     }
     return {c: OpenApiResponse(ErrorSerializer, description=described[c]) for c in codes}
+
+
+IDEMPOTENCY_KEY = OpenApiParameter(
+    "Idempotency-Key",
+    OpenApiTypes.STR,
+    OpenApiParameter.HEADER,
+    required=False,
+    description="Per client. The same key with the same body returns the existing "
+    "workflow (200); with another body, 409. 1-200 printable ASCII characters, no spaces.",
+)
 
 
 class SignalSerializer(serializers.Serializer):
@@ -157,7 +173,14 @@ class WorkflowCreateView(_View):
         "failed step fails its descendants (error `dependency failed: <id>`), under "
         "`continue` they run anyway.",
         request=WorkflowInSerializer,
-        responses={201: WorkflowSerializer, **_errors(400, 401, 413, 415)},
+        parameters=[IDEMPOTENCY_KEY],
+        responses={
+            201: OpenApiResponse(WorkflowSerializer, description="Created."),
+            200: OpenApiResponse(
+                WorkflowSerializer, description="Idempotent replay: the workflow this key created."
+            ),
+            **_errors(400, 401, 409, 413, 415),
+        },
         examples=[
             OpenApiExample(
                 "fan-in",
@@ -175,10 +198,15 @@ class WorkflowCreateView(_View):
     )
     def post(self, request: Request) -> Response:
         with transaction.atomic(durable=True):
-            workflow_id = workflows.submit_request(
-                request.data, client=request.user, actor=self._actor()
+            workflow_id, created = workflows.submit_request(
+                request.data,
+                client=request.user,
+                actor=self._actor(),
+                idempotency_key=request.headers.get("Idempotency-Key"),
             )
         found = workflows.detail(workflow_id, request.user)
+        if not created:
+            return Response(WorkflowSerializer(found).data)
         return Response(
             WorkflowSerializer(found).data,
             status=status.HTTP_201_CREATED,

@@ -274,5 +274,24 @@ class Migration(migrations.Migration):
                 name="workflow_running_idx",
             ),
         ),
+        migrations.AddField(
+            model_name="workflow",
+            name="idempotency_key",
+            field=models.CharField(blank=True, max_length=200, null=True),
+        ),
+        migrations.AddField(
+            model_name="workflow",
+            name="request_hash",
+            field=models.CharField(blank=True, max_length=64, null=True),
+        ),
+        migrations.AddConstraint(
+            model_name="workflow",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("idempotency_key__isnull", False)),
+                fields=("client", "idempotency_key"),
+                name="workflow_idempotency_key_per_client",
+                nulls_distinct=False,
+            ),
+        ),
         migrations.RunSQL(triggers_sql(), drop_triggers_sql()),
     ]

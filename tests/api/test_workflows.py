@@ -116,3 +116,25 @@ def test_schema_describes_signals_and_workflows(anon):
     paths = fetch_schema(anon)["paths"]
     assert {"202", "404", "409"} <= set(paths["/api/v1/jobs/{id}/signal/"]["post"]["responses"])
     assert {"201", "400"} <= set(paths["/api/v1/workflows/"]["post"]["responses"])
+
+
+def test_an_idempotency_key_replays_the_workflow_or_conflicts(api, me, other):
+    body = {"name": "once", "steps": [{"id": "a", "task": "echo", "payload": {"n": 1}}]}
+    headers = {"HTTP_IDEMPOTENCY_KEY": "wf-key-1"}
+    first = api.post("/api/v1/workflows/", body, format="json", **headers)
+    assert first.status_code == 201, first.content
+    counts = (Job.objects.count(), Workflow.objects.count())
+    again = api.post("/api/v1/workflows/", body, format="json", **headers)
+    assert again.status_code == 200 and again.json()["id"] == first.json()["id"]
+    assert (Job.objects.count(), Workflow.objects.count()) == counts  # nothing new
+    changed = {**body, "name": "twice"}
+    conflict = api.post("/api/v1/workflows/", changed, format="json", **headers)
+    assert conflict.status_code == 409
+    assert conflict.json()["code"] == "idempotency_conflict"
+    assert conflict.json()["workflow_id"] == first.json()["id"]
+    # Keys are per client: another client's same key is its own workflow.
+    theirs = other[1].post("/api/v1/workflows/", body, format="json", **headers)
+    assert theirs.status_code == 201 and theirs.json()["id"] != first.json()["id"]
+    bad = api.post("/api/v1/workflows/", body, format="json", HTTP_IDEMPOTENCY_KEY="has space")
+    assert bad.status_code == 400 and bad.json()["code"] == "invalid_idempotency_key"
+    assert (Job.objects.count(), Workflow.objects.count()) == (counts[0] + 1, counts[1] + 1)
