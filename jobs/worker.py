@@ -43,7 +43,7 @@ from django.db import (
     transaction,
 )
 
-from jobs import metrics, selectors, services, tasks
+from jobs import durable, metrics, selectors, services, tasks
 from jobs.dispatch import QueueSpec, parse_queues, polling_order
 from jobs.errors import (
     MAX_ERROR_CHARS,
@@ -409,14 +409,7 @@ class Worker:
         """Hand a claimed batch to the handler threads (one lock round for the batch)."""
         started = []
         for lease in leases:
-            ctx = JobContext(
-                job_id=lease.job_id,
-                lease_version=lease.lease_version,
-                attempt=lease.retry_count + 1,
-                worker_id=self.worker_id,
-                queue=lease.queue,
-                task=lease.task,
-            )
+            ctx = durable.context(lease)  # a JobContext with steps and waits (issue 17)
             started.append((lease, ctx))
         with self._lock:
             for lease, ctx in started:
@@ -440,6 +433,7 @@ class Worker:
     def _run_one(self, lease: Lease, ctx: JobContext) -> None:
         started = time.monotonic()
         outcome = self._execute(lease, ctx)
+        durable.observe_steps(lease, ctx)
         metrics.child(metrics.DURATION, lease.queue, lease.task).observe(time.monotonic() - started)
         if (
             outcome.kind in (OutcomeKind.DONE, OutcomeKind.FAIL)
@@ -483,6 +477,12 @@ class Worker:
             return Outcome(
                 lease, OutcomeKind.DONE, result=check_result(spec.fn(lease.payload, ctx))
             )
+        except durable.Suspend as wait:  # the handler parks its job (jobs.durable)
+            self._mark_finishing(lease)  # its heartbeat stops before the lease is bumped
+            durable.park(lease, ctx, wait)
+            return Outcome(lease, OutcomeKind.SETTLED)
+        except durable.FencedOff:  # a stale checkpoint, refused and recorded
+            return Outcome(lease, OutcomeKind.SETTLED)
         except InvalidPayload as exc:
             return self._failed(lease, exc, True, f"invalid payload: {exc}")
         except InvalidResult as exc:
@@ -683,6 +683,8 @@ class Worker:
         self._count_finished(
             len(ok_done) + sum(1 for f in ok_fail.values() if f.status in TERMINAL)
         )
+        # Workflow children these ends made due: pushed now, not at the next poll.
+        durable.after_ends([*ok_done, *(i for i, f in ok_fail.items() if f.status in TERMINAL)])
         for o in batch:
             if o.kind == OutcomeKind.RELEASE and o.lease.job_id in ok_rel:
                 log.info("released on shutdown", extra=o.lease.log_fields())
