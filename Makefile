@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-12)
 
 .PHONY: run test lint install tools migrate browser chaos chaos-long bench crash-bench \
-	table-health fuzz schedules-long stop-db reset-db clean
+	table-health fuzz schedules-long workflow-bench stop-db reset-db clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -90,6 +90,12 @@ SCHEDULE_E2E_SECONDS ?= 120
 schedules-long: install
 	SCHEDULE_E2E_SECONDS=$(SCHEDULE_E2E_SECONDS) $(VENV)/bin/pytest -q -s -p no:cacheprovider \
 	  tests/test_schedules_e2e.py::test_three_reapers_fire_every_slot_exactly_once
+## workflow-bench: a WORKFLOW_NODES-job workflow (default 1000: fan-out 1 → 498 → 1 and a
+## 500-deep chain) through two workers; prints last parent's end -> child's claim p50/p99.
+WORKFLOW_NODES ?= 1000
+workflow-bench: install
+	WORKFLOW_NODES=$(WORKFLOW_NODES) $(VENV)/bin/pytest -q -s -p no:cacheprovider \
+	  tests/test_workflow_scale_e2e.py
 
 ## table-health: claim latency and table size with N finished jobs, before and after
 ## prunejobs, in a scratch database of its own (not part of `make test`; N=1000000 takes minutes).

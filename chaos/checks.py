@@ -36,7 +36,11 @@ PERMANENT_ERRORS: dict[str, str] = {
     "invalid result": "the handler returned a result jsonb cannot store",
     "PermanentError": "the handler raised PermanentError",
     "cancelled": "cancelled before it started",
+    "dependency failed": "a workflow parent failed (on_failure=fail_dependents)",
 }
+# How far a checkpoint's clock may pass the end of its lease: its statement may start
+# (now()) just after the statement that ends the lease started, and still commit first.
+STEP_CLOCK_SLACK = 0.5
 
 
 @dataclass(frozen=True)
@@ -349,6 +353,73 @@ def failures_justified(conn: Any, accepted: Collection[int]) -> list[Violation]:
     return out
 
 
+# --- 8. durable steps and workflows -------------------------------------------------------
+
+
+def steps_under_held_lease(conn: Any, accepted: Collection[int]) -> list[Violation]:
+    """Every step checkpoint was written under a lease its writer held: a claim of that
+    lease by that worker exists, and the checkpoint is no later than that lease's end
+    (the next move out of processing). A stale worker's checkpoint breaks one or both."""
+    name = "steps_under_held_lease"
+    out: list[Violation] = []
+    leases: dict[tuple[int, int], tuple[str, Any, Any]] = {}
+    for job_id, lease, actor, claimed, ended in _rows(
+        conn,
+        """SELECT c.job_id, c.lease_version, c.actor, c.at,
+                  (SELECT min(e.at) FROM jobs_jobevent e
+                   WHERE e.job_id = c.job_id AND e.id > c.id AND e.kind = 'transition'
+                     AND e.from_status = %s)
+           FROM jobs_jobevent c WHERE c.kind = 'transition' AND c.to_status = %s""",
+        [Status.PROCESSING.value, Status.PROCESSING.value],
+    ):
+        leases[(job_id, lease)] = (actor, claimed, ended)
+    for job_id, step, lease, worker, at in _rows(
+        conn, "SELECT job_id, name, lease_version, worker_id, created_at FROM jobs_jobstep"
+    ):
+        held = leases.get((job_id, lease))
+        if held is None or held[0] != f"worker:{worker}":
+            out.append(Violation(name, job_id, f"step {step!r} under lease {lease} by {worker}, "
+                                 "which never held it"))  # fmt: skip
+            continue
+        _, claimed, ended = held
+        late = ended is not None and (at - ended).total_seconds() > STEP_CLOCK_SLACK
+        if at < claimed or late:
+            out.append(Violation(name, job_id, f"step {step!r} written at {at} outside its "
+                                 f"lease {lease} ({claimed} .. {ended})"))  # fmt: skip
+    return out
+
+
+def children_after_parents(conn: Any, accepted: Collection[int]) -> list[Violation]:
+    """No workflow job is claimed before every parent ended; under fail_dependents, not
+    unless every parent is done."""
+    name = "children_after_parents"
+    out: list[Violation] = []
+    for child, parent, mode, claimed, parent_end, parent_status in _rows(
+        conn,
+        """WITH first_claim AS (
+             SELECT job_id, min(at) AS at FROM jobs_jobevent
+             WHERE kind = 'transition' AND to_status = %s GROUP BY job_id),
+           first_end AS (
+             SELECT job_id, min(at) AS at FROM jobs_jobevent
+             WHERE kind = 'transition' AND to_status = ANY(%s) GROUP BY job_id)
+           SELECT d.child_id, d.parent_id, w.on_failure, c.at, e.at, p.status
+           FROM jobs_jobdependency d
+           JOIN jobs_workflownode wn ON wn.job_id = d.child_id
+           JOIN jobs_workflow w ON w.id = wn.workflow_id
+           JOIN jobs_job p ON p.id = d.parent_id
+           JOIN first_claim c ON c.job_id = d.child_id
+           LEFT JOIN first_end e ON e.job_id = d.parent_id""",
+        [Status.PROCESSING.value, sorted(TERMINAL_STATES)],
+    ):
+        if parent_end is None or claimed < parent_end:
+            out.append(Violation(name, child, f"claimed at {claimed} before parent {parent} "
+                                 f"ended ({parent_end})"))  # fmt: skip
+        elif mode == "fail_dependents" and parent_status != Status.DONE:
+            out.append(Violation(name, child, f"ran although parent {parent} is "
+                                 f"{parent_status} (fail_dependents)"))  # fmt: skip
+    return out
+
+
 # --- running them -------------------------------------------------------------------------------
 
 Check = Callable[[Any, Collection[int]], list[Violation]]
@@ -360,6 +431,8 @@ CHECKS: dict[str, Check] = {
     "lease_never_decreases": lease_never_decreases,
     "transitions_legal": transitions_legal,
     "failures_justified": failures_justified,
+    "steps_under_held_lease": steps_under_held_lease,
+    "children_after_parents": children_after_parents,
 }
 
 

@@ -24,6 +24,7 @@ from typing import Any
 from chaos.profiles import Profile
 
 JOBS_PATH = "/api/v1/jobs/"
+WORKFLOWS_PATH = "/api/v1/workflows/"
 
 
 @dataclass
@@ -34,6 +35,7 @@ class Request:
     key: str
     cancel: bool = False
     replay: bool = False
+    path: str = JOBS_PATH
 
 
 @dataclass
@@ -68,7 +70,21 @@ def make_request(kind: str, seq: int, rng: random.Random, profile: Profile, tag:
         "scheduled": {"task": "echo", "payload": {"n": seq}, "run_at": ahead(1, 4)},
         "cancelled": {"task": "echo", "payload": {"n": seq}, "run_at": ahead(3, 6)},
         "idempotent_replay": {"task": "echo", "payload": {"n": seq}},
+        "steps": {"task": "chaos.steps", "payload": {"steps": 4, "seconds": brief / 2}},
+        "nap": {"task": "chaos.nap", "payload": {"seconds": round(rng.uniform(0.5, 2), 2)}},
     }
+    if kind == "workflow":  # a diamond: a → (b, c) → d; b may fail for good
+        steps = [
+            {"id": "a", "task": "echo", "payload": {"n": seq}},
+            {"id": "b", "task": "demo.flaky", "payload": {"p": 0.4}, "max_retries": 1,
+             "after": ["a"]},
+            {"id": "c", "task": "chaos.steps", "payload": {"steps": 3, "seconds": brief / 3},
+             "after": ["a"]},
+            {"id": "d", "task": "demo.record", "payload": {}, "after": ["b", "c"]},
+        ]  # fmt: skip
+        on_failure = rng.choice(["fail_dependents", "continue"])
+        body = {"name": f"chaos-{seq}", "steps": steps, "on_failure": on_failure}
+        return Request(seq, kind, body, key, path=WORKFLOWS_PATH)
     if kind not in bodies:
         raise ValueError(f"unknown workload kind {kind!r}")
     return Request(
@@ -247,7 +263,7 @@ class LoadGenerator:
             attempt += 1
             try:
                 status, headers, body = client.call(
-                    "POST", JOBS_PATH, req.body, {"Idempotency-Key": req.key}
+                    "POST", req.path, req.body, {"Idempotency-Key": req.key}
                 )
             except (OSError, http.client.HTTPException) as exc:
                 status, headers, body = None, {}, f"{exc.__class__.__name__}: {exc}"
@@ -272,6 +288,11 @@ class LoadGenerator:
         status, body = self._post(client, req)
         if status is None:
             self.stats["unacknowledged"] += 1
+            return
+        if status in (200, 201) and req.path == WORKFLOWS_PATH and isinstance(body, dict):
+            self.stats["accepted_workflows"] += 1
+            for step in body.get("steps", []):
+                self.record(int(step["job_id"]), f"{req.kind}:{step['id']}", "api")
             return
         if status in (200, 201) and isinstance(body, dict) and "id" in body:
             job_id = int(body["id"])

@@ -32,6 +32,9 @@ DEFAULT_MIX: tuple[tuple[float, str], ...] = (
     (5, "scheduled"),  # echo with run_at a few seconds ahead
     (2, "cancelled"),  # scheduled, then cancelled through the API (or started first)
     (8, "idempotent_replay"),  # echo submitted twice with the same Idempotency-Key
+    (4, "steps"),  # chaos.steps: checkpointed steps (jobs.durable) under kills and freezes
+    (2, "workflow"),  # a 4-job diamond workflow (POST /workflows/), either on_failure
+    (2, "nap"),  # chaos.nap: a durable sleep parks the job between two steps
 )
 
 

@@ -37,6 +37,18 @@ def observed(conn: Any) -> Counter[str]:
                FROM jobs_jobevent"""
         )
         row = cur.fetchone()
+        # Durable steps and workflows: checkpoints written, jobs that resumed from a
+        # checkpoint under a later lease, workflows run, children failed by a parent.
+        cur.execute(
+            """SELECT (SELECT count(*) FROM jobs_jobstep),
+                      (SELECT count(DISTINCT s.job_id) FROM jobs_jobstep s
+                       JOIN jobs_jobstep t ON t.job_id = s.job_id
+                        AND t.lease_version > s.lease_version),
+                      (SELECT count(*) FROM jobs_workflow),
+                      (SELECT count(*) FROM jobs_jobstep WHERE name LIKE '~sleep:%%'),
+                      (SELECT count(*) FROM jobs_job WHERE error LIKE 'dependency failed:%%')"""
+        )
+        row = (*row, *cur.fetchone())
     names = [
         "fence_rejected",  # stale writes turned away by the fence
         "lease_expired_requeued",  # reaper: processing → queued
@@ -47,6 +59,11 @@ def observed(conn: Any) -> Counter[str]:
         "released",  # worker: graceful stop
         "over_budget_failed",  # reaper: queued/enqueue_failed → failed
         "claims",
+        "step_checkpoints",
+        "steps_resumed_after_recovery",
+        "workflows",
+        "parked_sleeps",
+        "dependency_failed",
     ]
     return Counter(dict(zip(names, (int(x) for x in row), strict=True)))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from jobs.tasks import JobContext, task
@@ -18,3 +19,26 @@ def bad_result(payload: Any, ctx: JobContext) -> Any:
     """Return a result PostgreSQL cannot store: the job must fail, not the worker (D20)."""
     kind = payload.get("kind") if isinstance(payload, dict) else None
     return BAD_RESULTS.get(kind, BAD_RESULTS["set"])()
+
+
+def _work(seconds: float, n: int) -> dict:
+    time.sleep(seconds)  # long enough for a kill to land inside a step
+    return {"step": n}
+
+
+@task("chaos.steps")
+def steps(payload: Any, ctx: JobContext) -> Any:
+    """A few checkpointed steps (jobs.durable): a killed attempt resumes after the last
+    committed one; a stale attempt's checkpoint must be refused."""
+    count = int(payload.get("steps", 4)) if isinstance(payload, dict) else 4
+    seconds = float(payload.get("seconds", 0.2)) if isinstance(payload, dict) else 0.2
+    return [ctx.step(f"s{n}", _work, seconds, n) for n in range(count)]  # type: ignore[attr-defined]
+
+
+@task("chaos.nap", durable=True)
+def nap(payload: Any, ctx: JobContext) -> Any:
+    """A step, a durable sleep (the job parks: processing → queued, no retry), a step."""
+    seconds = float(payload.get("seconds", 1.0)) if isinstance(payload, dict) else 1.0
+    before = ctx.step("before", _work, 0.05, 0)  # type: ignore[attr-defined]
+    ctx.sleep(seconds)
+    return [before, ctx.step("after", _work, 0.05, 1)]  # type: ignore[attr-defined]

@@ -8,6 +8,8 @@
   jobs on a queue no live worker serves), from the worker registry; reaper only.
 - `QueueControlsCollector`: each queue's controls and what they hold back (paused,
   processing against the cap, rate tokens left); reaper only.
+- `WaitingCollector`: jobs_waiting by reason (parked durable jobs, blocked workflow
+  jobs), from the partial index job_waiting_idx, cached like the depth; reaper only.
 - `worker_gauges`: jobs_worker_inflight and jobs_worker_slots of one worker.
 - `reaper_gauges`: when the reaper last finished a sweep, and its cadence.
 """
@@ -26,7 +28,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from jobs import metrics, selectors
-from jobs.lifecycle import NON_TERMINAL, Status
+from jobs.lifecycle import NON_TERMINAL, Status, WaitReason
 
 if TYPE_CHECKING:
     from jobs.reaper import Reaper
@@ -214,6 +216,39 @@ class QueueControlsCollector(Collector):
                 families["jobs_queue_rate_limit"].add_metric([q.name], q.rate_limit)
                 families["jobs_queue_rate_tokens"].add_metric([q.name], q.rate_tokens)
         yield from families.values()
+
+
+WAITING_HELP = (
+    "Queued jobs that are not due because they wait: sleep and signal (parked by their "
+    "handler), parents (workflow jobs whose parents have not ended)"
+)
+
+
+class WaitingCollector(Collector):
+    """jobs_waiting{reason}: one small grouped query per cache period."""
+
+    def __init__(self, depth: DepthCollector) -> None:
+        self.depth = depth
+        self._lock = threading.Lock()
+        self._counts: dict[str, int] | None = None
+        self._read_at = float("-inf")
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily("jobs_waiting", WAITING_HELP, labels=["reason"])
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        with self._lock:
+            now = self.depth.clock()
+            if self._counts is None or now - self._read_at >= self.depth.cache_seconds:
+                counts = read_on_scrape_thread("waiting jobs", selectors.waiting_by_reason)
+                if counts is None:
+                    return
+                self._counts, self._read_at = counts, now
+            counts = self._counts
+        gauge = GaugeMetricFamily("jobs_waiting", WAITING_HELP, labels=["reason"])
+        for reason in WaitReason.values:
+            gauge.add_metric([reason], counts.get(reason, 0))
+        yield gauge
 
 
 class LiveGauges(Collector):

@@ -69,6 +69,19 @@ class QueueFull(SubmissionError):
         self.retry_after = RETRY_AFTER_SECONDS
 
 
+class WorkflowIdempotencyConflict(SubmissionError):
+    """The idempotency key was used before for a workflow with a different request."""
+
+    code = "idempotency_conflict"
+
+    def __init__(self, workflow_id: int) -> None:
+        super().__init__(
+            f"idempotency key already used for workflow {workflow_id} with a different request",
+            field="idempotency_key",
+        )
+        self.workflow_id = workflow_id
+
+
 class IdempotencyConflict(SubmissionError):
     """The idempotency key was used before with a different request."""
 

@@ -90,6 +90,9 @@ REVOKE = _move({P}, Q, F)  # staff: fence the holder off (failed if a cancel is 
 CANCEL = _move({Q, E}, F)  # staff or client: a job that has not started
 CANCEL_RUNNING = _move({P}, P)  # staff: a cancel request; the holder ends the job
 REQUEST_CANCEL = _move({Q, E, P}, F, P)  # client: CANCEL, or CANCEL_RUNNING if it runs
+SUSPEND = _move({P}, Q, F)  # the holder parks a durable job (sleep, signal wait), no retry spent
+WAKE = _move({Q}, Q)  # a signal or a parent's end makes a parked or blocked job due now
+FAIL_DEPENDENTS = _move({Q, E}, F)  # a workflow parent failed: its blocked descendants fail
 del Q, P, D, F, E
 MOVES: dict[str, Move] = {
     "park": PARK,
@@ -105,7 +108,25 @@ MOVES: dict[str, Move] = {
     "cancel": CANCEL,
     "cancel_running": CANCEL_RUNNING,
     "request_cancel": REQUEST_CANCEL,
+    "suspend": SUSPEND,
+    "wake": WAKE,
+    "fail_dependents": FAIL_DEPENDENTS,
 }
+
+
+class WaitReason(models.TextChoices):
+    """Why a queued job is not due (`Job.wait_reason`): a durable job parked by its
+    handler, or a workflow job whose parents have not all finished. The status stays
+    queued (SPEC §2); run_at is the wake-up, the timeout or BLOCKED_RUN_AT."""
+
+    SLEEP = "sleep"
+    SIGNAL = "signal"
+    PARENTS = "parents"
+
+
+# run_at of a job that waits with no deadline (parents, a signal without timeout):
+# far in the future but inside Python's datetime range, so every reader can load it.
+BLOCKED_RUN_AT = "9999-01-01 00:00:00+00"
 
 
 class Role(models.TextChoices):

@@ -104,6 +104,23 @@ STAFF_ACTIONS = Counter(
     "Jobs changed by a staff action (retry, repair, revoke, cancel)",
     ["action"],
 )
+# Durable jobs and workflows (jobs.durable, jobs.workflows). The number of jobs parked
+# now, by reason, is a gauge of the scrape (jobs.collectors).
+PARKED = Counter(
+    "jobs_parked_total", "Attempts that parked their job (sleep, signal wait)", ["reason"]
+)
+SIGNALS = Counter("jobs_signals_total", "Signals delivered to jobs")
+STEPS_PER_JOB = Histogram(
+    "jobs_steps_per_job",
+    "Steps (checkpoints and waits) a durable job had when it ended or parked",
+    ["task"],
+    buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000),
+)
+WORKFLOW_SECONDS = Histogram(
+    "jobs_workflow_completion_seconds",
+    "Workflow creation to its last job's end (observed by the process that ended it)",
+    buckets=(0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 6 * 3600, 24 * 3600),
+)
 
 
 _children: dict[tuple[Any, ...], Any] = {}

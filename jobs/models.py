@@ -12,7 +12,7 @@ from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
 
-from jobs.lifecycle import NON_TERMINAL, STATUSES, TERMINAL, UNOWNED, Move, Status
+from jobs.lifecycle import NON_TERMINAL, STATUSES, TERMINAL, UNOWNED, Move, Status, WaitReason
 
 PRIORITY_MIN = -100
 PRIORITY_MAX = 100
@@ -142,6 +142,10 @@ class Job(models.Model):
         related_name="jobs",
     )
     fire_time = models.DateTimeField(null=True, blank=True)
+    # Why a queued job is not due yet (jobs.durable, jobs.workflows): parked by its
+    # handler (sleep, a signal wait on `wait_key`) or blocked on workflow parents.
+    wait_reason = models.CharField(max_length=20, null=True, blank=True, choices=WaitReason.choices)
+    wait_key = models.CharField(max_length=200, null=True, blank=True)
 
     objects = JobQuerySet.as_manager()
     # Set on the job `submit()` returns when a live job already held its unique_key.
@@ -156,6 +160,7 @@ class Job(models.Model):
             ("revoke_job", "Can revoke the lease of processing jobs"),
             ("cancel_job", "Can cancel jobs that have not started"),
             ("cancel_running_job", "Can ask running jobs to stop (cancel running)"),
+            ("signal_job", "Can send a signal to a durable job"),
         ]
         constraints = [
             models.CheckConstraint(name="job_status_valid", condition=Q(status__in=STATUSES)),
@@ -245,6 +250,12 @@ class Job(models.Model):
                 name="job_schedule_live_idx",
                 fields=["schedule"],
                 condition=Q(schedule__isnull=False, status__in=sorted(NON_TERMINAL)),
+            ),
+            # Parked and blocked jobs, for the metrics and the admin (few rows).
+            models.Index(
+                name="job_waiting_idx",
+                fields=["wait_reason"],
+                condition=Q(status=Status.QUEUED, wait_reason__isnull=False),
             ),
         ]
 
@@ -502,3 +513,152 @@ class SchedulerRun(models.Model):
 
     def __str__(self) -> str:
         return f"{self.schedule_id} @ {self.fire_time:%Y-%m-%d %H:%M:%S}"
+
+
+class JobStep(models.Model):
+    """A committed step of a durable job (`ctx.step`): its JSON result, written under
+    the job's fence, returned instead of running the step again on a later attempt.
+    Steps whose name starts with "~" are the job's own waits (sleep, signal)."""
+
+    id = models.BigAutoField(primary_key=True)
+    job = models.ForeignKey(
+        Job, on_delete=models.DO_NOTHING, db_constraint=False, related_name="steps"
+    )
+    name = models.CharField(max_length=200)
+    result = models.JSONField(null=True, blank=True)
+    lease_version = models.BigIntegerField(help_text="The lease the checkpoint was written under.")
+    worker_id = models.CharField(max_length=200)
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "jobs_jobstep"
+        ordering = ["job_id", "id"]
+        constraints = [
+            models.UniqueConstraint(name="jobstep_job_name_uniq", fields=["job", "name"]),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job_id}: {self.name}"
+
+
+class JobSignal(models.Model):
+    """A signal delivered to a job (`POST /jobs/<id>/signal/`, `jobs.signals`): kept
+    until the job's `wait_for_signal(key)` consumes it, one per (job, key)."""
+
+    id = models.BigAutoField(primary_key=True)
+    job = models.ForeignKey(
+        Job, on_delete=models.DO_NOTHING, db_constraint=False, related_name="signals"
+    )
+    key = models.CharField(max_length=200)
+    payload = models.JSONField(null=True, blank=True)
+    sent_by = models.CharField(max_length=250, blank=True, default="")
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "jobs_jobsignal"
+        ordering = ["job_id", "id"]
+        constraints = [
+            models.UniqueConstraint(name="jobsignal_job_key_uniq", fields=["job", "key"]),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job_id}: {self.key}"
+
+
+class OnFailure(models.TextChoices):
+    FAIL_DEPENDENTS = "fail_dependents"
+    CONTINUE = "continue"
+
+
+class Workflow(models.Model):
+    """A graph of jobs created together (jobs.workflows). `finished_at` is set by the
+    database when its last job ends."""
+
+    id = models.BigAutoField(primary_key=True)
+    name = models.CharField(max_length=200)
+    on_failure = models.CharField(
+        max_length=20, choices=OnFailure.choices, default=OnFailure.FAIL_DEPENDENTS
+    )
+    client = models.ForeignKey(
+        Client, null=True, blank=True, on_delete=models.PROTECT, related_name="workflows"
+    )
+    unfinished = models.IntegerField(default=0, help_text="Jobs that have not ended yet.")
+    idempotency_key = models.CharField(max_length=200, null=True, blank=True)
+    request_hash = models.CharField(max_length=64, null=True, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "jobs_workflow"
+        ordering = ["-id"]
+        constraints = [
+            models.CheckConstraint(
+                name="workflow_on_failure_valid", condition=Q(on_failure__in=OnFailure.values)
+            ),
+            models.UniqueConstraint(
+                name="workflow_idempotency_key_per_client",
+                fields=["client", "idempotency_key"],
+                condition=Q(idempotency_key__isnull=False),
+                nulls_distinct=False,
+            ),
+        ]
+        indexes = [
+            models.Index(
+                name="workflow_running_idx", fields=["id"], condition=Q(finished_at__isnull=True)
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"workflow {self.id} {self.name}"
+
+
+class WorkflowNode(models.Model):
+    """A job's place in its workflow: the caller's step id and how many of its
+    parents have not ended yet (the database counts them down as parents end)."""
+
+    job = models.OneToOneField(
+        Job, primary_key=True, on_delete=models.DO_NOTHING, db_constraint=False,
+        related_name="workflow_node",
+    )  # fmt: skip
+    workflow = models.ForeignKey(
+        Workflow, on_delete=models.DO_NOTHING, db_constraint=False, related_name="nodes"
+    )
+    key = models.CharField(max_length=200)
+    pending_parents = models.IntegerField(default=0)
+    ended = models.BooleanField(default=False, db_default=False)
+
+    class Meta:
+        db_table = "jobs_workflownode"
+        ordering = ["workflow_id", "job_id"]
+        constraints = [
+            models.UniqueConstraint(name="workflownode_key_uniq", fields=["workflow", "key"]),
+            models.CheckConstraint(
+                name="workflownode_pending_nonneg", condition=Q(pending_parents__gte=0)
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.workflow_id}/{self.key}: job {self.job_id}"
+
+
+class JobDependency(models.Model):
+    """child runs after parent has ended (done, or failed under on_failure=continue)."""
+
+    id = models.BigAutoField(primary_key=True)
+    child = models.ForeignKey(
+        Job, on_delete=models.DO_NOTHING, db_constraint=False, related_name="parent_links"
+    )
+    parent = models.ForeignKey(
+        Job, on_delete=models.DO_NOTHING, db_constraint=False, related_name="child_links"
+    )
+    settled = models.BooleanField(default=False, db_default=False, help_text="The parent ended.")
+
+    class Meta:
+        db_table = "jobs_jobdependency"
+        constraints = [
+            models.UniqueConstraint(name="jobdependency_uniq", fields=["child", "parent"]),
+        ]
+        indexes = [models.Index(name="jobdependency_parent_idx", fields=["parent"])]
+
+    def __str__(self) -> str:
+        return f"{self.parent_id} → {self.child_id}"

@@ -10,6 +10,7 @@ from the database clock. The admin dashboard's own statements live in
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -315,3 +316,119 @@ class QueueState:
 
 def queue_states() -> list[QueueState]:
     return [QueueState(*r) for r in _fetch(QUEUE_STATE_SQL, [])]
+
+
+# --- durable jobs and workflows ------------------------------------------------------
+
+JOB_STEPS_SQL = "SELECT name, result, now() FROM jobs_jobstep WHERE job_id = %s"
+JOB_SIGNAL_SQL = "SELECT payload FROM jobs_jobsignal WHERE job_id = %s AND key = %s"
+PARENT_OUTCOMES_SQL = f"""
+SELECT wn.key, p.status, p.result, p.error
+FROM jobs_jobdependency d JOIN {T} p ON p.id = d.parent_id
+JOIN jobs_workflownode wn ON wn.job_id = p.id
+WHERE d.child_id = %s"""
+
+
+def _json_value(value: Any) -> Any:
+    # Django's psycopg setup hands raw-SQL jsonb back as text.
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def job_steps(job_id: int) -> tuple[dict[str, Any], Any]:
+    """A job's committed checkpoints {name: result}, and the database clock now."""
+    rows = _fetch(JOB_STEPS_SQL, [job_id])
+    if not rows:
+        return {}, db_now()
+    return {r[0]: _json_value(r[1]) for r in rows}, rows[0][2]
+
+
+def job_signal(job_id: int, key: str) -> tuple[bool, Any]:
+    """(delivered, payload) of the signal `key` of a job."""
+    rows = _fetch(JOB_SIGNAL_SQL, [job_id, key])
+    return (True, _json_value(rows[0][0])) if rows else (False, None)
+
+
+def parent_outcomes(job_id: int) -> tuple[dict[str, Any], dict[str, str]]:
+    """A workflow job's parents: {step id: result} of those done, {step id: error} of
+    those failed."""
+    results, errors = {}, {}
+    for key, status, result, error in _fetch(PARENT_OUTCOMES_SQL, [job_id]):
+        if status == Status.DONE:
+            results[key] = _json_value(result)
+        elif status == Status.FAILED:
+            errors[key] = error
+    return results, errors
+
+
+WORKFLOW_SQL = """
+SELECT id, name, on_failure, created_at, finished_at, client_id
+FROM jobs_workflow WHERE id = %s"""
+WORKFLOW_STEPS_SQL = f"""
+SELECT wn.key, j.id, j.task, j.queue, j.status, j.wait_reason, j.result, j.error,
+       j.retry_count, j.created_at, j.finished_at,
+       coalesce(array_agg(pn.key ORDER BY pn.key) FILTER (WHERE pn.key IS NOT NULL), '{{}}')
+FROM jobs_workflownode wn JOIN {T} j ON j.id = wn.job_id
+LEFT JOIN jobs_jobdependency d ON d.child_id = wn.job_id
+LEFT JOIN jobs_workflownode pn ON pn.job_id = d.parent_id
+WHERE wn.workflow_id = %s
+GROUP BY wn.key, j.id
+ORDER BY j.id"""
+
+
+def workflow_detail(workflow_id: int, client_id: int | None = None) -> dict[str, Any] | None:
+    """A workflow with each step's job and state; None when missing or (with
+    `client_id`) another client's."""
+    rows = _fetch(WORKFLOW_SQL, [workflow_id])
+    if not rows or (client_id is not None and rows[0][5] != client_id):
+        return None
+    wf_id, name, on_failure, created_at, finished_at, _ = rows[0]
+    steps = [
+        {
+            "id": r[0],
+            "job_id": r[1],
+            "task": r[2],
+            "queue": r[3],
+            "status": r[4],
+            "wait_reason": r[5],
+            "result": _json_value(r[6]),
+            "error": r[7],
+            "retry_count": r[8],
+            "created_at": r[9],
+            "finished_at": r[10],
+            "after": list(r[11]),
+        }
+        for r in _fetch(WORKFLOW_STEPS_SQL, [workflow_id])
+    ]
+    statuses = {s["status"] for s in steps}
+    if finished_at is None:
+        state = "running"
+    else:
+        state = Status.FAILED.value if Status.FAILED in statuses else Status.DONE.value
+    return {
+        "id": wf_id,
+        "name": name,
+        "on_failure": on_failure,
+        "status": state,
+        "created_at": created_at,
+        "finished_at": finished_at,
+        "steps": steps,
+    }
+
+
+WAITING_SQL = f"""
+SELECT wait_reason, count(*) FROM {T}
+WHERE status = '{Status.QUEUED}' AND wait_reason IS NOT NULL GROUP BY wait_reason"""
+
+
+def waiting_by_reason() -> dict[str, int]:
+    """Queued jobs that are not due because they wait (parked, blocked), by reason:
+    read through the partial index job_waiting_idx."""
+    return dict(_fetch(WAITING_SQL, []))
+
+
+WORKFLOWS_RUNNING_SQL = "SELECT EXISTS (SELECT 1 FROM jobs_workflow WHERE finished_at IS NULL)"
+
+
+def workflows_running() -> bool:
+    """Whether any workflow is unfinished (the partial index workflow_running_idx)."""
+    return bool(_fetch(WORKFLOWS_RUNNING_SQL, [])[0][0])

@@ -27,19 +27,25 @@ from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 
 from jobs import clientcache, lifecycle, metrics
-from jobs.exceptions import BatchIdempotencyConflict, IdempotencyConflict
+from jobs.exceptions import (
+    BatchIdempotencyConflict,
+    IdempotencyConflict,
+    WorkflowIdempotencyConflict,
+)
 from jobs.lifecycle import (
+    BLOCKED_RUN_AT,
     CANCELLED,
     NON_TERMINAL,
     TERMINAL,
     Role,
     Status,
+    WaitReason,
     actor_role,
     actor_sql,
     due_sql,
 )
 from jobs.logconfig import job_log_fields
-from jobs.models import Client, Job, JobEvent, Queue, WorkerProcess
+from jobs.models import Client, Job, JobEvent, JobSignal, JobStep, Queue, WorkerProcess
 from jobs.transport import TransportError, get_transport
 
 log = logging.getLogger(__name__)
@@ -1262,13 +1268,19 @@ WITH victims AS (
   LIMIT %(batch)s
   FOR UPDATE SKIP LOCKED),
 ev AS (DELETE FROM {_H} WHERE job_id IN (SELECT id FROM victims)),
+steps AS (DELETE FROM jobs_jobstep WHERE job_id IN (SELECT id FROM victims)),
+sigs AS (DELETE FROM jobs_jobsignal WHERE job_id IN (SELECT id FROM victims)),
+nodes AS (DELETE FROM jobs_workflownode WHERE job_id IN (SELECT id FROM victims)),
+edges AS (DELETE FROM jobs_jobdependency
+          WHERE child_id IN (SELECT id FROM victims) OR parent_id IN (SELECT id FROM victims)),
 gone AS (DELETE FROM {T} WHERE id IN (SELECT id FROM victims) RETURNING 1)
 SELECT count(*) FROM gone"""
 
 
 def prune_finished(older_than_seconds: float, statuses: Sequence[str], batch: int) -> int:
     """Delete one batch of terminal jobs finished more than `older_than_seconds` ago
-    (database clock), with their history; returns how many jobs went.
+    (database clock), with their history, steps, signals and workflow links; returns
+    how many jobs went.
 
     One short statement: rows another transaction holds are skipped (SKIP LOCKED),
     so workers, the reaper and a concurrent prune never wait on it. Only terminal
@@ -1298,3 +1310,307 @@ def deactivate_clients(client_ids: Sequence[int]) -> list[int]:
         clientcache.forget(h for _, h in rows)
         Client.objects.filter(pk__in=[pk for pk, _ in rows]).update(is_active=False)
     return [pk for pk, _ in rows]
+
+
+# --- durable jobs: steps, waits, signals (jobs.durable) -----------------------------
+
+_STEP = JobStep._meta.db_table
+_SIGNAL = JobSignal._meta.db_table
+_HOLDER_PARAM = actor_sql(Role.WORKER, "%(owner)s")
+# The fence of SPEC §3 for one lease given as parameters.
+_FENCE_ONE = (
+    "j.id = %(id)s AND j.lease_version = %(lv)s AND j.owned_by = %(owner)s"
+    f" AND j.status = '{Status.PROCESSING}'"
+)
+
+# A checkpoint lands only while the lease holds: the fenced UPDATE (which also
+# extends the lease) and the INSERT are one statement, like a fenced completion.
+_STEP_SQL = f"""
+WITH f AS (
+  UPDATE {T} j SET heartbeat_at = now() WHERE {_FENCE_ONE} RETURNING j.id, j.lease_version),
+ins AS (
+  INSERT INTO {_STEP} (job_id, name, result, lease_version, worker_id, created_at)
+  SELECT f.id, %(name)s, %(result)s::jsonb, f.lease_version, %(owner)s, statement_timestamp()
+  FROM f
+  ON CONFLICT (job_id, name) DO NOTHING
+  RETURNING id)
+SELECT (SELECT count(*) FROM f), (SELECT count(*) FROM ins)"""
+
+
+def checkpoint_step(lease: Lease, name: str, result_json: str) -> bool:
+    """Store a step's result under the lease's fence; False when the fence refused it
+    (the lease is stale: the step's effects were not recorded)."""
+    rows = _rows(
+        _STEP_SQL,
+        {
+            "id": lease.job_id,
+            "lv": lease.lease_version,
+            "owner": lease.worker_id,
+            "name": name,
+            "result": result_json,
+        },
+    )
+    return bool(rows[0][0])
+
+
+# Park: processing → queued, lease bumped (the parking worker can no longer write), no
+# retry spent, due again at the wake-up or timeout; with a wait checkpoint if given.
+_SUSPEND_SQL = f"""
+WITH f AS (
+  UPDATE {T} j SET status = '{Status.QUEUED}', lease_version = j.lease_version + 1,
+         run_at = greatest(now(), coalesce(%(until)s::timestamptz,
+                                           now() + %(seconds)s * interval '1 second')),
+         due_at = greatest(now(), coalesce(%(until)s::timestamptz,
+                                           now() + %(seconds)s * interval '1 second')),
+         wait_reason = %(reason)s, wait_key = %(key)s, {_UNOWN},
+         updated_by = {_HOLDER_PARAM}
+  WHERE j.id = %(id)s AND j.lease_version = %(lv)s AND j.owned_by = %(owner)s
+    AND {lifecycle.SUSPEND.where("j.status")}
+  RETURNING j.id, j.queue, j.status, j.run_at),
+cp AS (
+  INSERT INTO {_STEP} (job_id, name, result, lease_version, worker_id, created_at)
+  SELECT f.id, %(name)s::text,
+         jsonb_build_object('until', CASE WHEN f.run_at >= %(blocked)s::timestamptz THEN NULL
+                                          ELSE f.run_at END),
+         %(lv)s, %(owner)s, statement_timestamp()
+  FROM f WHERE %(name)s::text IS NOT NULL
+  ON CONFLICT (job_id, name) DO NOTHING)
+SELECT id, queue, status, run_at <= now() FROM f"""
+
+# A signal committed while the job was parking (the signal's transaction found it
+# still processing): the park, holding the row lock, sees it in a new statement.
+_WAKE_IF_SIGNALLED_SQL = f"""
+UPDATE {T} j SET run_at = now(), due_at = now(), wait_reason = NULL, wait_key = NULL
+WHERE j.id = %(id)s AND {lifecycle.WAKE.where("j.status")}
+  AND j.wait_reason = '{WaitReason.SIGNAL}'
+  AND EXISTS (SELECT 1 FROM {_SIGNAL} s WHERE s.job_id = j.id AND s.key = j.wait_key)
+RETURNING j.id, j.queue"""
+
+
+def suspend(
+    lease: Lease,
+    *,
+    reason: WaitReason,
+    key: str | None = None,
+    seconds: float | None = None,
+    until: datetime | str | None = None,
+    checkpoint: str | None = None,
+) -> str | None:
+    """Park a durable job (fenced): back to queued with the lease bumped and no retry
+    spent, due at `until` or in `seconds`. Returns the status it took (queued, or
+    failed when a cancel was pending), None when the fence refused it."""
+    with transaction.atomic(durable=True):
+        rows = _rows(
+            _SUSPEND_SQL,
+            {
+                "id": lease.job_id,
+                "lv": lease.lease_version,
+                "owner": lease.worker_id,
+                "until": until,
+                "seconds": seconds,
+                "reason": reason.value,
+                "key": key,
+                "name": checkpoint,
+                "blocked": BLOCKED_RUN_AT,
+            },
+        )
+        if not rows:
+            return None
+        job_id, queue, status, due = rows[0]
+        if reason == WaitReason.SIGNAL and status == Status.QUEUED and not due:
+            due = bool(_rows(_WAKE_IF_SIGNALLED_SQL, {"id": job_id}))
+        if status == Status.QUEUED:
+            metrics.child(metrics.PARKED, reason.value).inc()
+        if due:
+            signal_after_commit([(job_id, queue)], park_on_failure=False)
+        if status != Status.QUEUED:
+            _finished(_rows(f"SELECT {_FINISH_RETURNING} FROM {T} j WHERE j.id = %s", [job_id]))
+    return status
+
+
+class SignalRefused(Exception):
+    """A signal the job cannot take: `reason` is "not_found", "finished", "not_waiting"
+    (parked waiting for another key) or "duplicate"."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+_SIGNAL_LOCK_SQL = (
+    f"SELECT status, client_id, wait_reason, wait_key FROM {T} WHERE id = %s FOR UPDATE"
+)
+_SIGNAL_INSERT_SQL = f"""
+INSERT INTO {_SIGNAL} (job_id, key, payload, sent_by, created_at)
+VALUES (%(id)s, %(key)s, %(payload)s::jsonb, %(actor)s, now())
+ON CONFLICT (job_id, key) DO NOTHING RETURNING id"""
+_SIGNAL_WAKE_SQL = f"""
+UPDATE {T} j SET run_at = now(), due_at = now(), wait_reason = NULL, wait_key = NULL,
+       updated_by = %(actor)s
+WHERE j.id = %(id)s AND {lifecycle.WAKE.where("j.status")}
+  AND j.wait_reason = '{WaitReason.SIGNAL}' AND j.wait_key = %(key)s
+RETURNING j.id, j.queue"""
+
+
+def deliver_signal(
+    job_id: int, key: str, payload_json: str, *, actor: str, client_id: int | None = None
+) -> bool:
+    """Store a signal for a job and, if it is parked waiting for `key`, make it due now.
+    Returns True when it woke the job, False when the signal is kept for a later wait.
+
+    The job's row is locked first, as a park locks it: whichever of the two commits
+    first, the other sees it (no lost wake-up). Raises SignalRefused.
+    """
+    with transaction.atomic():
+        rows = _rows(_SIGNAL_LOCK_SQL, [job_id])
+        if not rows or (client_id is not None and rows[0][1] != client_id):
+            raise SignalRefused("not_found", "Not found.")
+        status, _, reason, waits_for = rows[0]
+        if status in TERMINAL:
+            raise SignalRefused("finished", f"job {job_id} has finished ({status})")
+        if status == Status.QUEUED and reason == WaitReason.SIGNAL and waits_for != key:
+            raise SignalRefused(
+                "not_waiting", f"job {job_id} is waiting for the signal {waits_for!r}, not {key!r}"
+            )
+        params = {"id": job_id, "key": key, "payload": payload_json, "actor": actor}
+        if not _rows(_SIGNAL_INSERT_SQL, params):
+            raise SignalRefused("duplicate", f"job {job_id} already has a signal {key!r}")
+        woke = _rows(_SIGNAL_WAKE_SQL, params)
+        signal_after_commit(woke, park_on_failure=False)
+        _count_on_commit(metrics.SIGNALS, 1)
+    return bool(woke)
+
+
+# --- workflows (jobs.workflows; the database side is jobs.graph) ---------------------
+
+_WORKFLOW_INSERT_SQL = """
+INSERT INTO jobs_workflow (name, on_failure, client_id, unfinished, idempotency_key,
+                           request_hash, created_at)
+VALUES (%s, %s, %s, %s, %s, %s, now())
+ON CONFLICT DO NOTHING RETURNING id"""
+_WORKFLOW_BY_KEY_SQL = """
+SELECT id, request_hash FROM jobs_workflow
+WHERE client_id IS NOT DISTINCT FROM %s AND idempotency_key = %s"""
+_WORKFLOW_IDS_SQL = (
+    f"SELECT nextval(pg_get_serial_sequence('{T}', 'id')) FROM generate_series(1, %s)"
+)
+_WORKFLOW_JOBS_SQL = f"""
+INSERT INTO {T} (id, task, payload, queue, priority, run_at, max_retries, client_id,
+                 updated_by, status, retry_count, lease_version, wait_reason)
+SELECT u.id, u.task, u.payload::jsonb, u.queue, u.priority,
+       CASE WHEN u.blocked THEN %(blocked)s::timestamptz ELSE now() END,
+       u.max_retries, %(client)s, %(actor)s, '{Status.QUEUED}', 0, 0,
+       CASE WHEN u.blocked THEN '{WaitReason.PARENTS}' END
+FROM unnest(%(ids)s::bigint[], %(tasks)s::text[], %(payloads)s::text[], %(queues)s::text[],
+            %(priorities)s::int[], %(max_retries)s::int[], %(blocked_flags)s::boolean[])
+     AS u(id, task, payload, queue, priority, max_retries, blocked)"""
+_WORKFLOW_NODES_SQL = """
+INSERT INTO jobs_workflownode (job_id, workflow_id, key, pending_parents, ended)
+SELECT u.id, %(workflow)s, u.key, u.pending, false
+FROM unnest(%(ids)s::bigint[], %(keys)s::text[], %(pending)s::int[]) AS u(id, key, pending)"""
+_WORKFLOW_EDGES_SQL = """
+INSERT INTO jobs_jobdependency (child_id, parent_id, settled)
+SELECT u.child, u.parent, false FROM unnest(%(children)s::bigint[], %(parents)s::bigint[])
+     AS u(child, parent)"""
+
+
+def create_workflow(
+    name: str,
+    on_failure: str,
+    steps: Sequence[tuple[str, Sequence[str], dict[str, Any]]],
+    *,
+    client_id: int | None = None,
+    actor: str = "app",
+    idempotency_key: str | None = None,
+    request_hash: str | None = None,
+) -> tuple[int, bool]:
+    """Insert a checked workflow (jobs.workflows.build): every job, node and edge in one
+    (nested) transaction. Each step is (id, parent ids, checked submission arguments).
+    Jobs without parents are due now and signalled on commit; the others wait for the
+    database to count their parents down (jobs.graph). Returns (workflow id, created):
+    a reused idempotency key returns the existing workflow, or raises
+    WorkflowIdempotencyConflict when `request_hash` differs."""
+    with transaction.atomic():
+        row = _rows(
+            _WORKFLOW_INSERT_SQL,
+            [name, on_failure, client_id, len(steps), idempotency_key, request_hash],
+        )
+        if not row:
+            existing_id, existing_hash = _rows(_WORKFLOW_BY_KEY_SQL, [client_id, idempotency_key])[
+                0
+            ]
+            if existing_hash != request_hash:
+                raise WorkflowIdempotencyConflict(existing_id)
+            return existing_id, False
+        workflow_id = row[0][0]
+        ids = [r[0] for r in _rows(_WORKFLOW_IDS_SQL, [len(steps)])]
+        by_key = {key: job_id for (key, _, _), job_id in zip(steps, ids, strict=True)}
+        default_retries = settings.JOBS_MAX_RETRIES
+        jobs = [job for _, _, job in steps]
+        _hot_rows(
+            _WORKFLOW_JOBS_SQL,
+            {
+                "ids": ids,
+                "tasks": [j["task"] for j in jobs],
+                "payloads": [j["payload_json"] for j in jobs],
+                "queues": [j["queue"] for j in jobs],
+                "priorities": [j["priority"] for j in jobs],
+                "max_retries": [
+                    default_retries if j["max_retries"] is None else j["max_retries"] for j in jobs
+                ],
+                "blocked_flags": [bool(after) for _, after, _ in steps],
+                "blocked": BLOCKED_RUN_AT,
+                "client": client_id,
+                "actor": actor,
+            },
+        )
+        _hot_rows(
+            _WORKFLOW_NODES_SQL,
+            {
+                "workflow": workflow_id,
+                "ids": ids,
+                "keys": [key for key, _, _ in steps],
+                "pending": [len(after) for _, after, _ in steps],
+            },
+        )
+        edges = [(by_key[key], by_key[p]) for key, after, _ in steps for p in after]
+        if edges:
+            _hot_rows(
+                _WORKFLOW_EDGES_SQL,
+                {"children": [c for c, _ in edges], "parents": [p for _, p in edges]},
+            )
+        counts: dict[tuple[str, str], int] = defaultdict(int)
+        for job in jobs:
+            counts[(job["queue"], job["task"])] += 1
+        for (queue, task), n in counts.items():
+            _count_on_commit(metrics.child(metrics.SUBMITTED, queue, task), n)
+        roots = [(job_id, job["queue"]) for (_, after, job), job_id in zip(steps, ids, strict=True)
+                 if not after]  # fmt: skip
+        signal_after_commit(roots, park_on_failure=True)
+    return workflow_id, True
+
+
+# Children a statement's ends just made due (jobs.graph) are found by polling; this
+# pushes them at once (a hint only: the wake-up itself is committed), and reports the
+# workflows these ends finished (their finished_at is the ending statement's time).
+_AFTER_ENDS_SQL = f"""
+SELECT j.id, j.queue, NULL::float8 FROM jobs_jobdependency d JOIN {T} j ON j.id = d.child_id
+WHERE d.parent_id = ANY(%(ids)s::bigint[]) AND {lifecycle.WAKE.where("j.status")}
+  AND j.run_at <= now() AND j.wait_reason IS NULL
+UNION ALL
+SELECT DISTINCT w.id, NULL, extract(epoch FROM w.finished_at - w.created_at)::float8
+FROM jobs_workflownode wn JOIN jobs_workflow w ON w.id = wn.workflow_id
+JOIN {T} j ON j.id = wn.job_id
+WHERE wn.job_id = ANY(%(ids)s::bigint[]) AND w.finished_at = j.finished_at"""
+
+
+def signal_woken_children(parent_ids: Sequence[int]) -> None:
+    """Push the workflow children that the end of `parent_ids` made due (on commit), and
+    observe the completion time of the workflows those ends finished."""
+    if not parent_ids:
+        return
+    rows = _hot_rows(_AFTER_ENDS_SQL, {"ids": list(parent_ids)})
+    signal_after_commit([r[:2] for r in rows if r[1] is not None], park_on_failure=False)
+    for r in rows:
+        if r[1] is None and r[2] is not None:
+            metrics.WORKFLOW_SECONDS.observe(max(0.0, r[2]))

@@ -157,6 +157,7 @@ class TaskSpec:
     fn: Handler
     transactional: bool = False
     validate: Validator | None = None
+    durable: bool = False
 
 
 _registry: dict[str, TaskSpec] = {}
@@ -169,6 +170,7 @@ def task(
     *,
     transactional: bool = False,
     validate: Validator | None = None,
+    durable: bool = False,
 ) -> Callable[[Handler], Handler]:
     """Register a handler `fn(payload, ctx)`.
 
@@ -178,14 +180,19 @@ def task(
     rejected result (exactly-once effects inside PostgreSQL).
     validate(payload) raises InvalidPayload for payloads the task cannot run;
     the API calls it before accepting a job.
+    durable=True makes `ctx.sleep()` park the job instead of holding the worker
+    (jobs.durable); `ctx.step()` and `ctx.wait_for_signal()` work in any
+    non-transactional handler.
     """
+    if durable and transactional:
+        raise ValueError("a durable task cannot be transactional: its checkpoints commit alone")
 
     def register(fn: Handler) -> Handler:
         key = name or fn.__name__
         existing = _registry.get(key)
         if existing is not None and existing.fn is not fn:
             raise ValueError(f"task {key!r} is already registered")
-        _registry[key] = TaskSpec(key, fn, transactional, validate)
+        _registry[key] = TaskSpec(key, fn, transactional, validate, durable)
         return fn
 
     return register

@@ -12,7 +12,7 @@ are visited in a weighted random order (jobs.dispatch), so none starves.
 Prefetch: for short jobs a claim takes more than the free threads, what they finish
 within 1/15 of the lease at the measured run time (bounded by --prefetch); the
 jobs wait in a priority heap, and those no thread has taken are released unrun at
-shutdown or when long jobs keep them waiting (D62).
+shutdown or when long jobs keep them waiting (D67).
 
 Batching never merges authority: each row of a batched write carries its own
 (id, lease_version, owned_by) and status = 'processing' predicate, so one stale
@@ -50,7 +50,7 @@ from django.db import (
     transaction,
 )
 
-from jobs import metrics, selectors, services, tasks
+from jobs import durable, metrics, selectors, services, tasks
 from jobs.dispatch import QueueSpec, parse_queues, polling_order
 from jobs.errors import (
     MAX_ERROR_CHARS,
@@ -448,14 +448,7 @@ class Worker:
         """Hand a claimed batch to the handler threads (one lock round for the batch)."""
         claimed = []
         for lease in leases:
-            ctx = JobContext(
-                job_id=lease.job_id,
-                lease_version=lease.lease_version,
-                attempt=lease.retry_count + 1,
-                worker_id=self.worker_id,
-                queue=lease.queue,
-                task=lease.task,
-            )
+            ctx = durable.context(lease)  # a JobContext with steps and waits (issue 17)
             claimed.append(InFlight(lease, ctx, waiting=True))
         seq = self._seq
         with self._lock:
@@ -491,6 +484,7 @@ class Worker:
     def _run_one(self, lease: Lease, ctx: JobContext) -> None:
         started = time.monotonic()
         outcome = self._execute(lease, ctx)
+        durable.observe_steps(lease, ctx)
         took = time.monotonic() - started
         metrics.child(metrics.DURATION, lease.queue, lease.task).observe(took)
         self._learn_run_time(took)
@@ -536,6 +530,12 @@ class Worker:
             return Outcome(
                 lease, OutcomeKind.DONE, result=check_result(spec.fn(lease.payload, ctx))
             )
+        except durable.Suspend as wait:  # the handler parks its job (jobs.durable)
+            self._mark_finishing(lease)  # its heartbeat stops before the lease is bumped
+            durable.park(lease, ctx, wait)
+            return Outcome(lease, OutcomeKind.SETTLED)
+        except durable.FencedOff:  # a stale checkpoint, refused and recorded
+            return Outcome(lease, OutcomeKind.SETTLED)
         except InvalidPayload as exc:
             return self._failed(lease, exc, True, f"invalid payload: {exc}")
         except InvalidResult as exc:
@@ -831,6 +831,8 @@ class Worker:
         self._count_finished(
             len(ok_done) + sum(1 for f in ok_fail.values() if f.status in TERMINAL)
         )
+        # Workflow children these ends made due: pushed now, not at the next poll.
+        durable.after_ends([*ok_done, *(i for i, f in ok_fail.items() if f.status in TERMINAL)])
         for o in batch:
             if o.kind == OutcomeKind.RELEASE and o.lease.job_id in ok_rel:
                 log.info("released on shutdown", extra=o.lease.log_fields())

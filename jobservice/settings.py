@@ -155,6 +155,8 @@ JOBS_WORKER_PREFETCH = env.int("JOBS_WORKER_PREFETCH", default=128)
 JOBS_SCHEDULER_POLL_SECONDS = env.float("JOBS_SCHEDULER_POLL_SECONDS", default=0.5)
 JOBS_SCHEDULE_CATCH_UP_MAX = env.int("JOBS_SCHEDULE_CATCH_UP_MAX", default=100)
 JOBS_MAX_RETRIES = env.int("JOBS_MAX_RETRIES", default=3)
+# Steps (checkpoints and waits) one durable job may have (jobs.durable).
+JOBS_MAX_STEPS = env.int("JOBS_MAX_STEPS", default=1000)
 JOBS_MAX_QUEUE_DEPTH = env.int("JOBS_MAX_QUEUE_DEPTH", default=100_000)
 JOBS_MAX_PAYLOAD_BYTES = env.int("JOBS_MAX_PAYLOAD_BYTES", default=65_536)
 # Backoff for retries: base * 2**(retry_count-1), capped, with full jitter.

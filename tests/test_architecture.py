@@ -31,7 +31,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ]),
     # Talk to the outside world; transport is the only module that imports redis.
     ("infrastructure", ["jobs.transport", "jobs.runtime"]),
-    ("models", ["jobs.models"]),
+    ("models", ["jobs.models", "jobs.graph"]),
     # Caches of model rows that the writes keep honest (the API clients by token hash).
     ("model caches", ["jobs.clientcache"]),
     # Every write (one fenced compare-and-set each) and every read.
@@ -42,6 +42,8 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("pipeline and presence", ["jobs.submission", "jobs.presence", "jobs.queuecontrol"]),
     # Schedules held to the submission rules of the jobs they make.
     ("schedule definitions", ["jobs.schedules.define"]),
+    # Durable jobs (steps, waits) and workflows: built on the services and the pipeline.
+    ("durable jobs and workflows", ["jobs.durable", "jobs.workflows", "jobs.signals"]),
     ("processes", ["jobs.worker", "jobs.reaper", "jobs.schedules.scheduler"]),
     # Bridges to frameworks around the processes: Django Tasks, Prometheus scrapes.
     ("adapters", ["jobs.backends", "jobs.collectors"]),

@@ -389,3 +389,79 @@ def test_checks_read_a_plain_psycopg_connection_too():
         found = checks.run_all(other, [424242])
     assert set(found) == set(checks.CHECKS)
     assert [v.job_id for v in found["lost_or_stuck"]] == [424242]
+
+
+# --- 8. durable steps and workflows ------------------------------------------------------
+
+
+def _diamond(on_failure: str = "fail_dependents") -> dict[str, int]:
+    from jobs import workflows
+    from jobs.models import WorkflowNode
+
+    wf = workflows.Workflow("diamond", on_failure=on_failure)
+    wf.step("a", "echo").step("b", "echo", after=["a"]).step("c", "echo", after=["a"])
+    wf.step("d", "echo", after=["b", "c"])
+    workflow_id = wf.submit()
+    return dict(WorkflowNode.objects.filter(workflow_id=workflow_id).values_list("key", "job_id"))
+
+
+def _checkpoint(lease: services.Lease, name: str) -> bool:
+    return services.checkpoint_step(lease, name, json.dumps({"n": name}))
+
+
+def test_steps_and_workflows_from_the_real_services_pass():
+    ids = _diamond()
+    first = services.claim(A, ids["a"])
+    assert _checkpoint(first, "s1")
+    services.revoke([ids["a"]], actor="staff:t")
+    assert not _checkpoint(first, "s2")  # fenced off: nothing written
+    again = services.claim(B, ids["a"])
+    assert _checkpoint(again, "s2")
+    assert services.complete([(again, 1)])
+    for key in ("b", "c", "d"):
+        assert services.complete([(services.claim(B, ids[key]), key)])
+    found = checks.run_all(connection, ids.values())
+    assert found == {name: [] for name in checks.CHECKS}
+
+
+def test_a_checkpoint_by_a_worker_that_never_held_the_lease_is_reported():
+    job = JobFactory.create()
+    lease = services.claim(A, job.pk)
+    raw("""INSERT INTO jobs_jobstep (job_id, name, result, lease_version, worker_id, created_at)
+           VALUES (%s, 'x', '1', %s, %s, statement_timestamp())""",
+        [job.pk, lease.lease_version, B])  # fmt: skip
+    assert [v.check for v in run(checks.steps_under_held_lease)] == ["steps_under_held_lease"]
+
+
+def test_a_fenceless_checkpoint_after_the_lease_ended_is_reported():
+    job = JobFactory.create()
+    stale = services.claim(A, job.pk)
+    services.revoke([job.pk], actor="staff:t")
+    # The broken build: the checkpoint's INSERT without the fence, seconds later.
+    raw("""INSERT INTO jobs_jobstep (job_id, name, result, lease_version, worker_id, created_at)
+           VALUES (%s, 'late', '1', %s, %s, statement_timestamp() + interval '5 seconds')""",
+        [job.pk, stale.lease_version, A])  # fmt: skip
+    found = run(checks.steps_under_held_lease)
+    assert len(found) == 1 and "outside its lease" in found[0].detail
+
+
+def test_a_child_claimed_before_its_parent_ended_is_reported():
+    ids = _diamond()
+    services.complete([(services.claim(A, ids["a"]), 1)])
+    services.claim(A, ids["b"])  # b still runs
+    # The broken build: d made due without waiting for b.
+    raw("UPDATE jobs_job SET run_at = now() WHERE id = %s", [ids["d"]])
+    assert services.claim(A, ids["d"]) is not None
+    found = run(checks.children_after_parents)
+    assert found and all(v.job_id == ids["d"] for v in found)
+    assert any("before parent" in v.detail for v in found)
+
+
+def test_a_child_that_ran_after_a_failed_parent_under_fail_dependents_is_reported():
+    ids = _diamond("continue")
+    services.fail([(services.claim(A, ids["a"]), "PermanentError: no", True)])
+    services.complete([(services.claim(A, ids["b"]), 1)])
+    assert run(checks.children_after_parents) == []  # continue: b may run
+    raw("UPDATE jobs_workflow SET on_failure = 'fail_dependents'")  # as if it had not
+    found = run(checks.children_after_parents)
+    assert [(v.job_id, "fail_dependents" in v.detail) for v in found] == [(ids["b"], True)]

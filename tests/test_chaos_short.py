@@ -43,3 +43,8 @@ def test_short_fault_suite_passes():
     missing = [k for k in FAULT_KINDS if not re.search(rf"\b{k}\s+[1-9]", faults)]
     assert not missing, f"fault kinds never injected: {missing}"
     assert re.search(r"^  PASS  lost_or_stuck$", report, re.M)
+    # Durable steps and workflows ran under the faults, and their invariants held.
+    for check in ("steps_under_held_lease", "children_after_parents"):
+        assert re.search(rf"^  PASS  {check}$", report, re.M), check
+    for seen in ("step_checkpoints", "workflows", "parked_sleeps"):
+        assert re.search(rf"\b{seen}\s+[1-9]", report), f"no {seen} in the run"

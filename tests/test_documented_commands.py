@@ -48,6 +48,7 @@ QUICK = {
     "fuzz": ["FUZZ_EXAMPLES=2"],
     "crash-bench": ["CRASH_KILLS=1"],
     "schedules-long": ["SCHEDULE_E2E_SECONDS=10"],
+    "workflow-bench": ["WORKFLOW_NODES=20"],
 }
 # A skipped target whose recipe is exactly what another test runs.
 SAME_AS_SUITE = {

@@ -6,9 +6,11 @@ from django.contrib import admin
 from jobs.admin.options import ClientAdmin, JobAdmin
 from jobs.admin.queues import QueueAdmin
 from jobs.admin.schedules import ScheduleAdmin
-from jobs.models import Client, Job, Queue, Schedule
+from jobs.admin.workflows import WorkflowAdmin
+from jobs.models import Client, Job, Queue, Schedule, Workflow
 
 admin.site.register(Job, JobAdmin)
 admin.site.register(Client, ClientAdmin)
 admin.site.register(Queue, QueueAdmin)
 admin.site.register(Schedule, ScheduleAdmin)
+admin.site.register(Workflow, WorkflowAdmin)

@@ -10,6 +10,7 @@ cheap on a million rows: no full count, indexed filters, exact-id search.
 from __future__ import annotations
 
 from datetime import timedelta
+from functools import partial
 
 from django.conf import settings
 from django.contrib import admin, messages
@@ -46,7 +47,8 @@ from jobs.admin.display import (
 )
 from jobs.admin.filters import QueueFilter, StuckFilter, TaskFilter
 from jobs.admin.paginator import CappedCountPaginator
-from jobs.lifecycle import Status
+from jobs.admin.workflows import JobSignalInline, JobStepInline, send_signal_view
+from jobs.lifecycle import TERMINAL, Status
 from jobs.models import Client, Job, JobEvent
 from jobs.selectors import progress_of
 
@@ -153,7 +155,8 @@ class JobAdmin(WrittenByServices, admin.ModelAdmin):
     search_fields = ("=id", "=idempotency_key")
     search_help_text = gettext_lazy("Exact job id or idempotency key.")
     actions = [make_action(spec) for spec in STAFF_ACTIONS]
-    inlines = [JobEventInline]
+    # Durable jobs (jobs.admin.workflows): committed steps and delivered signals.
+    inlines = [JobEventInline, JobStepInline, JobSignalInline]
     action_chunk_size = 1000
     # Confirmation and action count the selection up to this many (D15), then estimate.
     action_count_cap = 10_000
@@ -164,6 +167,7 @@ class JobAdmin(WrittenByServices, admin.ModelAdmin):
             {"fields": ("lease_version", "owned_by", "claimed", "heartbeat", "heartbeat_age")},
         ),
         (gettext_lazy("Progress"), {"fields": ("progress_detail", "cancel_requested")}),
+        (gettext_lazy("Waiting for"), {"fields": ("wait_reason", "wait_key")}),
         (gettext_lazy("Retries"), {"fields": ("retries", "max_retries", "run", "error_text")}),
         (
             gettext_lazy("Times"),
@@ -181,6 +185,17 @@ class JobAdmin(WrittenByServices, admin.ModelAdmin):
 
     class Media:
         css = {"all": (JOBS_CSS,)}
+
+    def get_inline_instances(self, request, obj=None):
+        """Steps and signals only on the jobs that have some (durable jobs)."""
+        inlines = super().get_inline_instances(request, obj)
+        durable = (JobStepInline, JobSignalInline)
+        return [
+            i
+            for i in inlines
+            if not isinstance(i, durable)
+            or (obj is not None and i.model.objects.filter(job_id=obj.pk).exists())
+        ]
 
     def get_changelist(self, request, **kwargs):
         return JobChangeList
@@ -339,6 +354,9 @@ class JobAdmin(WrittenByServices, admin.ModelAdmin):
                 and getattr(self, f"has_{spec.permission}_permission")(request)
             ]
             extra_context["action_checkbox_name"] = helpers.ACTION_CHECKBOX_NAME
+            extra_context["can_signal"] = job.status not in TERMINAL and request.user.has_perm(
+                "jobs.signal_job"
+            )
             if job.status == Status.QUEUED and not selectors.queue_consumers()(job.queue):
                 self.message_user(
                     request,
@@ -360,6 +378,11 @@ class JobAdmin(WrittenByServices, admin.ModelAdmin):
                 "dashboard/",
                 self.admin_site.admin_view(self.dashboard_view),
                 name="{}_{}_dashboard".format(*info),
+            ),
+            path(
+                "<path:object_id>/signal/",
+                self.admin_site.admin_view(partial(send_signal_view, self)),
+                name="{}_{}_signal".format(*info),
             ),
             *super().get_urls(),
         ]

@@ -30,6 +30,7 @@ _STATUS_FOR = {
     refusals.IdempotencyConflict: status.HTTP_409_CONFLICT,
     refusals.BatchInvalid: status.HTTP_400_BAD_REQUEST,
     refusals.BatchIdempotencyConflict: status.HTTP_409_CONFLICT,
+    refusals.WorkflowIdempotencyConflict: status.HTTP_409_CONFLICT,
 }
 # DRF's own default codes renamed where the rule has a clearer name.
 _RENAMED = {"parse_error": "malformed_json"}
@@ -101,6 +102,8 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         headers: dict[str, str] = {}
         if isinstance(exc, refusals.IdempotencyConflict):
             more["job_id"] = exc.job.pk
+        if isinstance(exc, refusals.WorkflowIdempotencyConflict):
+            more["workflow_id"] = exc.workflow_id
         if isinstance(exc, refusals.BatchIdempotencyConflict):
             more["job_ids"] = {str(n): job_id for n, job_id in exc.conflicts.items()}
         if isinstance(exc, refusals.QueueFull):

@@ -128,6 +128,13 @@ class JobSerializer(serializers.ModelSerializer):
         "stopping: the job is done and its result kept."
     )
 
+    wait_reason = serializers.CharField(
+        read_only=True,
+        allow_null=True,
+        help_text="Why a queued job is not due: sleep or signal (parked by its handler), "
+        "parents (a workflow step whose parents have not ended); null otherwise.",
+    )
+
     @extend_schema_field(ProgressSerializer(allow_null=True))
     def get_progress(self, job: Job) -> dict[str, Any] | None:
         return progress_of(job)
@@ -161,6 +168,7 @@ class JobSerializer(serializers.ModelSerializer):
             "unique_key",
             "schedule",
             "fire_time",
+            "wait_reason",
         ]
         read_only_fields = fields
         extra_kwargs = {

@@ -11,6 +11,12 @@ from rest_framework.renderers import JSONRenderer
 from jobs.api import schema  # noqa: F401  (registers the token scheme with drf-spectacular)
 from jobs.api.schedules import ScheduleViewSet
 from jobs.api.views import JobHistoryView, JobViewSet
+from jobs.api.workflows import (
+    JobSignalView,
+    WorkflowCancelView,
+    WorkflowCreateView,
+    WorkflowDetailView,
+)
 
 
 class JSONErrors:
@@ -51,6 +57,10 @@ urlpatterns = [
         ),
         name="schedule-detail",
     ),
+    path("jobs/<int:pk>/signal/", JobSignalView.as_view(), name="job-signal"),
+    path("workflows/", WorkflowCreateView.as_view(), name="workflow-list"),
+    path("workflows/<int:pk>/", WorkflowDetailView.as_view(), name="workflow-detail"),
+    path("workflows/<int:pk>/cancel/", WorkflowCancelView.as_view(), name="workflow-cancel"),
     path("schema/", SchemaView.as_view(**_public), name="api-schema"),
     path("docs/", DocsView.as_view(url_name="api-schema", **_public), name="api-docs"),
 ]

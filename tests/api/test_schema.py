@@ -22,6 +22,10 @@ EXPECTED_OPERATIONS = {
     ("GET", "/api/v1/schedules/{id}/"),
     ("PATCH", "/api/v1/schedules/{id}/"),
     ("DELETE", "/api/v1/schedules/{id}/"),
+    ("POST", "/api/v1/jobs/{id}/signal/"),
+    ("POST", "/api/v1/workflows/"),
+    ("GET", "/api/v1/workflows/{id}/"),
+    ("POST", "/api/v1/workflows/{id}/cancel/"),
 }
 HTTP_METHODS = {"get", "put", "post", "delete", "patch", "options", "head", "trace"}
 

@@ -37,6 +37,7 @@ JOB_FIELDS = {
     "schedule",
     "fire_time",
     "duplicate",
+    "wait_reason",
 }
 
 

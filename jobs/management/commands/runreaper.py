@@ -10,6 +10,7 @@ from jobs.collectors import (
     ConsumersCollector,
     DepthCollector,
     QueueControlsCollector,
+    WaitingCollector,
     reaper_gauges,
     scheduler_gauges,
 )
@@ -81,6 +82,7 @@ class Command(BaseCommand):
             REGISTRY.register(depth)
             REGISTRY.register(ConsumersCollector(depth))
             REGISTRY.register(QueueControlsCollector())
+            REGISTRY.register(WaitingCollector(depth))  # parked and blocked jobs by reason
             REGISTRY.register(reaper_gauges(reaper))
             REGISTRY.register(scheduler_gauges(scheduler))
             for kind in RECOVERY_KINDS:  # every kind shows 0 before its first repair

@@ -1,0 +1,239 @@
+"""Durable jobs and workflows in the staff console: a job's steps and signals, the
+audited "send signal" form, and a workflow page that draws its graph (server-side SVG,
+like the dashboard) with each job's state and a link to it."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin.models import CHANGE, LogEntry
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy, ngettext
+
+from jobs import signals, workflows
+from jobs.admin.actions import staff_actor
+from jobs.admin.display import iso_time
+from jobs.exceptions import SubmissionError
+from jobs.models import Job, JobSignal, JobStep, Workflow
+
+PREVIEW_CHARS = 200
+
+
+def _preview(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= PREVIEW_CHARS else text[:PREVIEW_CHARS] + "…"
+
+
+class _ReadOnly:
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_view_permission(self, request, obj=None) -> bool:
+        return request.user.has_perm("jobs.view_job")
+
+
+class JobStepInline(_ReadOnly, admin.TabularInline):
+    """The job's committed checkpoints (~ names are its waits), oldest first."""
+
+    model = JobStep
+    fk_name = "job"
+    verbose_name = gettext_lazy("step")
+    verbose_name_plural = gettext_lazy("Steps (checkpoints)")
+    fields = ("name", "result_preview", "at_utc", "lease_version", "worker_id")
+    readonly_fields = fields
+    ordering = ("id",)
+    extra = 0
+    max_num = 0
+    can_delete = False
+
+    @admin.display(description=gettext_lazy("result"))
+    def result_preview(self, obj: JobStep) -> str:
+        return _preview(obj.result)
+
+    @admin.display(description=gettext_lazy("at"))
+    def at_utc(self, obj: JobStep) -> str:
+        return iso_time(obj.created_at)
+
+
+class JobSignalInline(_ReadOnly, admin.TabularInline):
+    """Signals delivered to the job; one without a `~signal:<key>` step is pending."""
+
+    model = JobSignal
+    fk_name = "job"
+    verbose_name = gettext_lazy("signal")
+    verbose_name_plural = gettext_lazy("Signals")
+    fields = ("key", "payload_preview", "sent_by", "at_utc", "consumed")
+    readonly_fields = fields
+    ordering = ("id",)
+    extra = 0
+    max_num = 0
+    can_delete = False
+
+    @admin.display(description=gettext_lazy("payload"))
+    def payload_preview(self, obj: JobSignal) -> str:
+        return _preview(obj.payload)
+
+    @admin.display(description=gettext_lazy("at"))
+    def at_utc(self, obj: JobSignal) -> str:
+        return iso_time(obj.created_at)
+
+    @admin.display(description=gettext_lazy("consumed"), boolean=True)
+    def consumed(self, obj: JobSignal) -> bool:
+        return JobStep.objects.filter(job_id=obj.job_id, name=f"~signal:{obj.key}").exists()
+
+
+# --- send signal ----------------------------------------------------------------------
+
+
+class SignalForm(forms.Form):
+    key = forms.CharField(max_length=signals.MAX_KEY)
+    payload = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 4}), required=False, initial="null",
+        help_text=gettext_lazy("JSON; returned by the job's wait_for_signal(key)."),
+    )  # fmt: skip
+
+    def clean_payload(self) -> Any:
+        try:
+            return json.loads(self.cleaned_data["payload"] or "null")
+        except ValueError as exc:
+            raise forms.ValidationError(_("Not JSON: %(error)s") % {"error": exc}) from None
+
+
+def send_signal_view(modeladmin: admin.ModelAdmin, request: HttpRequest, object_id: str):
+    """Staff "send signal" (permission jobs.signal_job), audited with a LogEntry."""
+    if not request.user.has_perm("jobs.signal_job"):
+        raise PermissionDenied
+    job = get_object_or_404(Job, pk=object_id)
+    form = SignalForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        key, payload = form.cleaned_data["key"], form.cleaned_data["payload"]
+        actor = staff_actor(request)
+        try:
+            woke = signals.signal_job(job.pk, key, payload, actor=actor)
+        except (signals.SignalRefused, SubmissionError) as exc:
+            form.add_error(None, str(exc))
+        else:
+            LogEntry.objects.log_actions(
+                request.user.pk, [job], CHANGE,
+                change_message=f"signal {key!r} sent by {actor}",
+            )  # fmt: skip
+            text = _("Signal “%(key)s” sent: %(what)s.") % {
+                "key": key,
+                "what": _("the job was waiting for it and is due now")
+                if woke
+                else _("kept until the job waits for it"),
+            }
+            modeladmin.message_user(request, text, messages.SUCCESS)
+            return HttpResponseRedirect(reverse("admin:jobs_job_change", args=[job.pk]))
+    context = {
+        **modeladmin.admin_site.each_context(request),
+        "title": _("Send a signal to job %(id)s") % {"id": job.pk},
+        "opts": modeladmin.opts,
+        "original": job,
+        "form": form,
+    }
+    return TemplateResponse(request, "admin/jobs/job/send_signal.html", context)
+
+
+# --- workflows --------------------------------------------------------------------------
+
+NODE_W, NODE_H, GAP_X, GAP_Y, PAD = 150, 28, 60, 12, 10
+
+
+def graph_layout(steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """Columns by depth (longest path from a root), nodes stacked in each column, edges
+    from a parent's right side to its child's left side: coordinates for the SVG."""
+    by_id = {s["id"]: s for s in steps}
+    depth: dict[str, int] = {}
+    for step in steps:  # steps come in creation order; parents may come later: iterate
+        stack = [step["id"]]
+        while stack:
+            top = stack[-1]
+            missing = [p for p in by_id[top]["after"] if p not in depth]
+            if missing:
+                stack.extend(missing)
+                continue
+            stack.pop()
+            depth[top] = 1 + max((depth[p] for p in by_id[top]["after"]), default=-1)
+    columns: dict[int, list[str]] = {}
+    for step in steps:
+        columns.setdefault(depth[step["id"]], []).append(step["id"])
+    pos = {}
+    for col, ids in columns.items():
+        for row, step_id in enumerate(ids):
+            pos[step_id] = (PAD + col * (NODE_W + GAP_X), PAD + row * (NODE_H + GAP_Y))
+    nodes = [
+        {
+            "x": pos[s["id"]][0], "y": pos[s["id"]][1], "w": NODE_W, "h": NODE_H,
+            "label": s["id"][:20], "status": s["status"], "title":
+            f"{s['id']}: job {s['job_id']} {s['task']} [{s['status']}]"
+            + (f" waiting: {s['wait_reason']}" if s["wait_reason"] else "")
+            + (f" — {s['error']}" if s["error"] else ""),
+            "url": reverse("admin:jobs_job_change", args=[s["job_id"]]),
+        }
+        for s in steps
+    ]  # fmt: skip
+    edges = [
+        {
+            "x1": pos[p][0] + NODE_W, "y1": pos[p][1] + NODE_H / 2,
+            "x2": pos[s["id"]][0], "y2": pos[s["id"]][1] + NODE_H / 2,
+        }
+        for s in steps
+        for p in s["after"]
+    ]  # fmt: skip
+    width = PAD * 2 + (max(columns, default=0) + 1) * (NODE_W + GAP_X) - GAP_X
+    height = PAD * 2 + max((len(v) for v in columns.values()), default=1) * (NODE_H + GAP_Y)
+    return {"nodes": nodes, "edges": edges, "width": width, "height": height}
+
+
+class WorkflowAdmin(_ReadOnly, admin.ModelAdmin):
+    list_display = ("id", "name", "on_failure", "unfinished", "created", "finished")
+    list_per_page = 100
+    ordering = ("-id",)
+    search_fields = ("=id", "name")
+    show_full_result_count = False
+
+    @admin.display(description=gettext_lazy("created"))
+    def created(self, obj: Workflow) -> str:
+        return iso_time(obj.created_at)
+
+    @admin.display(description=gettext_lazy("finished"))
+    def finished(self, obj: Workflow) -> str:
+        return iso_time(obj.finished_at) if obj.finished_at else "—"
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        """The graph page: each step a box coloured by its job's state, linked to it."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        found = workflows.detail(int(object_id)) if object_id.isdigit() else None
+        if found is None:
+            return self._get_obj_does_not_exist_redirect(request, self.opts, object_id)
+        counts: dict[str, int] = {}
+        for step in found["steps"]:
+            counts[step["status"]] = counts.get(step["status"], 0) + 1
+        context = {
+            **self.admin_site.each_context(request),
+            "title": _("Workflow %(id)s: %(name)s") % found,
+            "opts": self.opts,
+            "workflow": found,
+            "graph": graph_layout(found["steps"]),
+            "summary": ", ".join(
+                ngettext("%(n)d %(status)s", "%(n)d %(status)s", n) % {"n": n, "status": s}
+                for s, n in sorted(counts.items())
+            ),
+        }
+        return TemplateResponse(request, "admin/jobs/workflow/graph.html", context)
