@@ -101,7 +101,7 @@ def pytest_itemcollected(item):
 def pytest_collection_modifyitems(config, items):
     """The fault suite (marker `chaos`) runs last: it is the slowest and proves the rest."""
     items.sort(key=lambda item: item.get_closest_marker("chaos") is not None)
-    if config.getvalue("loadgroup"):  # an xdist worker under --dist loadgroup
+    if getattr(config.option, "loadgroup", False):  # an xdist worker under --dist loadgroup
         refuse_lost_groups(items)
 
 

@@ -29,14 +29,17 @@ LAYERS: list[tuple[str, list[str]]] = [
         "jobs.management.commands",
     ]),
     # Talk to the outside world; transport is the only module that imports redis.
-    ("infrastructure", ["jobs.transport", "jobs.runtime"]),
+    ("infrastructure", ["jobs.transport", "jobs.runtime", "jobs.events.signing",
+                        "jobs.events.ssrf"]),
     ("models", ["jobs.models"]),
     # Caches of model rows that the writes keep honest (the API clients by token hash).
     ("model caches", ["jobs.clientcache"]),
     # Every write (one fenced compare-and-set each) and every read.
     ("services and selectors", ["jobs.services", "jobs.selectors"]),
-    ("pipeline and presence", ["jobs.submission", "jobs.presence"]),
-    ("processes", ["jobs.worker", "jobs.reaper"]),
+    # jobs.events: publish()/@subscriber; the webhook delivery task; the Redis stream.
+    ("pipeline and presence", ["jobs.submission", "jobs.presence", "jobs.events",
+                               "jobs.events.webhooks", "jobs.events.streams"]),
+    ("processes", ["jobs.worker", "jobs.reaper", "jobs.events.outbox"]),
     # Bridges to frameworks around the processes: Django Tasks, Prometheus scrapes.
     ("adapters", ["jobs.backends", "jobs.collectors"]),
     ("entry points", [

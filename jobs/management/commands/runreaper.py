@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import threading
+
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from jobs import metrics
 from jobs.collectors import ConsumersCollector, DepthCollector, ReaperCollector
+from jobs.events.outbox import Dispatcher
 from jobs.lifecycle import Status
 from jobs.reaper import Reaper
 from jobs.runtime import add_metrics_arguments, start_metrics_server
@@ -74,6 +77,8 @@ class Command(BaseCommand):
                 metrics.RECOVERED.labels(kind)
         start_metrics_server(opts["metrics_port"], opts["metrics_host"])
         reaper.install_signal_handlers()
+        # The outbox dispatcher (completion events, docs/events.md) ticks beside the sweeps.
+        threading.Thread(target=Dispatcher().run, args=(reaper.stop,), daemon=True).start()
         if settings.LOG_FORMAT != "json":  # else "reaper started" is logged as JSON
             self.stdout.write(f"reaper: lease {reaper.lease}s, interval {reaper.interval}s")
         reaper.run()
