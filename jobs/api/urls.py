@@ -10,6 +10,7 @@ from rest_framework.renderers import JSONRenderer
 
 from jobs.api import schema  # noqa: F401  (registers the token scheme with drf-spectacular)
 from jobs.api.views import JobHistoryView, JobViewSet
+from jobs.api.webhooks import DeliveryViewSet, WebhookViewSet
 
 
 class JSONErrors:
@@ -38,6 +39,29 @@ urlpatterns = [
     path("jobs/<int:pk>/", JobViewSet.as_view({"get": "retrieve"}), name="job-detail"),
     path("jobs/<int:pk>/cancel/", JobViewSet.as_view({"post": "cancel"}), name="job-cancel"),
     path("jobs/<int:pk>/history/", JobHistoryView.as_view(), name="job-history"),
+    path(
+        "webhooks/", WebhookViewSet.as_view({"get": "list", "post": "create"}), name="webhook-list"
+    ),
+    path(
+        "webhooks/<int:pk>/",
+        WebhookViewSet.as_view({"get": "retrieve", "patch": "partial_update", "delete": "destroy"}),
+        name="webhook-detail",
+    ),
+    path(
+        "webhooks/<int:pk>/rotate-secret/",
+        WebhookViewSet.as_view({"post": "rotate_secret"}),
+        name="webhook-rotate-secret",
+    ),
+    path(
+        "webhooks/<int:webhook_pk>/deliveries/",
+        DeliveryViewSet.as_view({"get": "list"}),
+        name="webhook-deliveries",
+    ),
+    path(
+        "webhooks/<int:webhook_pk>/deliveries/<int:pk>/redeliver/",
+        DeliveryViewSet.as_view({"post": "redeliver"}),
+        name="webhook-redeliver",
+    ),
     path("schema/", SchemaView.as_view(**_public), name="api-schema"),
     path("docs/", DocsView.as_view(url_name="api-schema", **_public), name="api-docs"),
 ]

@@ -17,6 +17,14 @@ EXPECTED_OPERATIONS = {
     ("GET", "/api/v1/jobs/{id}/"),
     ("POST", "/api/v1/jobs/{id}/cancel/"),
     ("GET", "/api/v1/jobs/{id}/history/"),
+    ("GET", "/api/v1/webhooks/"),
+    ("POST", "/api/v1/webhooks/"),
+    ("GET", "/api/v1/webhooks/{id}/"),
+    ("PATCH", "/api/v1/webhooks/{id}/"),
+    ("DELETE", "/api/v1/webhooks/{id}/"),
+    ("POST", "/api/v1/webhooks/{id}/rotate-secret/"),
+    ("GET", "/api/v1/webhooks/{webhook_pk}/deliveries/"),
+    ("POST", "/api/v1/webhooks/{webhook_pk}/deliveries/{id}/redeliver/"),
 }
 HTTP_METHODS = {"get", "put", "post", "delete", "patch", "options", "head", "trace"}
 
