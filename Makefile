@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-12)
 
-.PHONY: run test lint install tools migrate browser chaos chaos-long bench crash-bench \
+.PHONY: run test lint install tools migrate browser chaos chaos-long bench crash-bench webhooks \
 	table-health fuzz stop-db reset-db clean
 
 $(STAMP): pyproject.toml
@@ -83,6 +83,13 @@ CRASH_KILLS ?= 20
 crash-bench: install
 	CRASH_KILLS=$(CRASH_KILLS) $(VENV)/bin/pytest -q -s -p no:cacheprovider \
 	  tests/test_crash_detection_e2e.py::test_kill_9_mid_job_runs_again_elsewhere_within_seconds
+
+## webhooks: the webhook end-to-end run against a flaky receiver with WEBHOOK_JOBS jobs (the
+## issue's 1,000 by default; `make test` runs 200).
+WEBHOOK_JOBS ?= 1000
+webhooks: install
+	WEBHOOK_JOBS=$(WEBHOOK_JOBS) $(VENV)/bin/pytest -q -s -p no:cacheprovider \
+	  tests/test_webhooks_e2e.py::test_flaky_receiver_gets_every_event_signed_in_seq_order
 
 ## table-health: claim latency and table size with N finished jobs, before and after
 ## prunejobs, in a scratch database of its own (not part of `make test`; N=1000000 takes minutes).

@@ -47,6 +47,7 @@ QUICK = {
     "chaos-long": ["CHAOS_DURATION=20"],
     "fuzz": ["FUZZ_EXAMPLES=2"],
     "crash-bench": ["CRASH_KILLS=1"],
+    "webhooks": ["WEBHOOK_JOBS=20"],
 }
 # A skipped target whose recipe is exactly what another test runs.
 SAME_AS_SUITE = {
