@@ -10,12 +10,15 @@ from __future__ import annotations
 import json
 import os
 import random
+import subprocess
 import threading
 import time
 from collections import defaultdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
+import redis
 from standardwebhooks.webhooks import Webhook as Verifier
 from standardwebhooks.webhooks import WebhookVerificationError
 
@@ -23,7 +26,7 @@ from jobs import services
 from jobs.events import signing
 from jobs.lifecycle import Status
 from jobs.models import Client, Job, JobEvent, Webhook, WebhookDelivery
-from tests.harness import wait_until
+from tests.harness import RedisServer, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -113,11 +116,11 @@ def receiver_and_hook(
     return receiver, hook
 
 
-def dispatcher_started() -> bool:
+def dispatcher_started(subscriber: str = "webhooks") -> bool:
     from django.db import connection
 
     with connection.cursor() as cur:
-        cur.execute("SELECT count(*) FROM jobs_outboxcursor WHERE name = 'webhooks'")
+        cur.execute("SELECT count(*) FROM jobs_outboxcursor WHERE name = %s", [subscriber])
         return cur.fetchone()[0] == 1
 
 
@@ -210,5 +213,121 @@ def test_always_failing_receiver_dead_letters_then_redelivery_succeeds(stack):
             .values_list("id", flat=True)
         }  # fmt: skip
         assert Job.objects.filter(pk__in=job_ids, status=Status.DONE).count() == 3
+    finally:
+        receiver.close()
+
+
+class PersistentRedis(RedisServer):
+    """A private redis-server that keeps its data across a kill -9 (AOF, fsync always), so
+    a restart tests the consumers and the publisher, not Redis's own durability."""
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__()
+        self.directory = directory
+
+    def start(self) -> PersistentRedis:
+        argv = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
+                "--save", "", "--appendonly", "yes", "--appendfsync", "always",
+                "--dir", str(self.directory), "--daemonize", "no",
+                "--loglevel", "warning"]  # fmt: skip
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, start_new_session=True)
+        wait_until(self.ping, 10, f"redis on port {self.port}")
+        return self
+
+
+class StreamConsumer:
+    """A consumer-group reader of `<prefix>events` that survives Redis going away: it
+    reads, records each entry's `id` field and acknowledges, reconnecting on errors."""
+
+    def __init__(self, server: RedisServer, key: str) -> None:
+        self.server, self.key = server, key
+        self.ids: list[str] = []
+        self.stop = threading.Event()
+        self.server.client().xgroup_create(key, "consumers", id="0", mkstream=True)
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        client = self.server.client(socket_timeout=3)
+        while not self.stop.is_set():
+            try:
+                batches = client.xreadgroup("consumers", "c1", {self.key: ">"}, count=200,
+                                            block=500)  # fmt: skip
+                for _, entries in batches or []:
+                    for entry_id, fields in entries:
+                        self.ids.append(fields[b"id"].decode())
+                        client.xack(self.key, "consumers", entry_id)
+            except redis.RedisError:
+                time.sleep(0.2)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(10)
+
+
+def test_kill_9_of_dispatcher_and_worker_and_a_redis_restart_lose_nothing(stack, tmp_path):
+    """Mid-stream: the dispatching runreaper and a delivering worker are killed -9 and
+    restarted, and Redis is killed and restarted; every event still reaches the webhook
+    (signed, in seq order) and the stream's consumer group (once per id after dedupe)."""
+    jobs = max(100, JOBS // 2)
+    server = PersistentRedis(tmp_path).start()
+    stack.env.update(REDIS_URL=server.url, JOBS_LEASE_SECONDS="3", **DELIVERY_ENV)
+    client = Client.objects.create(name="chaos", token_hash="c" * 64)
+    consumer = StreamConsumer(server, f"{stack.env['JOBS_REDIS_PREFIX']}events")
+    reaper = stack.reaper("--interval", "0.5")
+    wait_until(lambda: dispatcher_started() and dispatcher_started("stream"), 30,
+               "the dispatcher's first tick")  # fmt: skip
+    receiver, _ = receiver_and_hook(client)
+    try:
+        worker = stack.worker("--concurrency", "8")
+        stack.worker("--concurrency", "8")
+        job_ids = submit(client, jobs)
+        wait_until(lambda: len(receiver.acknowledged()) > jobs // 2, 120, "deliveries under way")
+        reaper.kill()
+        worker.kill()
+        time.sleep(1)
+        stack.reaper("--interval", "0.5")
+        stack.worker("--concurrency", "8")
+        wait_until(lambda: len(receiver.acknowledged()) > jobs, 120, "more deliveries")
+        server.stop()  # kill -9
+        time.sleep(3)
+        server.start()
+        wait_until(
+            lambda: (
+                expected_events(job_ids) <= receiver.acknowledged()
+                and not WebhookDelivery.objects.exclude(job__status=Status.DONE).exists()
+            ),
+            180,
+            "every event delivered",
+            interval=0.5,
+        )
+        assert_delivered_in_order(receiver, job_ids)
+        expected = expected_events(job_ids)
+        wait_until(lambda: expected <= set(consumer.ids), 60, "every event on the stream")
+        print(f"stream: {len(consumer.ids)} entries read for {len(expected)} events")
+        assert len(set(consumer.ids) & expected) == len(expected)
+    finally:
+        consumer.close()
+        receiver.close()
+        server.stop()
+
+
+def test_a_url_that_resolves_to_a_private_address_at_delivery_is_not_called(stack):
+    """Registered while it resolved to a public address (written here directly), the name
+    now resolves to 127.0.0.1: the delivery checks again, refuses and never connects."""
+    client = Client.objects.create(name="rebind", token_hash="r" * 64)
+    stack.reaper("--interval", "1", **DELIVERY_ENV)
+    wait_until(dispatcher_started, 30, "the dispatcher's first tick")
+    receiver, hook = receiver_and_hook(client, "ok", events=["job.done"])
+    Webhook.objects.filter(pk=hook.pk).update(url=receiver.url.replace("127.0.0.1", "localhost"))
+    try:
+        stack.worker("--concurrency", "2", **{**DELIVERY_ENV, "JOBS_WEBHOOK_ALLOW_PRIVATE": "0"})
+        submit(client, 1)
+        wait_until(lambda: WebhookDelivery.objects.filter(job__status=Status.FAILED).exists(),
+                   60, "the delivery refused", interval=0.2)  # fmt: skip
+        delivery = WebhookDelivery.objects.select_related("job").get()
+        assert "loopback, private, link-local or metadata" in delivery.last_error
+        assert delivery.job.retry_count == 0  # refused for good, not retried
+        assert receiver.log == []
     finally:
         receiver.close()
