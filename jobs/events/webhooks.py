@@ -47,6 +47,34 @@ WHERE id = %(webhook)s AND enabled AND {_HELD}
 """
 
 
+_FAILURE_RATES_SQL = f"""
+SELECT w.id, w.url, w.enabled, count(d.id), COALESCE(sum(d.attempts), 0),
+       count(d.id) FILTER (WHERE j.status = '{Status.DONE}'),
+       count(d.id) FILTER (WHERE j.status = '{Status.FAILED}')
+FROM jobs_webhook w
+LEFT JOIN jobs_webhookdelivery d
+  ON d.webhook_id = w.id AND d.created_at > now() - %s * interval '1 second'
+LEFT JOIN jobs_job j ON j.id = d.job_id
+GROUP BY w.id, w.url, w.enabled
+ORDER BY count(d.id) FILTER (WHERE j.status = '{Status.FAILED}') DESC, w.id
+LIMIT %s
+"""
+
+
+def failure_rates(window_seconds: int = 86400, limit: int = 20) -> list[dict]:
+    """Per endpoint over the window: deliveries, attempts, delivered, dead letters and the
+    share of attempts that failed (the admin dashboard's webhook table)."""
+    with connection.cursor() as cur:
+        cur.execute(_FAILURE_RATES_SQL, [window_seconds, limit])
+        rows = cur.fetchall()
+    return [
+        {"id": i, "url": url, "enabled": enabled, "deliveries": n, "attempts": attempts,
+         "delivered": ok, "dead": dead,
+         "failure_rate": (attempts - ok) / attempts if attempts else None}
+        for i, url, enabled, n, attempts, ok, dead in rows
+    ]  # fmt: skip
+
+
 class Gone(PermanentError):
     """The receiver answered 410: the webhook is disabled, the delivery ends."""
 
