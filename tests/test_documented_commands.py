@@ -230,7 +230,7 @@ def test_project_commands_show_their_defaults(command):
         assert "[" in (action.help or "") and "]" in action.help, (command, action.dest)
     text = parser.format_help()
     if command == "runworker":
-        assert "[4]" in text and "[default]" in text and "[10.0]" in text
+        assert "[4]" in text and "[default,webhooks]" in text and "[10.0]" in text
 
 
 def test_no_module_shadows_the_standard_library():

@@ -54,6 +54,7 @@ class Receiver:
         # (arrival order) msg id, job id, seq, signature valid, answered 2xx in time
         self.log: list[tuple[str, int, int, bool, bool]] = []
         self.bodies: dict[str, set[str]] = defaultdict(set)
+        self.arrivals: list[tuple[str, float]] = []
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -67,9 +68,10 @@ class Receiver:
                 data = json.loads(body)["data"]
                 with receiver.lock:
                     roll = receiver.random.random()
-                    if receiver.mode == "down":
+                    first = self.headers["webhook-id"] not in receiver.bodies
+                    if receiver.mode == "down" or (receiver.mode == "retry-after" and first):
                         code, sleep = 503, 0.0
-                    elif receiver.mode == "ok":
+                    elif receiver.mode in ("ok", "retry-after"):
                         code, sleep = 200, 0.0
                     else:
                         code = 500 if roll < 1 / 3 else 200
@@ -79,10 +81,13 @@ class Receiver:
                         (msg_id, data["id"], data["seq"], valid, code == 200 and not sleep)
                     )
                     receiver.bodies[msg_id].add(body)
+                    receiver.arrivals.append((msg_id, time.monotonic()))
                 if sleep:
                     time.sleep(sleep)
                 try:
                     self.send_response(code)
+                    if code == 503 and receiver.mode == "retry-after":
+                        self.send_header("Retry-After", "2")
                     self.end_headers()
                     self.wfile.write(b"ok" if code == 200 else b"nope")
                 except OSError:
@@ -329,5 +334,25 @@ def test_a_url_that_resolves_to_a_private_address_at_delivery_is_not_called(stac
         assert "loopback, private, link-local or metadata" in delivery.last_error
         assert delivery.job.retry_count == 0  # refused for good, not retried
         assert receiver.log == []
+    finally:
+        receiver.close()
+
+
+def test_retry_after_holds_the_retry_back(stack):
+    """The receiver answers 503 with Retry-After: 2 once: the retry waits that long, though
+    the backoff here would retry within a tenth of a second."""
+    client = Client.objects.create(name="later", token_hash="l" * 64)
+    stack.reaper("--interval", "1", **DELIVERY_ENV)
+    wait_until(dispatcher_started, 30, "the dispatcher's first tick")
+    receiver, _ = receiver_and_hook(client, "retry-after", events=["job.done"])
+    try:
+        stack.worker("--concurrency", "2", **DELIVERY_ENV)
+        submit(client, 1)
+        wait_until(lambda: WebhookDelivery.objects.filter(job__status=Status.DONE).exists(),
+                   60, "delivered", interval=0.2)  # fmt: skip
+        (first, t1), (again, t2) = receiver.arrivals
+        assert first == again
+        print(f"retried {t2 - t1:.2f}s after a 503 with Retry-After: 2")
+        assert t2 - t1 >= 1.9
     finally:
         receiver.close()

@@ -41,13 +41,14 @@ class DeliveryStatusFilter(admin.SimpleListFilter):
     parameter_name = "status"
 
     def lookups(self, request, model_admin):
-        return [("pending", "pending"), ("delivered", "delivered"), ("failed", "failed")]
+        dead = Status.FAILED.value  # a dead letter is a failed delivery job
+        return [("pending", "pending"), ("delivered", "delivered"), (dead, dead)]
 
     def queryset(self, request, queryset):
         value = self.value()
         if value == "delivered":
             return queryset.filter(job__status=Status.DONE)
-        if value == "failed":
+        if value == Status.FAILED:
             return queryset.filter(job__status=Status.FAILED)
         if value == "pending":
             return queryset.exclude(job__status__in=[Status.DONE, Status.FAILED])

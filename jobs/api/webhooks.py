@@ -24,8 +24,8 @@ from jobs.models import Webhook, WebhookDelivery
 
 EVENT_CHOICES = [*signing.event_types(), signing.ALL_EVENTS]
 # A delivery's status is its job's: done = delivered, failed = a dead letter.
-DELIVERY_STATUS = {Status.DONE.value: "delivered", Status.FAILED.value: "failed"}
-DELIVERY_STATUSES = ["pending", "delivered", "failed"]
+DELIVERY_STATUS = {Status.DONE.value: "delivered", Status.FAILED.value: Status.FAILED.value}
+DELIVERY_STATUSES = ["pending", "delivered", Status.FAILED.value]
 
 
 class WebhookSerializer(serializers.ModelSerializer):
@@ -244,7 +244,7 @@ class DeliveryViewSet(viewsets.GenericViewSet):
         qs = self.get_queryset()
         if wanted == "delivered":
             qs = qs.filter(job__status=Status.DONE)
-        elif wanted == "failed":
+        elif wanted == Status.FAILED:
             qs = qs.filter(job__status=Status.FAILED)
         elif wanted == "pending":
             qs = qs.exclude(job__status__in=[Status.DONE, Status.FAILED])

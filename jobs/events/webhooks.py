@@ -3,7 +3,8 @@
 A delivery is a job (task `webhook.deliver`, queue `webhooks`), so it gets the
 lease, fencing, retries with exponential backoff and jitter, and the dead letter
 (`failed`) of every job. 2xx is success; 410 disables the webhook and ends the
-delivery; anything else, a timeout included, is a retryable failure. Connect and
+delivery; anything else, a timeout included, is a retryable failure, held back by
+the answer's Retry-After when it asks for longer than the backoff. Connect and
 read are bounded, the whole attempt too, and at most JOBS_WEBHOOK_MAX_RESPONSE_BYTES
 of the answer are read, so an attempt never holds a worker slot for long.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 
 import urllib3
 from django.conf import settings
@@ -24,6 +26,9 @@ from jobs.lifecycle import Status
 from jobs.tasks import JobContext, PermanentError, RetryableError, task
 
 log = logging.getLogger(__name__)
+
+# A receiver may ask for a pause (Retry-After), not for a delivery to wait for days.
+MAX_RETRY_AFTER = 3600.0
 
 _LOAD_SQL = """
 SELECT d.body, d.event_id, w.id, w.url, w.enabled, w.secret_salt, e.at
@@ -150,7 +155,7 @@ def deliver(payload: dict, ctx: JobContext) -> dict:
     headers = signing.sign(salt, signing.message_id(event_id), datetime.now(UTC), body)
     started = time.monotonic()
     try:
-        code, head, _ = post(url, addresses[0], headers, body)
+        code, head, headers_in = post(url, addresses[0], headers, body)
     except urllib3.exceptions.HTTPError as exc:
         error = f"{exc.__class__.__name__}: {exc}"[:500]
         _execute(_ATTEMPT_SQL, {**fence, "delivery": delivery_id, "code": None, "error": error})
@@ -170,4 +175,23 @@ def deliver(payload: dict, ctx: JobContext) -> dict:
         log.warning("webhook %s answered 410: disabled", webhook_id, extra={"job_id": ctx.job_id})
         raise Gone(f"webhook {webhook_id} answered 410 Gone: disabled")
     _outcome("http_error")
-    raise RetryableError(f"webhook {webhook_id} answered HTTP {code}")
+    raise RetryableError(
+        f"webhook {webhook_id} answered HTTP {code}", retry_after=retry_after(headers_in)
+    )
+
+
+def retry_after(headers: dict[str, str]) -> float | None:
+    """A Retry-After header (seconds or an HTTP date) as seconds from now, at most
+    MAX_RETRY_AFTER; None when absent or unreadable."""
+    value = next((v for k, v in headers.items() if k.lower() == "retry-after"), None)
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        seconds = float(value)
+    else:
+        try:
+            seconds = (parsedate_to_datetime(value) - datetime.now(UTC)).total_seconds()
+        except (TypeError, ValueError, IndexError, OverflowError):
+            return None
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER)
