@@ -17,6 +17,7 @@ from prometheus_client.utils import floatToGoString
 
 from jobs import metrics
 from jobs.collectors import ConsumersCollector, DepthCollector, ReaperCollector, WorkerCollector
+from jobs.events.outbox import OutboxLagCollector
 from tests.harness import ROOT
 
 PROM_DIR = ROOT / "deploy" / "prometheus"
@@ -87,6 +88,8 @@ def exported() -> dict[str, set[str]]:
         names[family.name] = {"state", "queue"}
     for family in ConsumersCollector(DepthCollector(cache_seconds=5)).describe():
         names[family.name] = {"queue"}
+    for family in OutboxLagCollector().describe():
+        names[family.name] = {"subscriber"}
     return names
 
 

@@ -15,7 +15,7 @@ from django.db import transaction
 from harness import database_url
 from jobs import services
 from jobs.events import publish, signing, subscriber
-from jobs.events.outbox import Dispatcher, WebhookFanout
+from jobs.events.outbox import Dispatcher, OutboxLagCollector, WebhookFanout
 from jobs.models import Client, DomainEvent, Job, JobEvent, Webhook, WebhookDelivery
 from jobs.worker import Worker
 from tests.factories import raw
@@ -204,3 +204,18 @@ def test_publish_in_a_committed_transaction_runs_each_subscriber_once():
     assert done["event:tests.outbox.accounting"] == ("done", {"seen": {"invoice": 7}})
     assert done["event:tests.outbox.mailer"][0] == "done"
     assert DomainEvent.objects.get().type == "invoice.paid"
+
+
+def test_lag_gauge_shows_the_oldest_unhandled_event(client, hook):
+    d = fanout()
+    start(d)
+    job, _ = services.submit("echo", {}, client_id=client.pk)
+    raw("UPDATE jobs_jobevent SET at = now() - interval '5 minutes' WHERE job_id = %s", [job.pk])
+
+    def lag() -> dict[str, float]:
+        (family,) = OutboxLagCollector().collect()
+        return {s.labels["subscriber"]: s.value for s in family.samples}
+
+    assert 299 < lag()["webhooks"] < 400
+    drain(d)
+    assert lag() == {"webhooks": 0.0}

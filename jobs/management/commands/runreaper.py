@@ -9,7 +9,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from jobs import metrics
 from jobs.collectors import ConsumersCollector, DepthCollector, ReaperCollector
-from jobs.events.outbox import Dispatcher
+from jobs.events.outbox import Dispatcher, OutboxLagCollector
 from jobs.lifecycle import Status
 from jobs.reaper import Reaper
 from jobs.runtime import add_metrics_arguments, start_metrics_server
@@ -73,6 +73,7 @@ class Command(BaseCommand):
             REGISTRY.register(depth)
             REGISTRY.register(ConsumersCollector(depth))
             REGISTRY.register(ReaperCollector(reaper))
+            REGISTRY.register(OutboxLagCollector())
             for kind in RECOVERY_KINDS:  # every kind shows 0 before its first repair
                 metrics.RECOVERED.labels(kind)
         start_metrics_server(opts["metrics_port"], opts["metrics_host"])
