@@ -1092,6 +1092,8 @@ WITH victims AS (
   LIMIT %(batch)s
   FOR UPDATE SKIP LOCKED),
 ev AS (DELETE FROM {_H} WHERE job_id IN (SELECT id FROM victims)),
+-- A webhook delivery goes with its delivery job (jobs.events): its status was the job's.
+dl AS (DELETE FROM jobs_webhookdelivery WHERE job_id IN (SELECT id FROM victims)),
 gone AS (DELETE FROM {T} WHERE id IN (SELECT id FROM victims) RETURNING 1)
 SELECT count(*) FROM gone"""
 

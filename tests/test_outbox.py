@@ -219,3 +219,13 @@ def test_lag_gauge_shows_the_oldest_unhandled_event(client, hook):
     assert 299 < lag()["webhooks"] < 400
     drain(d)
     assert lag() == {"webhooks": 0.0}
+
+
+def test_pruning_a_delivery_job_takes_its_delivery_row(client, hook):
+    job, _ = services.submit(signing.DELIVER_TASK, {"delivery_id": 0}, queue="webhooks")
+    services.complete([(services.claim("w", job.pk), {"status": 200})])
+    WebhookDelivery.objects.create(webhook=hook, event_id=1, source_job_id=1, seq=1,
+                                   type="job.done", body="{}", job_id=job.pk)  # fmt: skip
+    raw("UPDATE jobs_job SET finished_at = now() - interval '2 days' WHERE id = %s", [job.pk])
+    assert services.prune_finished(86400, ["done"], 100) == 1
+    assert not WebhookDelivery.objects.exists()
