@@ -84,12 +84,13 @@ crash-bench: install
 	CRASH_KILLS=$(CRASH_KILLS) $(VENV)/bin/pytest -q -s -p no:cacheprovider \
 	  tests/test_crash_detection_e2e.py::test_kill_9_mid_job_runs_again_elsewhere_within_seconds
 
-## webhooks: the webhook end-to-end run against a flaky receiver with WEBHOOK_JOBS jobs (the
-## issue's 1,000 by default; `make test` runs 200).
+## webhooks: the webhook end-to-end runs (flaky receiver; kill -9 and a Redis restart with the
+## stream's consumer group) with WEBHOOK_JOBS jobs: the issue's 1,000 by default, `make test` 200.
 WEBHOOK_JOBS ?= 1000
 webhooks: install
 	WEBHOOK_JOBS=$(WEBHOOK_JOBS) $(VENV)/bin/pytest -q -s -p no:cacheprovider \
-	  tests/test_webhooks_e2e.py::test_flaky_receiver_gets_every_event_signed_in_seq_order
+	  tests/test_webhooks_e2e.py::test_flaky_receiver_gets_every_event_signed_in_seq_order \
+	  tests/test_webhooks_e2e.py::test_kill_9_of_dispatcher_and_worker_and_a_redis_restart_lose_nothing
 
 ## table-health: claim latency and table size with N finished jobs, before and after
 ## prunejobs, in a scratch database of its own (not part of `make test`; N=1000000 takes minutes).

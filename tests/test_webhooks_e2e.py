@@ -71,6 +71,8 @@ class Receiver:
                     first = self.headers["webhook-id"] not in receiver.bodies
                     if receiver.mode == "down" or (receiver.mode == "retry-after" and first):
                         code, sleep = 503, 0.0
+                    elif receiver.mode == "gone":
+                        code, sleep = 410, 0.0
                     elif receiver.mode in ("ok", "retry-after"):
                         code, sleep = 200, 0.0
                     else:
@@ -274,7 +276,7 @@ def test_kill_9_of_dispatcher_and_worker_and_a_redis_restart_lose_nothing(stack,
     """Mid-stream: the dispatching runreaper and a delivering worker are killed -9 and
     restarted, and Redis is killed and restarted; every event still reaches the webhook
     (signed, in seq order) and the stream's consumer group (once per id after dedupe)."""
-    jobs = max(100, JOBS // 2)
+    jobs = JOBS
     server = PersistentRedis(tmp_path).start()
     stack.env.update(REDIS_URL=server.url, JOBS_LEASE_SECONDS="3", **DELIVERY_ENV)
     client = Client.objects.create(name="chaos", token_hash="c" * 64)
@@ -354,5 +356,26 @@ def test_retry_after_holds_the_retry_back(stack):
         assert first == again
         print(f"retried {t2 - t1:.2f}s after a 503 with Retry-After: 2")
         assert t2 - t1 >= 1.9
+    finally:
+        receiver.close()
+
+
+def test_410_disables_the_webhook_and_ends_its_delivery(stack):
+    client = Client.objects.create(name="gone", token_hash="g" * 64)
+    stack.reaper("--interval", "1", **DELIVERY_ENV)
+    wait_until(dispatcher_started, 30, "the dispatcher's first tick")
+    receiver, hook = receiver_and_hook(client, "gone", events=["job.done"])
+    try:
+        stack.worker("--concurrency", "2", **DELIVERY_ENV)
+        submit(client, 1)
+        wait_until(lambda: WebhookDelivery.objects.filter(job__status=Status.FAILED).exists(),
+                   60, "the delivery ended", interval=0.2)  # fmt: skip
+        hook.refresh_from_db()
+        assert (hook.enabled, hook.disabled_reason) == (False, "410 Gone")
+        delivery = WebhookDelivery.objects.select_related("job").get()
+        assert (delivery.attempts, delivery.job.retry_count) == (1, 0)
+        submit(client, 2)  # a disabled webhook gets no more deliveries
+        time.sleep(2)
+        assert WebhookDelivery.objects.count() == 1 and len(receiver.log) == 1
     finally:
         receiver.close()
