@@ -256,15 +256,21 @@ class StreamConsumer:
 
     def _run(self) -> None:
         client = self.server.client(socket_timeout=3)
+        # After a (re)connect, first this consumer's own pending entries (delivered to it,
+        # never acknowledged: the answer may have been lost with the connection), then new.
+        start = "0"
         while not self.stop.is_set():
             try:
-                batches = client.xreadgroup("consumers", "c1", {self.key: ">"}, count=200,
+                batches = client.xreadgroup("consumers", "c1", {self.key: start}, count=200,
                                             block=500)  # fmt: skip
-                for _, entries in batches or []:
-                    for entry_id, fields in entries:
-                        self.ids.append(fields[b"id"].decode())
-                        client.xack(self.key, "consumers", entry_id)
+                entries = [e for _, es in batches or [] for e in es]
+                if start == "0" and not entries:
+                    start = ">"
+                for entry_id, fields in entries:
+                    self.ids.append(fields[b"id"].decode())
+                    client.xack(self.key, "consumers", entry_id)
             except redis.RedisError:
+                start = "0"
                 time.sleep(0.2)
 
     def close(self) -> None:
