@@ -180,6 +180,8 @@ JOBS_WEBHOOK_CONNECT_TIMEOUT = env.float("JOBS_WEBHOOK_CONNECT_TIMEOUT", default
 JOBS_WEBHOOK_READ_TIMEOUT = env.float("JOBS_WEBHOOK_READ_TIMEOUT", default=10.0)
 JOBS_WEBHOOK_MAX_RESPONSE_BYTES = env.int("JOBS_WEBHOOK_MAX_RESPONSE_BYTES", default=4096)
 JOBS_WEBHOOK_MAX_RETRIES = env.int("JOBS_WEBHOOK_MAX_RETRIES", default=10)
+# CA certificates for https receivers (a PEM file); empty: the system's.
+JOBS_WEBHOOK_CA_BUNDLE = env.str("JOBS_WEBHOOK_CA_BUNDLE", default="")
 # Webhook secrets are derived from this key and a per-webhook salt (jobs/events/signing.py).
 JOBS_WEBHOOK_KEY = env.str("JOBS_WEBHOOK_KEY", default="") or SECRET_KEY
 # Where runworker/runreaper --metrics-port listen: this machine only unless told otherwise

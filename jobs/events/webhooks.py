@@ -104,12 +104,15 @@ def post(url: str, address: str, headers: dict[str, str], body: str) -> tuple[in
     """POST to `address` (checked by ssrf.resolve) with the URL's host name for Host and
     TLS: no second DNS lookup between the check and the call."""
     scheme, host, port, path = ssrf.split(url)
-    headers = {**headers, "content-type": "application/json", "host": host,
-               "user-agent": "jobservice-webhooks"}  # fmt: skip
+    name = f"[{host}]" if ":" in host else host
+    default_port = 443 if scheme == "https" else 80
+    headers = {**headers, "content-type": "application/json", "user-agent": "jobservice-webhooks",
+               "host": name if port == default_port else f"{name}:{port}"}  # fmt: skip
     if scheme == "https":
         pool: urllib3.HTTPConnectionPool = urllib3.HTTPSConnectionPool(
-            address, port, server_hostname=host, assert_hostname=host, maxsize=1, retries=False
-        )
+            address, port, server_hostname=host, assert_hostname=host, maxsize=1, retries=False,
+            cert_reqs="CERT_REQUIRED", ca_certs=settings.JOBS_WEBHOOK_CA_BUNDLE or None,
+        )  # fmt: skip
     else:
         pool = urllib3.HTTPConnectionPool(address, port, maxsize=1, retries=False)
     try:
