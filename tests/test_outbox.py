@@ -229,3 +229,15 @@ def test_pruning_a_delivery_job_takes_its_delivery_row(client, hook):
     raw("UPDATE jobs_job SET finished_at = now() - interval '2 days' WHERE id = %s", [job.pk])
     assert services.prune_finished(86400, ["done"], 100) == 1
     assert not WebhookDelivery.objects.exists()
+
+
+def test_an_open_transaction_that_writes_no_history_does_not_hold_the_outbox(client, hook):
+    d = fanout()
+    start(d)
+    with psycopg.connect(database_url()) as other:
+        other.execute("INSERT INTO jobs_client (name, token_hash, is_active, created_at) "
+                      "VALUES ('busy', 'b', true, now())")  # fmt: skip
+        job, _ = services.submit("echo", {}, client_id=client.pk)
+        drain(d)
+        assert list(WebhookDelivery.objects.values_list("source_job_id", flat=True)) == [job.pk]
+        other.rollback()

@@ -9,8 +9,8 @@ change never had a row to dispatch.
 Ids are taken before their transactions commit, so a committed row may appear
 behind one already handled. A tick therefore reads only up to a *horizon*: the
 sequence's value noted at the end of the previous tick, once every transaction
-of this database that was in progress then has ended (the xids of its snapshot
-that pg_stat_activity shows here). Every row at or below the horizon is then
+that was in progress then and could hold such an id (of this database, with a
+lock on jobs_jobevent) has ended. Every row at or below the horizon is then
 committed (visible) or rolled back (gone for good).
 
 Run by `runreaper` in a thread (`Dispatcher.run`), `tick()` being one pass.
@@ -55,15 +55,18 @@ SELECT %s, COALESCE(max(id), 0), now() FROM jobs_jobevent
 ON CONFLICT (name) DO NOTHING
 """
 _SEQUENCE_SQL = "SELECT pg_get_serial_sequence('jobs_jobevent', 'id')"
-# The transactions of this database in progress now (xids are cluster-wide: another
-# database's long transaction must not hold the horizon back). Top-level xids only: a
-# savepoint's xid is taken after its top-level one.
+# The transactions in progress now that may hold history ids: those of this database
+# (xids are cluster-wide) holding a lock on jobs_jobevent, which an INSERT takes before
+# it draws an id. Another long transaction (a report, a handler that writes no history)
+# does not hold the horizon back. Top-level xids: a savepoint's comes after its parent's.
 _SNAPSHOT_SQL = """
 SELECT COALESCE(array_agg(x.xid), '{}')::text
 FROM pg_snapshot_xip(pg_current_snapshot()) AS x(xid)
 WHERE (x.xid::text::numeric % 4294967296)::bigint IN (
-  SELECT backend_xid::text::bigint FROM pg_stat_activity
-  WHERE datname = current_database() AND backend_xid IS NOT NULL)
+  SELECT a.backend_xid::text::bigint
+  FROM pg_stat_activity a JOIN pg_locks l ON l.pid = a.pid
+  WHERE a.datname = current_database() AND a.backend_xid IS NOT NULL
+    AND l.locktype = 'relation' AND l.relation = 'jobs_jobevent'::regclass AND l.granted)
 """
 _MOVE_SQL = """
 UPDATE jobs_outboxcursor SET last_id = %s, horizon_id = %s, horizon_snapshot = %s,
