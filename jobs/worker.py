@@ -139,6 +139,7 @@ class Outcome:
     permanent: bool = False
     error_class: str | None = None
     traceback: str | None = None
+    retry_after: float | None = None  # RetryableError(retry_after=...): not before
 
 
 @dataclass
@@ -508,6 +509,7 @@ class Worker:
             permanent=permanent,
             error_class=err.error_class,
             traceback=err.traceback,
+            retry_after=getattr(exc, "retry_after", None),
         )
 
     def _execute_transactional(
@@ -624,7 +626,7 @@ class Worker:
             batch = [o for o in batch if _key(o.lease) not in self._released]
         done = [(o.lease, o.result) for o in batch if o.kind == OutcomeKind.DONE]
         failed = [
-            (o.lease, o.error, o.permanent, o.error_class, o.traceback)
+            (o.lease, o.error, o.permanent, o.error_class, o.traceback, o.retry_after)
             for o in batch
             if o.kind == OutcomeKind.FAIL
         ]
@@ -638,11 +640,11 @@ class Worker:
             log.warning("result refused by PostgreSQL: failing its job", extra=lease.log_fields())
 
         def refused_error(item: tuple, exc: Exception) -> tuple | None:
-            lease, error, permanent, cls, tb = item
+            lease, error, permanent, cls, tb, delay = item
             if cls is not None or tb is not None or not error.isascii():
                 # Store the error alone, in plain ASCII: the detail was what was refused.
                 ascii_error = error.encode("ascii", "backslashreplace").decode("ascii")
-                return (lease, ascii_error[:MAX_ERROR_CHARS], permanent, None, None)
+                return (lease, ascii_error[:MAX_ERROR_CHARS], permanent, None, None, delay)
             unwritten.add(lease.job_id)
             log.error(
                 "PostgreSQL refused a failed attempt's write-back (%s); the reaper will "
