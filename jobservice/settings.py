@@ -247,6 +247,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # Two `status` enums: a job's five states and a workflow's three.
+    "ENUM_NAME_OVERRIDES": {
+        "JobStatusEnum": "jobs.lifecycle.STATUSES",
+        "WorkflowStatusEnum": "jobs.api.workflows.WORKFLOW_STATUSES",
+    },
 }
 
 LOG_FORMAT = env.str("LOG_FORMAT", default="json" if PRODUCTION else "text")
