@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-12)
 
-.PHONY: run test lint install tools migrate browser chaos chaos-long bench crash-bench \
+.PHONY: run test lint install tools migrate browser chaos chaos-long bench crash-bench webhooks \
 	table-health fuzz schedules-long workflow-bench stop-db reset-db clean
 
 $(STAMP): pyproject.toml
@@ -96,6 +96,13 @@ WORKFLOW_NODES ?= 1000
 workflow-bench: install
 	WORKFLOW_NODES=$(WORKFLOW_NODES) $(VENV)/bin/pytest -q -s -p no:cacheprovider \
 	  tests/test_workflow_scale_e2e.py
+## webhooks: the webhook end-to-end runs (flaky receiver; kill -9 and a Redis restart with the
+## stream's consumer group) with WEBHOOK_JOBS jobs: the issue's 1,000 by default, `make test` 200.
+WEBHOOK_JOBS ?= 1000
+webhooks: install
+	WEBHOOK_JOBS=$(WEBHOOK_JOBS) $(VENV)/bin/pytest -q -s -p no:cacheprovider \
+	  tests/test_webhooks_e2e.py::test_flaky_receiver_gets_every_event_signed_in_seq_order \
+	  tests/test_webhooks_e2e.py::test_kill_9_of_dispatcher_and_worker_and_a_redis_restart_lose_nothing
 
 ## table-health: claim latency and table size with N finished jobs, before and after
 ## prunejobs, in a scratch database of its own (not part of `make test`; N=1000000 takes minutes).

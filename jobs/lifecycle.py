@@ -194,10 +194,13 @@ def guard_trigger_sql(table: str, history_table: str) -> str:
     - lease_version never decreases, and grows on every LEASE_BUMPING transition;
     - a processing row keeps its owner unless the lease grows;
     - only terminal rows may be deleted (retention);
-    - updated_at is stamped with the database clock.
+    - updated_at is stamped with the database clock;
+    - `event_seq` counts the row's status changes (1 on insert): the per-job
+      sequence number its history rows and completion events carry.
     AFTER INSERT/UPDATE, once per statement (transition tables): one history row
     per status change, with the actor recorded in the row's updated_by column by
-    whoever made the change. A change out of processing ends an attempt: its row
+    whoever made the change, and the job's `event_seq`. A change out of processing
+    ends an attempt: its row
     also carries the attempt's error class and traceback (NULL unless it failed).
     Times are the statement's clock (`statement_timestamp()`), not the
     transaction's: a transactional handler's final write is stamped when it is
@@ -212,6 +215,7 @@ BEGIN
         USING ERRCODE = 'check_violation', CONSTRAINT = '{table}_legal_insert';
     END IF;
     NEW.due_at := greatest(NEW.created_at, NEW.run_at);
+    NEW.event_seq := 1;
     RETURN NEW;
   END IF;
   IF TG_OP = 'DELETE' THEN
@@ -243,6 +247,7 @@ BEGIN
         OLD.id, OLD.status, NEW.status
         USING ERRCODE = 'check_violation', CONSTRAINT = '{table}_lease_bump';
     END IF;
+    NEW.event_seq := COALESCE(OLD.event_seq, 0) + 1;
     IF NEW.status = '{Status.PROCESSING}' THEN
       -- A new attempt starts without the last one's error detail or progress.
       NEW.error_class := NULL;
@@ -265,9 +270,10 @@ $$;
 CREATE OR REPLACE FUNCTION {table}_history_insert() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
   INSERT INTO {history_table}
-    (job_id, at, from_status, to_status, actor, lease_version, retry_count, error)
+    (job_id, at, from_status, to_status, actor, lease_version, retry_count, error, seq)
   SELECT n.id, statement_timestamp(), NULL, n.status, COALESCE(n.updated_by, ''), n.lease_version,
-         n.retry_count, CASE WHEN n.status = '{Status.DONE}' THEN NULL ELSE n.error END
+         n.retry_count, CASE WHEN n.status = '{Status.DONE}' THEN NULL ELSE n.error END,
+         n.event_seq
   FROM {table}_new n;
   RETURN NULL;
 END
@@ -277,12 +283,13 @@ CREATE OR REPLACE FUNCTION {table}_history_update() RETURNS trigger LANGUAGE plp
 BEGIN
   INSERT INTO {history_table}
     (job_id, at, from_status, to_status, actor, lease_version, retry_count, error,
-     error_class, error_traceback)
+     error_class, error_traceback, seq)
   SELECT n.id, statement_timestamp(), o.status, n.status, COALESCE(n.updated_by, ''),
          n.lease_version, n.retry_count,
          CASE WHEN n.status = '{Status.DONE}' THEN NULL ELSE n.error END,
          CASE WHEN o.status = '{Status.PROCESSING}' THEN n.error_class END,
-         CASE WHEN o.status = '{Status.PROCESSING}' THEN n.error_traceback END
+         CASE WHEN o.status = '{Status.PROCESSING}' THEN n.error_traceback END,
+         n.event_seq
   FROM {table}_new n JOIN {table}_old o ON o.id = n.id
   WHERE n.status <> o.status;
   RETURN NULL;

@@ -151,3 +151,22 @@ def observe_terminal(
     child(RETRIES, queue, task, outcome).observe(retry_count)
     if time_to_terminal is not None:
         child(TIME_TO_TERMINAL, queue, task, outcome).observe(max(time_to_terminal, 0.0))
+
+
+# Completion events (jobs.events): counted by the dispatcher and the delivery task.
+EVENTS_DISPATCHED = Counter(
+    "jobs_events_dispatched_total",
+    "Outbox events handed to a subscriber (webhooks, stream), committed with its cursor",
+    ["subscriber"],
+)
+WEBHOOK_DELIVERIES = Counter(
+    "jobs_webhook_deliveries_total",
+    "Webhook delivery attempts by outcome (delivered, http_error, timeout, error, gone, "
+    "refused, disabled, dropped)",
+    ["outcome"],
+)
+WEBHOOK_LAG = Histogram(
+    "jobs_webhook_delivery_lag_seconds",
+    "From the event's commit-time stamp to its successful delivery",
+    buckets=SLO_BUCKETS,
+)

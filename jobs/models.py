@@ -126,6 +126,9 @@ class Job(models.Model):
     # A cancel asked of a processing job: the worker stops the handler at its next
     # heartbeat; a requeue with a request pending ends the job instead (lifecycle).
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    # How many status changes the row has had (1 on insert), kept by the guard trigger:
+    # the `seq` of its latest history row and completion event. NULL on older rows.
+    event_seq = models.IntegerField(null=True, blank=True, editable=False)
     # Per client: at most one live (queued, enqueue_failed, processing) job holds a key;
     # a submission with a held key returns that job (docs/schedules.md).
     unique_key = models.CharField(max_length=200, null=True, blank=True)
@@ -287,6 +290,8 @@ class JobEvent(models.Model):
     # Set on the event that ended a failed attempt (processing → queued / failed).
     error_class = models.CharField(max_length=200, null=True, blank=True)
     error_traceback = models.TextField(null=True, blank=True)
+    # The job's `event_seq` after this transition: events of one job in order, no gaps.
+    seq = models.IntegerField(null=True, blank=True)
 
     class Meta:
         db_table = "jobs_jobevent"
@@ -662,3 +667,112 @@ class JobDependency(models.Model):
 
     def __str__(self) -> str:
         return f"{self.parent_id} → {self.child_id}"
+
+
+# --- completion events and the outbox (docs/events.md) ---------------------------------
+
+
+class Webhook(models.Model):
+    """A client's endpoint for its jobs' lifecycle events. The signing secret is not
+    stored: it is derived from `secret_salt` and JOBS_WEBHOOK_KEY (jobs.events.signing),
+    so a read of this table alone cannot forge a signature."""
+
+    client = models.ForeignKey(Client, on_delete=models.CASCADE, related_name="webhooks")
+    url = models.URLField(max_length=2000)
+    events = ArrayField(models.CharField(max_length=40))
+    enabled = models.BooleanField(default=True)
+    secret_salt = models.CharField(max_length=64)
+    disabled_reason = models.CharField(max_length=200, blank=True, default="")
+    created_at = models.DateTimeField(db_default=Now())
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "jobs_webhook"
+        ordering = ["id"]
+        indexes = [models.Index(name="webhook_client_idx", fields=["client", "id"])]
+        constraints = [
+            models.CheckConstraint(name="webhook_has_events", condition=~Q(events=[])),
+        ]
+
+    def __str__(self) -> str:
+        return f"webhook {self.id} {self.url}"
+
+
+class WebhookDelivery(models.Model):
+    """One event for one webhook. `job` is the delivery job (its status is the
+    delivery's: done = delivered, failed = dead letter); NULL while the delivery
+    waits for an earlier event of the same job to the same endpoint (seq order)."""
+
+    id = models.BigAutoField(primary_key=True)
+    webhook = models.ForeignKey(Webhook, on_delete=models.CASCADE, related_name="deliveries")
+    event_id = models.BigIntegerField(help_text="The jobs_jobevent row (the message id).")
+    source_job_id = models.BigIntegerField()
+    seq = models.IntegerField()
+    type = models.CharField(max_length=40)
+    body = models.TextField(help_text="The signed JSON, the same on every attempt.")
+    job = models.OneToOneField(
+        Job,
+        null=True,
+        blank=True,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        related_name="webhook_delivery",
+    )
+    attempts = models.IntegerField(default=0)
+    last_status_code = models.IntegerField(null=True, blank=True)
+    last_error = models.CharField(max_length=500, blank=True, default="")
+    last_attempt_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "jobs_webhookdelivery"
+        ordering = ["-id"]
+        verbose_name_plural = "webhook deliveries"
+        permissions = [("redeliver_webhookdelivery", "Can redeliver failed webhook deliveries")]
+        constraints = [
+            models.UniqueConstraint(name="delivery_once_per_event", fields=["webhook", "event_id"]),
+        ]
+        indexes = [
+            models.Index(name="delivery_chain_idx", fields=["webhook", "source_job_id", "seq"]),
+        ]
+
+    def __str__(self) -> str:
+        return f"delivery {self.id}: {self.type} of job {self.source_job_id} (seq {self.seq})"
+
+
+class OutboxCursor(models.Model):
+    """How far one outbox subscriber got, moved in the transaction of its work.
+
+    `last_id` is the last history row handled. Ids are taken before their
+    transactions commit, so rows past `horizon_id` may still appear: the
+    dispatcher reads only up to a horizon whose snapshot's in-progress
+    transactions have all ended (jobs.events.outbox)."""
+
+    name = models.CharField(max_length=50, primary_key=True)
+    last_id = models.BigIntegerField(default=0)
+    horizon_id = models.BigIntegerField(null=True, blank=True)
+    horizon_snapshot = models.TextField(null=True, blank=True)
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "jobs_outboxcursor"
+
+    def __str__(self) -> str:
+        return f"{self.name} at {self.last_id}"
+
+
+class DomainEvent(models.Model):
+    """An application event written by `jobs.events.publish` in the caller's
+    transaction; each subscriber got its job in the same transaction."""
+
+    id = models.BigAutoField(primary_key=True)
+    type = models.CharField(max_length=200)
+    payload = models.JSONField(default=dict)
+    at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "jobs_domainevent"
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"{self.type} {self.id}"

@@ -15,6 +15,9 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 
 DEFAULT = '{"default": {}}'
+# Queues of built-in tasks, accepted without being declared (a declaration of the same
+# name sets their settings): webhook deliveries (jobs.events).
+BUILTIN: dict[str, dict[str, Any]] = {"webhooks": {}}
 # Matched whole (fullmatch): `$` would also match before a trailing newline.
 QUEUE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}")
 # The per-queue settings a queue may carry (docs/queue-controls.md says what each does).
@@ -100,6 +103,10 @@ def parse(text: str) -> dict[str, dict[str, Any]]:
             except ValueError as exc:
                 raise ImproperlyConfigured(f"JOBS_QUEUES[{name!r}]: {exc}") from None
     return doc
+
+
+def with_builtin(doc: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {**doc, **{name: conf for name, conf in BUILTIN.items() if name not in doc}}
 
 
 def declared() -> dict[str, dict[str, Any]]:

@@ -766,25 +766,29 @@ UPDATE {T} j SET
        result = NULL,
        status = CASE WHEN {_RETRY} THEN '{Status.QUEUED}' ELSE '{Status.FAILED}' END,
        lease_version = j.lease_version + CASE WHEN {_RETRY} THEN 1 ELSE 0 END,
-       run_at = CASE WHEN {_RETRY} THEN {_BACKOFF} ELSE j.run_at END,
+       run_at = CASE WHEN {_RETRY}
+                THEN greatest({_BACKOFF}, now() + COALESCE(f.delay, 0) * interval '1 second')
+                ELSE j.run_at END,
        finished_at = CASE WHEN {_RETRY} THEN NULL ELSE statement_timestamp() END,
        {_UNOWN}, {_BY_HOLDER}
 FROM unnest(%(ids)s::bigint[], %(lvs)s::bigint[], %(owners)s::text[],
             %(errors)s::text[], %(permanent)s::boolean[], %(classes)s::text[],
-            %(tracebacks)s::text[])
-     AS f(id, lv, owner, error, permanent, error_class, traceback)
+            %(tracebacks)s::text[], %(delays)s::float8[])
+     AS f(id, lv, owner, error, permanent, error_class, traceback, delay)
 WHERE j.id = ANY(%(ids)s::bigint[]) AND {_FENCE}
 RETURNING {_FINISH_RETURNING}, j.run_at <= now()
 """
 
 
 def fail(items: Sequence[tuple]) -> dict[int, Finished]:
-    """A failed attempt for each (lease, error, permanent[, error_class, traceback]),
+    """A failed attempt for each (lease, error, permanent[, error_class, traceback,
+    retry_after]),
     fenced (SPEC §4). The class and traceback go to the row in the same statement,
     and the history trigger copies them into the event that ends the attempt.
 
     Retryable with budget left: retry_count + 1 and back to queued with the
-    lease bumped and run_at pushed back by exponential backoff with jitter.
+    lease bumped and run_at pushed back by exponential backoff with jitter, or
+    by `retry_after` seconds when that is later (a receiver's Retry-After).
     Budget spent (retry_count > max_retries): failed. Permanent: failed at
     once, retry_count unchanged (no retry was spent). Retries are re-signalled
     after commit when due; backed-off ones are found by polling and the reaper.
@@ -802,6 +806,7 @@ def fail(items: Sequence[tuple]) -> dict[int, Finished]:
             "permanent": [item[2] for item in items],
             "classes": [item[3] if len(item) > 3 else None for item in items],
             "tracebacks": [item[4] if len(item) > 4 else None for item in items],
+            "delays": [item[5] if len(item) > 5 else None for item in items],
             "base": float(settings.JOBS_RETRY_BACKOFF_BASE),
             "cap": float(settings.JOBS_RETRY_BACKOFF_MAX),
         },
@@ -1273,6 +1278,8 @@ sigs AS (DELETE FROM jobs_jobsignal WHERE job_id IN (SELECT id FROM victims)),
 nodes AS (DELETE FROM jobs_workflownode WHERE job_id IN (SELECT id FROM victims)),
 edges AS (DELETE FROM jobs_jobdependency
           WHERE child_id IN (SELECT id FROM victims) OR parent_id IN (SELECT id FROM victims)),
+-- A webhook delivery goes with its delivery job (jobs.events): its status was the job's.
+dl AS (DELETE FROM jobs_webhookdelivery WHERE job_id IN (SELECT id FROM victims)),
 gone AS (DELETE FROM {T} WHERE id IN (SELECT id FROM victims) RETURNING 1)
 SELECT count(*) FROM gone"""
 

@@ -28,7 +28,13 @@ class PermanentError(Exception):
 
 
 class RetryableError(Exception):
-    """Raised by a handler to ask for a retry explicitly (any other exception retries too)."""
+    """Raised by a handler to ask for a retry explicitly (any other exception retries too).
+    `retry_after` (seconds) holds the retry back at least that long (e.g. a receiver's
+    Retry-After); the usual backoff still applies when it is longer."""
+
+    def __init__(self, *args: Any, retry_after: float | None = None) -> None:
+        super().__init__(*args)
+        self.retry_after = retry_after
 
 
 class InvalidPayload(PermanentError):

@@ -132,6 +132,19 @@ class Transport:
         except redis.RedisError as exc:
             raise self._fail("llen", exc) from exc
 
+    def append_events(self, entries: Sequence[dict[str, str]], maxlen: int) -> None:
+        """XADD each entry to `<prefix>events` (trimmed to about `maxlen`) in one round
+        trip: the stream the outbox publishes for internal consumers (jobs.events)."""
+        if not entries:
+            return
+        try:
+            pipe = self._client.pipeline(transaction=False)
+            for fields in entries:
+                pipe.xadd(f"{self.prefix}events", fields, maxlen=maxlen, approximate=True)
+            pipe.execute()
+        except redis.RedisError as exc:
+            raise self._fail("xadd", exc) from exc
+
     def state(self) -> str:
         try:
             self._client.ping()

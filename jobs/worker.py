@@ -63,6 +63,7 @@ from jobs.errors import (
 from jobs.lifecycle import CANCELLED, TERMINAL, Status
 from jobs.presence import Presence
 from jobs.queuecontrol import Gate
+from jobs.queues import BUILTIN as BUILTIN_QUEUES
 from jobs.runtime import Backoff, StopRequests
 from jobs.services import Lease
 from jobs.tasks import InvalidPayload, JobContext, PermanentError
@@ -153,6 +154,7 @@ class Outcome:
     permanent: bool = False
     error_class: str | None = None
     traceback: str | None = None
+    retry_after: float | None = None  # RetryableError(retry_after=...): not before
 
 
 @dataclass(eq=False)
@@ -226,7 +228,10 @@ class Worker:
         # Weights share claims between queues one claim at a time (jobs.dispatch): a
         # worker serving several queues claims for its free threads only, so the shares
         # hold per job, not per batch of a hundred.
-        self._several_queues = len(self.spec.weights) > 1 or self.spec.serves_all
+        # The built-in queues (webhook deliveries) do not count: the default worker
+        # serves `default,webhooks`.
+        own = [q for q in self.spec.weights if q not in BUILTIN_QUEUES]
+        self._several_queues = len(own) > 1 or self.spec.serves_all
         self._run_time: float | None = None  # estimated seconds per job; None: not measured
         self._long_running = 0  # handlers busy for longer than the prefetch window
         self._long_at = float("-inf")
@@ -561,6 +566,7 @@ class Worker:
             permanent=permanent,
             error_class=err.error_class,
             traceback=err.traceback,
+            retry_after=getattr(exc, "retry_after", None),
         )
 
     def _execute_transactional(
@@ -772,7 +778,7 @@ class Worker:
             batch = [o for o in batch if _key(o.lease) not in self._released]
         done = [(o.lease, o.result) for o in batch if o.kind == OutcomeKind.DONE]
         failed = [
-            (o.lease, o.error, o.permanent, o.error_class, o.traceback)
+            (o.lease, o.error, o.permanent, o.error_class, o.traceback, o.retry_after)
             for o in batch
             if o.kind == OutcomeKind.FAIL
         ]
@@ -786,11 +792,11 @@ class Worker:
             log.warning("result refused by PostgreSQL: failing its job", extra=lease.log_fields())
 
         def refused_error(item: tuple, exc: Exception) -> tuple | None:
-            lease, error, permanent, cls, tb = item
+            lease, error, permanent, cls, tb, delay = item
             if cls is not None or tb is not None or not error.isascii():
                 # Store the error alone, in plain ASCII: the detail was what was refused.
                 ascii_error = error.encode("ascii", "backslashreplace").decode("ascii")
-                return (lease, ascii_error[:MAX_ERROR_CHARS], permanent, None, None)
+                return (lease, ascii_error[:MAX_ERROR_CHARS], permanent, None, None, delay)
             unwritten.add(lease.job_id)
             log.error(
                 "PostgreSQL refused a failed attempt's write-back (%s); the reaper will "

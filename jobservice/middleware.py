@@ -55,6 +55,10 @@ class RefuseBadContentLength:
         self.get_response = get_response
 
     def __call__(self, request):
+        # A header spelled `Content_Length` arrives as HTTP_CONTENT_LENGTH, which
+        # request.headers would also call content-length: it is not the body's length
+        # (gunicorn drops header names with underscores), so it goes.
+        request.META.pop("HTTP_CONTENT_LENGTH", None)
         value = request.META.get("CONTENT_LENGTH", "")
         if value and not value.strip().isdigit():
             return JsonResponse(

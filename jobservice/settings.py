@@ -174,9 +174,25 @@ JOBS_PRESENCE_SECONDS = env.float("JOBS_PRESENCE_SECONDS", default=1.0)
 JOBS_SESSION_CRASH_DETECTION = env.bool("JOBS_SESSION_CRASH_DETECTION", default=True)
 # How long the reaper's jobs_depth / jobs_oldest_age_seconds reading is reused across scrapes.
 JOBS_METRICS_CACHE_SECONDS = env.float("JOBS_METRICS_CACHE_SECONDS", default=5.0)
-JOBS_TASK_MODULES = env.list("JOBS_TASK_MODULES", default=[])
-# The queues that accept jobs, with their settings: a JSON object (jobs/queues.py parses it).
-JOBS_QUEUES = queues.parse(env.str("JOBS_QUEUES", default="") or queues.DEFAULT)
+# The built-in webhook delivery task is always known; applications add their modules.
+JOBS_TASK_MODULES = ["jobs.events.webhooks", *env.list("JOBS_TASK_MODULES", default=[])]
+# The queues that accept jobs, with their settings: a JSON object (jobs/queues.py parses
+# it), plus the built-in queues (webhook deliveries) unless it declares them itself.
+JOBS_QUEUES = queues.with_builtin(
+    queues.parse(env.str("JOBS_QUEUES", default="") or queues.DEFAULT)
+)
+# Completion events (docs/events.md).
+JOBS_OUTBOX_INTERVAL = env.float("JOBS_OUTBOX_INTERVAL", default=0.5)
+JOBS_EVENTS_STREAM_MAXLEN = env.int("JOBS_EVENTS_STREAM_MAXLEN", default=100_000)
+JOBS_WEBHOOK_ALLOW_PRIVATE = env.bool("JOBS_WEBHOOK_ALLOW_PRIVATE", default=False)
+JOBS_WEBHOOK_CONNECT_TIMEOUT = env.float("JOBS_WEBHOOK_CONNECT_TIMEOUT", default=3.0)
+JOBS_WEBHOOK_READ_TIMEOUT = env.float("JOBS_WEBHOOK_READ_TIMEOUT", default=10.0)
+JOBS_WEBHOOK_MAX_RESPONSE_BYTES = env.int("JOBS_WEBHOOK_MAX_RESPONSE_BYTES", default=4096)
+JOBS_WEBHOOK_MAX_RETRIES = env.int("JOBS_WEBHOOK_MAX_RETRIES", default=10)
+# CA certificates for https receivers (a PEM file); empty: the system's.
+JOBS_WEBHOOK_CA_BUNDLE = env.str("JOBS_WEBHOOK_CA_BUNDLE", default="")
+# Webhook secrets are derived from this key and a per-webhook salt (jobs/events/signing.py).
+JOBS_WEBHOOK_KEY = env.str("JOBS_WEBHOOK_KEY", default="") or SECRET_KEY
 # Where runworker/runreaper --metrics-port listen: this machine only unless told otherwise
 # (docker-compose sets 0.0.0.0 so Prometheus can reach the containers).
 JOBS_METRICS_HOST = env.str("JOBS_METRICS_HOST", default="127.0.0.1")
@@ -234,6 +250,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # Two `status` enums: a job's five states and a workflow's three.
+    "ENUM_NAME_OVERRIDES": {
+        "JobStatusEnum": "jobs.lifecycle.STATUSES",
+        "WorkflowStatusEnum": "jobs.api.workflows.WORKFLOW_STATUSES",
+    },
 }
 
 LOG_FORMAT = env.str("LOG_FORMAT", default="json" if PRODUCTION else "text")

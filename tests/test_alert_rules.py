@@ -24,6 +24,7 @@ from jobs.collectors import (
     scheduler_gauges,
     worker_gauges,
 )
+from jobs.events.outbox import OutboxLagCollector
 from tests.harness import ROOT
 
 PROM_DIR = ROOT / "deploy" / "prometheus"
@@ -98,6 +99,8 @@ def exported() -> dict[str, set[str]]:
         names[family.name] = {"queue"}
     for family in QueueControlsCollector(cache_seconds=5).describe():
         names[family.name] = {"queue"}
+    for family in OutboxLagCollector().describe():
+        names[family.name] = {"subscriber"}
     return names
 
 

@@ -30,7 +30,8 @@ LAYERS: list[tuple[str, list[str]]] = [
         "jobs.schedules.periodic",
     ]),
     # Talk to the outside world; transport is the only module that imports redis.
-    ("infrastructure", ["jobs.transport", "jobs.runtime"]),
+    ("infrastructure", ["jobs.transport", "jobs.runtime", "jobs.events.signing",
+                        "jobs.events.ssrf"]),
     ("models", ["jobs.models", "jobs.graph"]),
     # Caches of model rows that the writes keep honest (the API clients by token hash).
     ("model caches", ["jobs.clientcache"]),
@@ -39,12 +40,15 @@ LAYERS: list[tuple[str, list[str]]] = [
     # A schedule's slots: the scheduler_runs row and the job it makes, in one statement.
     ("schedule firing", ["jobs.schedules.firing"]),
     # Queue controls: the Queue rows synced from JOBS_QUEUES and a worker's view of them.
-    ("pipeline and presence", ["jobs.submission", "jobs.presence", "jobs.queuecontrol"]),
+    # jobs.events: publish()/@subscriber; the webhook delivery task; the Redis stream.
+    ("pipeline and presence", ["jobs.submission", "jobs.presence", "jobs.queuecontrol",
+                               "jobs.events", "jobs.events.webhooks", "jobs.events.streams"]),
     # Schedules held to the submission rules of the jobs they make.
     ("schedule definitions", ["jobs.schedules.define"]),
     # Durable jobs (steps, waits) and workflows: built on the services and the pipeline.
     ("durable jobs and workflows", ["jobs.durable", "jobs.workflows", "jobs.signals"]),
-    ("processes", ["jobs.worker", "jobs.reaper", "jobs.schedules.scheduler"]),
+    ("processes", ["jobs.worker", "jobs.reaper", "jobs.schedules.scheduler",
+                   "jobs.events.outbox"]),
     # Bridges to frameworks around the processes: Django Tasks, Prometheus scrapes.
     ("adapters", ["jobs.backends", "jobs.collectors"]),
     ("entry points", [

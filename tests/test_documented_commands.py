@@ -49,6 +49,7 @@ QUICK = {
     "crash-bench": ["CRASH_KILLS=1"],
     "schedules-long": ["SCHEDULE_E2E_SECONDS=10"],
     "workflow-bench": ["WORKFLOW_NODES=20"],
+    "webhooks": ["WEBHOOK_JOBS=20"],
 }
 # A skipped target whose recipe is exactly what another test runs.
 SAME_AS_SUITE = {
@@ -231,7 +232,7 @@ def test_project_commands_show_their_defaults(command):
         assert "[" in (action.help or "") and "]" in action.help, (command, action.dest)
     text = parser.format_help()
     if command == "runworker":
-        assert "[4]" in text and "[default]" in text and "[10.0]" in text
+        assert "[4]" in text and "[default,webhooks]" in text and "[10.0]" in text
 
 
 def test_no_module_shadows_the_standard_library():

@@ -137,6 +137,10 @@ def test_prefetch_follows_measured_run_times_and_stays_bounded():
         several = Worker(served, concurrency=4, worker_id="w-several", prefetch=128)
         several._learn_run_time(0.0001)
         assert several._prefetch() == 0
+    # The default worker serves `default` and the built-in `webhooks`: it prefetches.
+    builtin = Worker(["default", "webhooks"], concurrency=4, worker_id="w-dflt", prefetch=128)
+    builtin._learn_run_time(0.0001)
+    assert builtin._prefetch() == 124
 
 
 def test_prefetch_out_of_range_is_refused(stack):

@@ -6,11 +6,14 @@ from django.contrib import admin
 from jobs.admin.options import ClientAdmin, JobAdmin
 from jobs.admin.queues import QueueAdmin
 from jobs.admin.schedules import ScheduleAdmin
+from jobs.admin.webhooks import WebhookAdmin, WebhookDeliveryAdmin
 from jobs.admin.workflows import WorkflowAdmin
-from jobs.models import Client, Job, Queue, Schedule, Workflow
+from jobs.models import Client, Job, Queue, Schedule, Webhook, WebhookDelivery, Workflow
 
 admin.site.register(Job, JobAdmin)
 admin.site.register(Client, ClientAdmin)
 admin.site.register(Queue, QueueAdmin)
 admin.site.register(Schedule, ScheduleAdmin)
 admin.site.register(Workflow, WorkflowAdmin)
+admin.site.register(Webhook, WebhookAdmin)
+admin.site.register(WebhookDelivery, WebhookDeliveryAdmin)

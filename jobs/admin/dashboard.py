@@ -24,6 +24,7 @@ from django.utils.translation import gettext as _
 
 from jobs import selectors
 from jobs.admin.display import percent
+from jobs.events import webhooks
 from jobs.lifecycle import Status
 from jobs.models import Job
 
@@ -311,5 +312,7 @@ def dashboard_view(modeladmin: admin.ModelAdmin, request: HttpRequest) -> Templa
         "slo_percent": percent(board.attainment),
         "success_percent": percent(board.success_rate),
         "changelist_url": reverse("admin:jobs_job_changelist"),
+        "webhooks": webhooks.failure_rates(),
+        "deliveries_url": reverse("admin:jobs_webhookdelivery_changelist"),
     }
     return TemplateResponse(request, "admin/jobs/job/dashboard.html", context)

@@ -11,6 +11,7 @@ from rest_framework.renderers import JSONRenderer
 from jobs.api import schema  # noqa: F401  (registers the token scheme with drf-spectacular)
 from jobs.api.schedules import ScheduleViewSet
 from jobs.api.views import JobHistoryView, JobViewSet
+from jobs.api.webhooks import DeliveryViewSet, WebhookViewSet
 from jobs.api.workflows import (
     JobSignalView,
     WorkflowCancelView,
@@ -61,6 +62,29 @@ urlpatterns = [
     path("workflows/", WorkflowCreateView.as_view(), name="workflow-list"),
     path("workflows/<int:pk>/", WorkflowDetailView.as_view(), name="workflow-detail"),
     path("workflows/<int:pk>/cancel/", WorkflowCancelView.as_view(), name="workflow-cancel"),
+    path(
+        "webhooks/", WebhookViewSet.as_view({"get": "list", "post": "create"}), name="webhook-list"
+    ),
+    path(
+        "webhooks/<int:pk>/",
+        WebhookViewSet.as_view({"get": "retrieve", "patch": "partial_update", "delete": "destroy"}),
+        name="webhook-detail",
+    ),
+    path(
+        "webhooks/<int:pk>/rotate-secret/",
+        WebhookViewSet.as_view({"post": "rotate_secret"}),
+        name="webhook-rotate-secret",
+    ),
+    path(
+        "webhooks/<int:webhook_pk>/deliveries/",
+        DeliveryViewSet.as_view({"get": "list"}),
+        name="webhook-deliveries",
+    ),
+    path(
+        "webhooks/<int:webhook_pk>/deliveries/<int:pk>/redeliver/",
+        DeliveryViewSet.as_view({"post": "redeliver"}),
+        name="webhook-redeliver",
+    ),
     path("schema/", SchemaView.as_view(**_public), name="api-schema"),
     path("docs/", DocsView.as_view(url_name="api-schema", **_public), name="api-docs"),
 ]

@@ -149,12 +149,16 @@ class WorkflowStepSerializer(serializers.Serializer):
     finished_at = serializers.DateTimeField(allow_null=True)
 
 
+# A workflow's status, named apart from a job's in the OpenAPI document (settings).
+WORKFLOW_STATUSES = ("running", Status.DONE.value, Status.FAILED.value)
+
+
 class WorkflowSerializer(serializers.Serializer):
     id = serializers.IntegerField()
     name = serializers.CharField()
     on_failure = serializers.ChoiceField(choices=OnFailure.values)
     status = serializers.ChoiceField(
-        choices=["running", Status.DONE.value, Status.FAILED.value],
+        choices=WORKFLOW_STATUSES,
         help_text="running until every step ended; then failed if any step failed, else done",
     )
     created_at = serializers.DateTimeField()

@@ -26,6 +26,14 @@ EXPECTED_OPERATIONS = {
     ("POST", "/api/v1/workflows/"),
     ("GET", "/api/v1/workflows/{id}/"),
     ("POST", "/api/v1/workflows/{id}/cancel/"),
+    ("GET", "/api/v1/webhooks/"),
+    ("POST", "/api/v1/webhooks/"),
+    ("GET", "/api/v1/webhooks/{id}/"),
+    ("PATCH", "/api/v1/webhooks/{id}/"),
+    ("DELETE", "/api/v1/webhooks/{id}/"),
+    ("POST", "/api/v1/webhooks/{id}/rotate-secret/"),
+    ("GET", "/api/v1/webhooks/{webhook_pk}/deliveries/"),
+    ("POST", "/api/v1/webhooks/{webhook_pk}/deliveries/{id}/redeliver/"),
 }
 HTTP_METHODS = {"get", "put", "post", "delete", "patch", "options", "head", "trace"}
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
@@ -14,6 +16,7 @@ from jobs.collectors import (
     reaper_gauges,
     scheduler_gauges,
 )
+from jobs.events.outbox import Dispatcher, OutboxLagCollector
 from jobs.lifecycle import Status
 from jobs.reaper import Reaper
 from jobs.runtime import add_metrics_arguments, start_metrics_server
@@ -85,11 +88,14 @@ class Command(BaseCommand):
             REGISTRY.register(WaitingCollector(depth))  # parked and blocked jobs by reason
             REGISTRY.register(reaper_gauges(reaper))
             REGISTRY.register(scheduler_gauges(scheduler))
+            REGISTRY.register(OutboxLagCollector())
             for kind in RECOVERY_KINDS:  # every kind shows 0 before its first repair
                 metrics.RECOVERED.labels(kind)
         start_metrics_server(opts["metrics_port"], opts["metrics_host"])
         reaper.install_signal_handlers()
         scheduler.start(reaper.stop)
+        # The outbox dispatcher (completion events, docs/events.md) ticks beside the sweeps.
+        threading.Thread(target=Dispatcher().run, args=(reaper.stop,), daemon=True).start()
         if settings.LOG_FORMAT != "json":  # else "reaper started" is logged as JSON
             self.stdout.write(f"reaper: lease {reaper.lease}s, interval {reaper.interval}s")
         reaper.run()

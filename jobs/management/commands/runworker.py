@@ -28,8 +28,9 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--queues",
-            default="default",
-            help="Queues to serve, as name[:weight],... ('*' serves every queue). "
+            default="default,webhooks",
+            help="Queues to serve, as name[:weight],... ('*' serves every queue; "
+            "'webhooks' is the built-in queue of webhook deliveries). "
             "Each poll visits the queues in a random order weighted by weight; "
             "without weights, earlier queues weigh more (n, n-1, ..., 1) [%(default)s].",
         )

@@ -1,0 +1,345 @@
+"""The outbox dispatcher: history rows → webhook deliveries and the Redis stream.
+
+The history (`jobs_jobevent`, written by the jobs table's trigger in the
+transaction of each change) is the outbox. Each subscriber keeps a cursor row
+and moves it in the same transaction as its work (delivery rows and their jobs,
+or the XADDs), so a crash repeats a batch and never skips one, and a rolled-back
+change never had a row to dispatch.
+
+Ids are taken before their transactions commit, so a committed row may appear
+behind one already handled. A tick therefore reads only up to a *horizon*: the
+sequence's value noted at the end of the previous tick, once every transaction
+that was in progress then and could hold such an id (of this database, with a
+lock on jobs_jobevent) has ended. Every row at or below the horizon is then
+committed (visible) or rolled back (gone for good).
+
+Run by `runreaper` in a thread (`Dispatcher.run`), `tick()` being one pass.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from django.db import DatabaseError, InterfaceError, close_old_connections, connection, transaction
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from jobs import metrics, services
+from jobs.events import signing
+from jobs.events.streams import StreamPublisher
+from jobs.lifecycle import TERMINAL, sql_list
+from jobs.runtime import Backoff
+from jobs.transport import TransportError
+
+log = logging.getLogger(__name__)
+
+_CURSOR_SQL = """
+SELECT c.last_id, c.horizon_id, c.horizon_snapshot,
+       c.horizon_snapshot IS NOT NULL AND NOT EXISTS (
+         SELECT 1 FROM unnest(c.horizon_snapshot::xid8[]) AS x(xid)
+         WHERE pg_xact_status(x.xid) IS NOT DISTINCT FROM 'in progress')
+FROM jobs_outboxcursor c WHERE c.name = %s FOR UPDATE
+"""
+# A new subscriber starts at the present: history written before it is not replayed.
+_START_SQL = """
+INSERT INTO jobs_outboxcursor (name, last_id, updated_at)
+SELECT %s, COALESCE(max(id), 0), now() FROM jobs_jobevent
+ON CONFLICT (name) DO NOTHING
+"""
+_SEQUENCE_SQL = "SELECT pg_get_serial_sequence('jobs_jobevent', 'id')"
+# The transactions in progress now that may hold history ids: those of this database
+# (xids are cluster-wide) holding a lock on jobs_jobevent, which an INSERT takes before
+# it draws an id. Another long transaction (a report, a handler that writes no history)
+# does not hold the horizon back. Top-level xids: a savepoint's comes after its parent's.
+_SNAPSHOT_SQL = """
+SELECT COALESCE(array_agg(x.xid), '{}')::text
+FROM pg_snapshot_xip(pg_current_snapshot()) AS x(xid)
+WHERE (x.xid::text::numeric % 4294967296)::bigint IN (
+  SELECT a.backend_xid::text::bigint
+  FROM pg_stat_activity a JOIN pg_locks l ON l.pid = a.pid
+  WHERE a.datname = current_database() AND a.backend_xid IS NOT NULL
+    AND l.locktype = 'relation' AND l.relation = 'jobs_jobevent'::regclass AND l.granted)
+"""
+_MOVE_SQL = """
+UPDATE jobs_outboxcursor SET last_id = %s, horizon_id = %s, horizon_snapshot = %s,
+       updated_at = now()
+WHERE name = %s
+"""
+_EVENTS_SQL = """
+SELECT e.id, e.job_id, e.at, e.from_status, e.to_status, e.lease_version, e.seq,
+       j.client_id, j.task, j.queue, j.priority, j.status, j.payload, j.result, j.error,
+       j.retry_count, j.max_retries, j.lease_version, j.idempotency_key, j.run_at,
+       j.created_at, j.updated_at, j.finished_at, j.progress, j.cancel_requested_at,
+       d.id, d.webhook_id, d.source_job_id
+FROM jobs_jobevent e
+LEFT JOIN jobs_job j ON j.id = e.job_id
+LEFT JOIN jobs_webhookdelivery d ON d.job_id = e.job_id
+WHERE e.id > %s AND e.id <= %s AND e.kind = 'transition'
+ORDER BY e.id
+LIMIT %s
+"""
+_JOB_FIELDS = ("task", "queue", "priority", "status", "payload", "result", "error",
+               "retry_count", "max_retries", "lease_version", "idempotency_key", "run_at",
+               "created_at", "updated_at", "finished_at", "progress",
+               "cancel_requested_at")  # fmt: skip
+
+
+def _iso(value: Any) -> Any:
+    return value.isoformat().replace("+00:00", "Z") if isinstance(value, datetime) else value
+
+
+@dataclass(slots=True)
+class OutboxEvent:
+    """One lifecycle event and the message every subscriber sends for it."""
+
+    id: int
+    job_id: int
+    client_id: int | None
+    type: str
+    seq: int | None
+    to_status: str
+    msg_id: str
+    body: str
+    # Set when the job is itself a webhook delivery: (delivery id, webhook, source job).
+    delivery: tuple[int, int, int] | None
+
+
+def _event(row: Sequence[Any]) -> OutboxEvent:
+    event_id, job_id, at, from_status, to_status, lease_version, seq = row[:7]
+    client_id = row[7]
+    job: dict[str, Any] = {"id": job_id}
+    if row[8] is not None:  # None: the job was deleted by retention since
+        for name, value in zip(_JOB_FIELDS, row[8:25], strict=True):
+            job[name] = json.loads(value) if isinstance(value, str) and name in (
+                "payload", "result", "progress") else _iso(value)  # fmt: skip
+    job.update({"from": from_status, "to": to_status, "lease_version": lease_version,
+                "seq": seq})  # fmt: skip
+    kind = signing.event_type(to_status)
+    msg_id = signing.message_id(event_id)
+    body = {"id": msg_id, "type": kind, "created_at": _iso(at), "data": job}
+    return OutboxEvent(
+        event_id, job_id, client_id, kind, seq, to_status, msg_id,
+        json.dumps(body, separators=(",", ":")),
+        tuple(row[25:28]) if row[25] is not None else None,
+    )  # fmt: skip
+
+
+# --- webhooks ---------------------------------------------------------------------------
+
+_WEBHOOKS_SQL = """
+SELECT id, client_id, events FROM jobs_webhook WHERE enabled AND client_id = ANY(%s)
+"""
+# Chains (webhook, source job) whose delivery job has not finished: the rest waits.
+_BUSY_SQL = f"""
+SELECT DISTINCT d.webhook_id, d.source_job_id
+FROM jobs_webhookdelivery d JOIN jobs_job j ON j.id = d.job_id
+WHERE (d.webhook_id, d.source_job_id) IN (
+        SELECT * FROM unnest(%s::bigint[], %s::bigint[]))
+  AND j.status NOT IN ({sql_list(TERMINAL)})
+"""
+_INSERT_DELIVERIES_SQL = """
+INSERT INTO jobs_webhookdelivery
+  (webhook_id, event_id, source_job_id, seq, type, body, attempts, last_error, created_at)
+SELECT *, 0, '', now() FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[], %s::int[],
+                                   %s::text[], %s::text[])
+ON CONFLICT (webhook_id, event_id) DO NOTHING
+"""
+# The first waiting delivery of each idle chain, in seq order.
+_NEXT_HELD_SQL = """
+SELECT DISTINCT ON (webhook_id, source_job_id) id FROM jobs_webhookdelivery
+WHERE (webhook_id, source_job_id) IN (SELECT * FROM unnest(%s::bigint[], %s::bigint[]))
+  AND job_id IS NULL
+ORDER BY webhook_id, source_job_id, seq, id
+"""
+_ATTACH_SQL = """
+UPDATE jobs_webhookdelivery d SET job_id = u.job_id
+FROM unnest(%s::bigint[], %s::bigint[]) AS u(id, job_id) WHERE d.id = u.id
+"""
+
+
+def _pairs(chains) -> list[list[int]]:
+    chains = sorted(chains)
+    return [[c[0] for c in chains], [c[1] for c in chains]]
+
+
+class WebhookFanout:
+    """One delivery row per (event, matching webhook), written waiting; then each chain
+    (webhook, source job) whose delivery job is not running gets a job for its first
+    waiting delivery, so one job's events reach one endpoint in seq order. A delivery
+    job's own terminal event is how the next one of its chain is released."""
+
+    name = "webhooks"
+
+    def handle(self, events: Sequence[OutboxEvent]) -> int:
+        hooks = self._webhooks({e.client_id for e in events if e.client_id is not None})
+        rows: list[tuple] = []
+        for e in events:
+            for hook_id, types in hooks.get(e.client_id, ()):
+                if signing.ALL_EVENTS in types or e.type in types:
+                    rows.append((hook_id, e.id, e.job_id, e.seq or 0, e.type, e.body))
+        chains = {(r[0], r[2]) for r in rows}
+        chains |= {(d[1], d[2]) for d in (e.delivery for e in events) if d is not None}
+        if not chains:
+            return 0
+        with connection.cursor() as cur:
+            if rows:
+                cur.execute(_INSERT_DELIVERIES_SQL, [list(c) for c in zip(*rows, strict=True)])
+            cur.execute(_BUSY_SQL, _pairs(chains))
+            idle = chains - {tuple(r) for r in cur.fetchall()}
+            ready: list[int] = []
+            if idle:
+                cur.execute(_NEXT_HELD_SQL, _pairs(idle))
+                ready = [r[0] for r in cur.fetchall()]
+            if ready:
+                submitted = services.submit_many(
+                    [services.NewJob(signing.DELIVER_TASK, {"delivery_id": d},
+                                     queue=signing.WEBHOOK_QUEUE,
+                                     max_retries=settings.JOBS_WEBHOOK_MAX_RETRIES)
+                     for d in ready],
+                    actor="api:outbox",
+                )  # fmt: skip
+                cur.execute(_ATTACH_SQL, [ready, [s.job_id for s in submitted]])
+        return len(rows)
+
+    @staticmethod
+    def _webhooks(client_ids: set[int]) -> dict[int, list[tuple[int, list[str]]]]:
+        if not client_ids:
+            return {}
+        out: dict[int, list[tuple[int, list[str]]]] = defaultdict(list)
+        with connection.cursor() as cur:
+            cur.execute(_WEBHOOKS_SQL, [sorted(client_ids)])
+            for hook_id, client_id, types in cur.fetchall():
+                out[client_id].append((hook_id, types))
+        return out
+
+
+# --- the dispatcher ----------------------------------------------------------------------
+
+
+class Dispatcher:
+    """Hands every new history row to each subscriber, each behind its own cursor."""
+
+    def __init__(self, subscribers: Sequence | None = None, batch: int = 500,
+                 interval: float | None = None) -> None:  # fmt: skip
+        if subscribers is None:
+            subscribers = [WebhookFanout()]
+            if settings.REDIS_URL:
+                subscribers.append(StreamPublisher())
+        self.subscribers = list(subscribers)
+        self.batch = batch
+        self.interval = settings.JOBS_OUTBOX_INTERVAL if interval is None else interval
+        self._sequence: str | None = None
+
+    def tick(self) -> int:
+        """One pass over every subscriber; the number of events handed out. A subscriber
+        that fails (Redis down) rolls back alone and repeats its batch next time."""
+        total = 0
+        for subscriber in self.subscribers:
+            try:
+                total += self._tick_one(subscriber)
+            except TransportError as exc:
+                log.warning("outbox subscriber %s failed, will retry: %s", subscriber.name, exc)
+        return total
+
+    def _tick_one(self, subscriber) -> int:
+        with transaction.atomic(durable=True), connection.cursor() as cur:
+            cur.execute(_CURSOR_SQL, [subscriber.name])
+            row = cur.fetchone()
+            if row is None:
+                cur.execute(_START_SQL, [subscriber.name])
+                cur.execute(_CURSOR_SQL, [subscriber.name])
+                row = cur.fetchone()
+            last_id, horizon_id, snapshot, settled = row
+            upto = horizon_id if settled and horizon_id is not None else last_id
+            events: list[OutboxEvent] = []
+            if upto > last_id:
+                cur.execute(_EVENTS_SQL, [last_id, upto, self.batch])
+                events = [_event(r) for r in cur.fetchall()]
+            if events:
+                subscriber.handle(events)
+            full = len(events) == self.batch
+            new_last = events[-1].id if full else max(last_id, upto)
+            if not full and (horizon_id is None or settled):
+                # The next horizon: read the sequence first, then the snapshot, so every
+                # transaction holding an id up to it is either over or in the snapshot.
+                horizon_id = self._sequence_value(cur)
+                cur.execute(_SNAPSHOT_SQL)
+                snapshot = cur.fetchone()[0]
+            cur.execute(_MOVE_SQL, [new_last, horizon_id, snapshot, subscriber.name])
+        if events:
+            metrics.EVENTS_DISPATCHED.labels(subscriber.name).inc(len(events))
+        return len(events)
+
+    def _sequence_value(self, cur) -> int:
+        if self._sequence is None:
+            cur.execute(_SEQUENCE_SQL)
+            self._sequence = cur.fetchone()[0]
+        cur.execute(f"SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM {self._sequence}")
+        return cur.fetchone()[0]
+
+    def run(self, stop: threading.Event) -> None:
+        """Tick every `interval` until `stop` is set (at once again after a full batch)."""
+        backoff = Backoff(max(self.interval, 0.1), 30.0)
+        log.info("outbox dispatcher started: interval %.2fs", self.interval)
+        try:
+            while not stop.is_set():
+                close_old_connections()
+                try:
+                    handed = self.tick()
+                    backoff.reset()
+                    wait = 0.0 if handed >= self.batch else self.interval
+                except (DatabaseError, InterfaceError) as exc:
+                    metrics.DB_ERRORS.labels(op="outbox").inc()
+                    log.warning("outbox tick failed, postgres unavailable: %s", exc)
+                    connection.close()
+                    wait = backoff.next()
+                stop.wait(wait)
+        finally:
+            connection.close()
+
+
+# --- how far behind -------------------------------------------------------------------------
+
+_LAG_SQL = """
+SELECT c.name, COALESCE(extract(epoch FROM now() - (
+         SELECT e.at FROM jobs_jobevent e
+         WHERE e.id > c.last_id AND e.kind = 'transition' ORDER BY e.id LIMIT 1)), 0)
+FROM jobs_outboxcursor c ORDER BY c.name
+"""
+
+
+class OutboxLagCollector(Collector):
+    """jobs_outbox_lag_seconds{subscriber}: the age of the oldest event a subscriber has
+    not handled yet (0 when it is caught up). Grows when the dispatcher is stuck, a
+    transaction holds the horizon back or Redis is down for the stream. Scraped from
+    runreaper; a failed read leaves the gauge out of that scrape."""
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily(LAG_NAME, LAG_HELP, labels=["subscriber"])
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(LAG_NAME, LAG_HELP, labels=["subscriber"])
+        try:
+            with connection.cursor() as cur:
+                cur.execute(_LAG_SQL)
+                rows = cur.fetchall()
+        except (DatabaseError, InterfaceError) as exc:
+            metrics.DB_ERRORS.labels(op="outbox").inc()
+            log.warning("outbox lag read failed: %s", exc)
+            connection.close()
+            return
+        for name, seconds in rows:
+            family.add_metric([name], float(seconds))
+        yield family
+
+
+LAG_NAME = "jobs_outbox_lag_seconds"
+LAG_HELP = "Age of the oldest outbox event a subscriber has not handled yet (0: caught up)"

@@ -1,0 +1,27 @@
+"""The Redis stream `<prefix>events`: every outbox event, for internal consumers.
+
+Another subscriber of the outbox: the XADDs run inside the dispatcher's transaction,
+before its cursor moves, so a Redis outage rolls the batch back and the next tick
+sends it again (at least once; consumers dedupe on the `id` field, the same id as the
+webhook message). Trimmed with `MAXLEN ~ JOBS_EVENTS_STREAM_MAXLEN`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from django.conf import settings
+
+from jobs.transport import get_transport
+
+
+class StreamPublisher:
+    name = "stream"
+
+    def handle(self, events: Sequence) -> int:
+        """`events`: the outbox's events (`msg_id`, `type`, `body`), in outbox order."""
+        get_transport().append_events(
+            [{"id": e.msg_id, "type": e.type, "body": e.body} for e in events],
+            settings.JOBS_EVENTS_STREAM_MAXLEN,
+        )
+        return len(events)

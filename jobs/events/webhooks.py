@@ -1,0 +1,200 @@
+"""The built-in delivery task: one POST of one event to one webhook per attempt.
+
+A delivery is a job (task `webhook.deliver`, queue `webhooks`), so it gets the
+lease, fencing, retries with exponential backoff and jitter, and the dead letter
+(`failed`) of every job. 2xx is success; 410 disables the webhook and ends the
+delivery; anything else, a timeout included, is a retryable failure, held back by
+the answer's Retry-After when it asks for longer than the backoff. Connect and
+read are bounded, the whole attempt too, and at most JOBS_WEBHOOK_MAX_RESPONSE_BYTES
+of the answer are read, so an attempt never holds a worker slot for long.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+
+import urllib3
+from django.conf import settings
+from django.db import connection
+
+from jobs import metrics
+from jobs.events import signing, ssrf
+from jobs.lifecycle import Status
+from jobs.tasks import JobContext, PermanentError, RetryableError, task
+
+log = logging.getLogger(__name__)
+
+# A receiver may ask for a pause (Retry-After), not for a delivery to wait for days.
+MAX_RETRY_AFTER = 3600.0
+
+_LOAD_SQL = """
+SELECT d.body, d.event_id, w.id, w.url, w.enabled, w.secret_salt, e.at
+FROM jobs_webhookdelivery d
+JOIN jobs_webhook w ON w.id = d.webhook_id
+LEFT JOIN jobs_jobevent e ON e.id = d.event_id
+WHERE d.id = %s
+"""
+# The attempt's own job must still be held by this worker: a stale attempt's
+# bookkeeping does not land (the same predicate as every holder write, SPEC §3).
+_HELD = f"""EXISTS (SELECT 1 FROM jobs_job j WHERE j.id = %(job)s AND j.lease_version = %(lv)s
+  AND j.owned_by = %(owner)s AND j.status = '{Status.PROCESSING}')"""
+_ATTEMPT_SQL = f"""
+UPDATE jobs_webhookdelivery SET attempts = attempts + 1, last_status_code = %(code)s,
+       last_error = %(error)s, last_attempt_at = now()
+WHERE id = %(delivery)s AND {_HELD}
+"""
+_DISABLE_SQL = f"""
+UPDATE jobs_webhook SET enabled = false, disabled_reason = %(reason)s, updated_at = now()
+WHERE id = %(webhook)s AND enabled AND {_HELD}
+"""
+
+
+_FAILURE_RATES_SQL = f"""
+SELECT w.id, w.url, w.enabled, count(d.id), COALESCE(sum(d.attempts), 0),
+       count(d.id) FILTER (WHERE j.status = '{Status.DONE}'),
+       count(d.id) FILTER (WHERE j.status = '{Status.FAILED}')
+FROM jobs_webhook w
+LEFT JOIN jobs_webhookdelivery d
+  ON d.webhook_id = w.id AND d.created_at > now() - %s * interval '1 second'
+LEFT JOIN jobs_job j ON j.id = d.job_id
+GROUP BY w.id, w.url, w.enabled
+ORDER BY count(d.id) FILTER (WHERE j.status = '{Status.FAILED}') DESC, w.id
+LIMIT %s
+"""
+
+
+def failure_rates(window_seconds: int = 86400, limit: int = 20) -> list[dict]:
+    """Per endpoint over the window: deliveries, attempts, delivered, dead letters and the
+    share of attempts that failed (the admin dashboard's webhook table)."""
+    with connection.cursor() as cur:
+        cur.execute(_FAILURE_RATES_SQL, [window_seconds, limit])
+        rows = cur.fetchall()
+    return [
+        {"id": i, "url": url, "enabled": enabled, "deliveries": n, "attempts": attempts,
+         "delivered": ok, "dead": dead,
+         "failure_rate": (attempts - ok) / attempts if attempts else None}
+        for i, url, enabled, n, attempts, ok, dead in rows
+    ]  # fmt: skip
+
+
+class Gone(PermanentError):
+    """The receiver answered 410: the webhook is disabled, the delivery ends."""
+
+
+def _execute(sql: str, params: dict) -> int:
+    with connection.cursor() as cur:
+        cur.execute(sql, params)
+        return cur.rowcount
+
+
+def _fence(ctx: JobContext) -> dict:
+    return {"job": ctx.job_id, "lv": ctx.lease_version, "owner": ctx.worker_id}
+
+
+def _timeout() -> urllib3.Timeout:
+    connect = settings.JOBS_WEBHOOK_CONNECT_TIMEOUT
+    read = settings.JOBS_WEBHOOK_READ_TIMEOUT
+    return urllib3.Timeout(connect=connect, read=read, total=connect + read)
+
+
+def post(url: str, address: str, headers: dict[str, str], body: str) -> tuple[int, bytes, dict]:
+    """POST to `address` (checked by ssrf.resolve) with the URL's host name for Host and
+    TLS: no second DNS lookup between the check and the call."""
+    scheme, host, port, path = ssrf.split(url)
+    name = f"[{host}]" if ":" in host else host
+    default_port = 443 if scheme == "https" else 80
+    headers = {**headers, "content-type": "application/json", "user-agent": "jobservice-webhooks",
+               "host": name if port == default_port else f"{name}:{port}"}  # fmt: skip
+    if scheme == "https":
+        pool: urllib3.HTTPConnectionPool = urllib3.HTTPSConnectionPool(
+            address, port, server_hostname=host, assert_hostname=host, maxsize=1, retries=False,
+            cert_reqs="CERT_REQUIRED", ca_certs=settings.JOBS_WEBHOOK_CA_BUNDLE or None,
+        )  # fmt: skip
+    else:
+        pool = urllib3.HTTPConnectionPool(address, port, maxsize=1, retries=False)
+    try:
+        response = pool.urlopen(
+            "POST", path, body=body.encode(), headers=headers, timeout=_timeout(),
+            redirect=False, retries=False, preload_content=False,
+        )  # fmt: skip
+        try:
+            head = response.read(settings.JOBS_WEBHOOK_MAX_RESPONSE_BYTES)
+            return response.status, head, dict(response.headers)
+        finally:
+            response.release_conn()
+    finally:
+        pool.close()
+
+
+def _outcome(outcome: str) -> None:
+    metrics.WEBHOOK_DELIVERIES.labels(outcome).inc()
+
+
+@task(signing.DELIVER_TASK)
+def deliver(payload: dict, ctx: JobContext) -> dict:
+    """Send one delivery (`{"delivery_id"}`); raise to retry, return when delivered."""
+    delivery_id = payload["delivery_id"]
+    with connection.cursor() as cur:
+        cur.execute(_LOAD_SQL, [delivery_id])
+        row = cur.fetchone()
+    if row is None:
+        _outcome("dropped")
+        return {"skipped": "the webhook was deleted"}
+    body, event_id, webhook_id, url, enabled, salt, event_at = row
+    if not enabled:
+        _outcome("disabled")
+        raise PermanentError("the webhook is disabled")
+    fence = _fence(ctx)
+    try:
+        addresses = ssrf.check(url)
+    except ssrf.UnsafeURL as exc:
+        _execute(_ATTEMPT_SQL, {**fence, "delivery": delivery_id, "code": None,
+                                "error": str(exc)[:500]})  # fmt: skip
+        _outcome("refused")
+        raise PermanentError(f"not called: {exc}") from None
+    headers = signing.sign(salt, signing.message_id(event_id), datetime.now(UTC), body)
+    started = time.monotonic()
+    try:
+        code, head, headers_in = post(url, addresses[0], headers, body)
+    except urllib3.exceptions.HTTPError as exc:
+        error = f"{exc.__class__.__name__}: {exc}"[:500]
+        _execute(_ATTEMPT_SQL, {**fence, "delivery": delivery_id, "code": None, "error": error})
+        _outcome("timeout" if isinstance(exc, urllib3.exceptions.TimeoutError) else "error")
+        raise RetryableError(f"webhook {webhook_id}: {error}") from None
+    seconds = time.monotonic() - started
+    error = "" if 200 <= code < 300 else head.decode("utf-8", "replace")[:500]
+    _execute(_ATTEMPT_SQL, {**fence, "delivery": delivery_id, "code": code, "error": error})
+    if 200 <= code < 300:
+        _outcome("delivered")
+        if event_at is not None:
+            metrics.WEBHOOK_LAG.observe(max(0.0, time.time() - event_at.timestamp()))
+        return {"status": code, "seconds": round(seconds, 3)}
+    if code == 410:
+        _execute(_DISABLE_SQL, {**fence, "webhook": webhook_id, "reason": "410 Gone"})
+        _outcome("gone")
+        log.warning("webhook %s answered 410: disabled", webhook_id, extra={"job_id": ctx.job_id})
+        raise Gone(f"webhook {webhook_id} answered 410 Gone: disabled")
+    _outcome("http_error")
+    raise RetryableError(
+        f"webhook {webhook_id} answered HTTP {code}", retry_after=retry_after(headers_in)
+    )
+
+
+def retry_after(headers: dict[str, str]) -> float | None:
+    """A Retry-After header (seconds or an HTTP date) as seconds from now, at most
+    MAX_RETRY_AFTER; None when absent or unreadable."""
+    value = next((v for k, v in headers.items() if k.lower() == "retry-after"), None)
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        seconds = float(value)
+    else:
+        try:
+            seconds = (parsedate_to_datetime(value) - datetime.now(UTC)).total_seconds()
+        except (TypeError, ValueError, IndexError, OverflowError):
+            return None
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER)
