@@ -3,7 +3,7 @@
 A webhook's secret is never stored: it is HMAC(JOBS_WEBHOOK_KEY, salt), and only
 the random salt is in the database, so a read of the database alone cannot
 forge a signature. Rotating JOBS_WEBHOOK_KEY therefore rotates every secret
-(decision D68). Signing itself is the `standardwebhooks` package's.
+(decision D71). Signing itself is the `standardwebhooks` package's.
 """
 
 from __future__ import annotations
