@@ -47,6 +47,7 @@ from jobs.admin.display import (
 )
 from jobs.admin.filters import QueueFilter, StuckFilter, TaskFilter
 from jobs.admin.paginator import CappedCountPaginator
+from jobs.admin.readonly import SeenWithJobs, WrittenByServices
 from jobs.admin.workflows import JobSignalInline, JobStepInline, send_signal_view
 from jobs.lifecycle import TERMINAL, Status
 from jobs.models import Client, Job, JobEvent
@@ -59,23 +60,10 @@ NARROW_STATES = frozenset(Status) - {Status.DONE}
 JOBS_CSS = "jobs/admin/jobs.css"
 
 
-class WrittenByServices:
-    """Rows only the services write: no add, change or delete in the admin."""
-
-    def has_add_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
-
-
 # --- inlines -------------------------------------------------------------------------
 
 
-class JobEventInline(WrittenByServices, admin.TabularInline):
+class JobEventInline(WrittenByServices, SeenWithJobs, admin.TabularInline):
     """The job's full history, oldest first, read-only."""
 
     model = JobEvent
@@ -110,9 +98,6 @@ class JobEventInline(WrittenByServices, admin.TabularInline):
     def error_with_traceback(self, obj: JobEvent) -> str:
         """The attempt's error; for a failed attempt, its class and full traceback."""
         return error_detail_html(obj.error, obj.error_class, obj.error_traceback)
-
-    def has_view_permission(self, request, obj=None) -> bool:
-        return request.user.has_perm("jobs.view_job")
 
 
 # --- jobs ----------------------------------------------------------------------------

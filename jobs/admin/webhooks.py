@@ -16,6 +16,7 @@ from django.utils.translation import gettext_lazy, ngettext
 
 from jobs import services
 from jobs.admin.actions import staff_actor
+from jobs.admin.readonly import WrittenByServices
 from jobs.events import signing
 from jobs.lifecycle import Status
 from jobs.models import WebhookDelivery
@@ -83,7 +84,7 @@ def redeliver(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: Quer
     modeladmin.message_user(request, text, messages.WARNING if skipped else messages.SUCCESS)
 
 
-class WebhookDeliveryAdmin(admin.ModelAdmin):
+class WebhookDeliveryAdmin(WrittenByServices, admin.ModelAdmin):
     list_display = ("id", "webhook", "type", "source_job_id", "seq", "delivery_status",
                     "attempts", "last_status_code", "last_error", "last_attempt_at",
                     "job")  # fmt: skip
@@ -104,15 +105,6 @@ class WebhookDeliveryAdmin(admin.ModelAdmin):
     @admin.display(description=gettext_lazy("message id"))
     def message_id(self, obj: WebhookDelivery) -> str:
         return signing.message_id(obj.event_id)
-
-    def has_add_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
 
     def has_redeliver_permission(self, request) -> bool:
         return request.user.has_perm("jobs.redeliver_webhookdelivery")

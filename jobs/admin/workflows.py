@@ -21,6 +21,7 @@ from django.utils.translation import gettext_lazy, ngettext
 from jobs import signals, workflows
 from jobs.admin.actions import staff_actor
 from jobs.admin.display import iso_time
+from jobs.admin.readonly import SeenWithJobs, WrittenByServices
 from jobs.exceptions import SubmissionError
 from jobs.models import Job, JobSignal, JobStep, Workflow
 
@@ -32,18 +33,8 @@ def _preview(value: Any) -> str:
     return text if len(text) <= PREVIEW_CHARS else text[:PREVIEW_CHARS] + "…"
 
 
-class _ReadOnly:
-    def has_add_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_view_permission(self, request, obj=None) -> bool:
-        return request.user.has_perm("jobs.view_job")
+class _ReadOnly(WrittenByServices, SeenWithJobs):
+    """Steps, signals and workflows are written by the services; job viewers see them."""
 
 
 class JobStepInline(_ReadOnly, admin.TabularInline):
