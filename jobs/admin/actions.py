@@ -7,14 +7,14 @@ changed job and a message counting what it did and what it skipped.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.db import transaction
-from django.db.models import QuerySet
+from django.db.models import Model, QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.utils.functional import Promise
@@ -100,6 +100,11 @@ def staff_actor(request: HttpRequest) -> str:
     return lifecycle.actor(lifecycle.Role.STAFF, request.user.get_username())
 
 
+def log_change(request: HttpRequest, objects: Iterable[Model], message: str) -> None:
+    """A CHANGE entry in the admin log for each object, by the request's staff user."""
+    LogEntry.objects.log_actions(request.user.pk, objects, CHANGE, change_message=message)
+
+
 def eligible_id_chunks(
     queryset: QuerySet, spec: StaffAction, chunk_size: int
 ) -> Iterator[list[int]]:
@@ -133,11 +138,8 @@ def run_staff_action(
         with transaction.atomic():
             done = spec.service(chunk, actor)
             if done:
-                LogEntry.objects.log_actions(
-                    request.user.pk,
-                    Job.objects.filter(pk__in=done).only("id", "task", "status"),
-                    CHANGE,
-                    change_message=message,
+                log_change(
+                    request, Job.objects.filter(pk__in=done).only("id", "task", "status"), message
                 )
         applied += len(done)
     skipped = selected - applied if exact else 0

@@ -15,7 +15,6 @@ from functools import partial
 from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
-from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.views.main import ChangeList
 from django.db import transaction
@@ -31,7 +30,7 @@ from django.utils.translation import gettext_lazy, ngettext
 
 from jobs import selectors, services
 from jobs.admin import dashboard
-from jobs.admin.actions import STAFF_ACTIONS, make_action
+from jobs.admin.actions import STAFF_ACTIONS, log_change, make_action
 from jobs.admin.display import (
     budget_text,
     duration_column,
@@ -419,11 +418,10 @@ class ClientAdmin(admin.ModelAdmin):
             # Through the service: it also revokes the clients' cached tokens at once.
             targets = services.deactivate_clients(list(queryset.values_list("pk", flat=True)))
             if targets:
-                LogEntry.objects.log_actions(
-                    request.user.pk,
+                log_change(
+                    request,
                     Client.objects.filter(pk__in=targets),
-                    CHANGE,
-                    change_message=f"Deactivated by staff:{request.user.get_username()}",
+                    f"Deactivated by staff:{request.user.get_username()}",
                 )
         skipped = queryset.count() - len(targets)
         text = ngettext("%(count)d deactivated", "%(count)d deactivated", len(targets)) % {

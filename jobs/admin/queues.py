@@ -8,13 +8,12 @@ setting in JOBS_QUEUES (docs/queue-controls.md).
 from __future__ import annotations
 
 from django.contrib import admin, messages
-from django.contrib.admin.models import CHANGE, LogEntry
 from django.db import transaction
 from django.http import HttpRequest
 from django.utils.translation import gettext_lazy, ngettext
 
 from jobs import queuecontrol, queues
-from jobs.admin.actions import staff_actor
+from jobs.admin.actions import log_change, staff_actor
 from jobs.models import Queue
 
 
@@ -54,11 +53,10 @@ class QueueAdmin(admin.ModelAdmin):
                 except queuecontrol.UnknownQueue:  # a row left from an older JOBS_QUEUES
                     continue
             if changed:
-                LogEntry.objects.log_actions(
-                    request.user.pk,
+                log_change(
+                    request,
                     Queue.objects.filter(name__in=changed),
-                    CHANGE,
-                    change_message=f"Queue {verb} by {staff_actor(request)}",
+                    f"Queue {verb} by {staff_actor(request)}",
                 )
         skipped = queryset.count() - len(changed)
         text = ngettext("%(count)d queue %(verb)s", "%(count)d queues %(verb)s", len(changed)) % {

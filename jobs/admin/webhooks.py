@@ -8,14 +8,13 @@ service as the job's Retry (`services.staff_retry`), audited with a LogEntry eac
 from __future__ import annotations
 
 from django.contrib import admin, messages
-from django.contrib.admin.models import CHANGE, LogEntry
 from django.db import transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.translation import gettext_lazy, ngettext
 
 from jobs import services
-from jobs.admin.actions import staff_actor
+from jobs.admin.actions import log_change, staff_actor
 from jobs.admin.readonly import WrittenByServices
 from jobs.events import signing
 from jobs.lifecycle import Status
@@ -66,11 +65,8 @@ def redeliver(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: Quer
         retried = set(services.staff_retry(job_ids, actor))
         done = [pk for pk, job_id in selected if job_id in retried]
         if done:
-            LogEntry.objects.log_actions(
-                request.user.pk,
-                WebhookDelivery.objects.filter(pk__in=done),
-                CHANGE,
-                change_message=f"redelivered by {actor}",
+            log_change(
+                request, WebhookDelivery.objects.filter(pk__in=done), f"redelivered by {actor}"
             )
     skipped = len(selected) - len(done)
     text = ngettext("%(count)d redelivered", "%(count)d redelivered", len(done)) % {

@@ -9,7 +9,6 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
-from django.contrib.admin.models import CHANGE, LogEntry
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
@@ -19,7 +18,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
 from jobs import signals, workflows
-from jobs.admin.actions import staff_actor
+from jobs.admin.actions import log_change, staff_actor
 from jobs.admin.display import iso_time
 from jobs.admin.readonly import SeenWithJobs, WrittenByServices
 from jobs.exceptions import SubmissionError
@@ -118,10 +117,7 @@ def send_signal_view(modeladmin: admin.ModelAdmin, request: HttpRequest, object_
         except (signals.SignalRefused, SubmissionError) as exc:
             form.add_error(None, str(exc))
         else:
-            LogEntry.objects.log_actions(
-                request.user.pk, [job], CHANGE,
-                change_message=f"signal {key!r} sent by {actor}",
-            )  # fmt: skip
+            log_change(request, [job], f"signal {key!r} sent by {actor}")
             text = _("Signal “%(key)s” sent: %(what)s.") % {
                 "key": key,
                 "what": _("the job was waiting for it and is due now")
