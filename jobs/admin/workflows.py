@@ -19,7 +19,7 @@ from django.utils.translation import gettext_lazy, ngettext
 
 from jobs import signals, workflows
 from jobs.admin.actions import log_change, staff_actor
-from jobs.admin.display import iso_time
+from jobs.admin.display import iso_time, time_column
 from jobs.admin.readonly import SeenWithJobs, WrittenByServices
 from jobs.exceptions import SubmissionError
 from jobs.models import Job, JobSignal, JobStep, Workflow
@@ -36,50 +36,43 @@ class _ReadOnly(WrittenByServices, SeenWithJobs):
     """Steps, signals and workflows are written by the services; job viewers see them."""
 
 
-class JobStepInline(_ReadOnly, admin.TabularInline):
-    """The job's committed checkpoints (~ names are its waits), oldest first."""
+class _JobPartInline(_ReadOnly, admin.TabularInline):
+    """Rows of a job shown on its page: read-only, oldest first, with their time."""
 
-    model = JobStep
     fk_name = "job"
-    verbose_name = gettext_lazy("step")
-    verbose_name_plural = gettext_lazy("Steps (checkpoints)")
-    fields = ("name", "result_preview", "at_utc", "lease_version", "worker_id")
-    readonly_fields = fields
     ordering = ("id",)
     extra = 0
     max_num = 0
     can_delete = False
+    at_utc = time_column("created_at", gettext_lazy("at"))
+
+
+class JobStepInline(_JobPartInline):
+    """The job's committed checkpoints (~ names are its waits), oldest first."""
+
+    model = JobStep
+    verbose_name = gettext_lazy("step")
+    verbose_name_plural = gettext_lazy("Steps (checkpoints)")
+    fields = ("name", "result_preview", "at_utc", "lease_version", "worker_id")
+    readonly_fields = fields
 
     @admin.display(description=gettext_lazy("result"))
     def result_preview(self, obj: JobStep) -> str:
         return _preview(obj.result)
 
-    @admin.display(description=gettext_lazy("at"))
-    def at_utc(self, obj: JobStep) -> str:
-        return iso_time(obj.created_at)
 
-
-class JobSignalInline(_ReadOnly, admin.TabularInline):
+class JobSignalInline(_JobPartInline):
     """Signals delivered to the job; one without a `~signal:<key>` step is pending."""
 
     model = JobSignal
-    fk_name = "job"
     verbose_name = gettext_lazy("signal")
     verbose_name_plural = gettext_lazy("Signals")
     fields = ("key", "payload_preview", "sent_by", "at_utc", "consumed")
     readonly_fields = fields
-    ordering = ("id",)
-    extra = 0
-    max_num = 0
-    can_delete = False
 
     @admin.display(description=gettext_lazy("payload"))
     def payload_preview(self, obj: JobSignal) -> str:
         return _preview(obj.payload)
-
-    @admin.display(description=gettext_lazy("at"))
-    def at_utc(self, obj: JobSignal) -> str:
-        return iso_time(obj.created_at)
 
     @admin.display(description=gettext_lazy("consumed"), boolean=True)
     def consumed(self, obj: JobSignal) -> bool:
