@@ -5,6 +5,7 @@ like the dashboard) with each job's state and a link to it."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from django import forms
@@ -32,6 +33,16 @@ def _preview(value: Any) -> str:
     return text if len(text) <= PREVIEW_CHARS else text[:PREVIEW_CHARS] + "…"
 
 
+def _preview_column(field: str, description: Any) -> Callable[[Any, Any], str]:
+    """A column showing one JSON field as `_preview` does (its first characters)."""
+
+    def column(admin_self: Any, obj: Any) -> str:
+        return _preview(getattr(obj, field))
+
+    column.__name__ = f"{field}_preview"
+    return admin.display(description=description)(column)
+
+
 class _ReadOnly(WrittenByServices, SeenWithJobs):
     """Steps, signals and workflows are written by the services; job viewers see them."""
 
@@ -46,6 +57,9 @@ class _JobPartInline(_ReadOnly, admin.TabularInline):
     can_delete = False
     at_utc = time_column("created_at", gettext_lazy("at"))
 
+    def get_readonly_fields(self, request, obj=None):
+        return self.fields
+
 
 class JobStepInline(_JobPartInline):
     """The job's committed checkpoints (~ names are its waits), oldest first."""
@@ -54,11 +68,7 @@ class JobStepInline(_JobPartInline):
     verbose_name = gettext_lazy("step")
     verbose_name_plural = gettext_lazy("Steps (checkpoints)")
     fields = ("name", "result_preview", "at_utc", "lease_version", "worker_id")
-    readonly_fields = fields
-
-    @admin.display(description=gettext_lazy("result"))
-    def result_preview(self, obj: JobStep) -> str:
-        return _preview(obj.result)
+    result_preview = _preview_column("result", gettext_lazy("result"))
 
 
 class JobSignalInline(_JobPartInline):
@@ -68,11 +78,7 @@ class JobSignalInline(_JobPartInline):
     verbose_name = gettext_lazy("signal")
     verbose_name_plural = gettext_lazy("Signals")
     fields = ("key", "payload_preview", "sent_by", "at_utc", "consumed")
-    readonly_fields = fields
-
-    @admin.display(description=gettext_lazy("payload"))
-    def payload_preview(self, obj: JobSignal) -> str:
-        return _preview(obj.payload)
+    payload_preview = _preview_column("payload", gettext_lazy("payload"))
 
     @admin.display(description=gettext_lazy("consumed"), boolean=True)
     def consumed(self, obj: JobSignal) -> bool:
