@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
@@ -20,7 +21,7 @@ from django.template.response import TemplateResponse
 from django.utils.functional import Promise
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy as _lazy
-from django.utils.translation import ngettext
+from django.utils.translation import ngettext_lazy
 
 from jobs import lifecycle, selectors, services
 from jobs.admin.display import budget_text, error_detail_html
@@ -105,6 +106,16 @@ def log_change(request: HttpRequest, objects: Iterable[Model], message: str) -> 
     LogEntry.objects.log_actions(request.user.pk, objects, CHANGE, change_message=message)
 
 
+def tally(done: Promise, skipped: Promise, applied: int, passed_over: int, **params: Any) -> str:
+    """An action's count, as in "3 retried, 1 skipped: …". `done` and `skipped` are
+    `ngettext_lazy(…, "count")`, each plural by its own count; the skipped part only
+    when some were."""
+    text = done % {"count": applied, **params}
+    if passed_over:
+        text += skipped % {"count": passed_over, **params}
+    return text
+
+
 def eligible_id_chunks(
     queryset: QuerySet, spec: StaffAction, chunk_size: int
 ) -> Iterator[list[int]]:
@@ -143,15 +154,13 @@ def run_staff_action(
                 )
         applied += len(done)
     skipped = selected - applied if exact else 0
-    text = ngettext("%(count)d %(verb)s", "%(count)d %(verb)s", applied) % {
-        "count": applied,
-        "verb": spec.verb,
-    }
-    if skipped:
-        text += ngettext(
-            ", %(count)d skipped: %(reason)s", ", %(count)d skipped: %(reason)s", skipped
-        ) % {"count": skipped, "reason": spec.skipped_because}
-    elif not exact:
+    text = tally(
+        ngettext_lazy("%(count)d %(verb)s", "%(count)d %(verb)s", "count"),
+        ngettext_lazy(", %(count)d skipped: %(reason)s",
+                      ", %(count)d skipped: %(reason)s", "count"),
+        applied, skipped, verb=spec.verb, reason=spec.skipped_because,
+    )  # fmt: skip
+    if not exact:
         text += _(" (over %(cap)s selected: the skipped are not counted)") % {"cap": f"{cap:,}"}
     modeladmin.message_user(request, text, messages.WARNING if skipped else messages.SUCCESS)
     return None

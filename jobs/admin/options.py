@@ -26,11 +26,11 @@ from django.urls import path, reverse
 from django.utils.cache import add_never_cache_headers
 from django.utils.html import format_html
 from django.utils.translation import gettext as _
-from django.utils.translation import gettext_lazy, ngettext
+from django.utils.translation import gettext_lazy, ngettext_lazy
 
 from jobs import selectors, services
 from jobs.admin import dashboard
-from jobs.admin.actions import STAFF_ACTIONS, log_change, make_action
+from jobs.admin.actions import STAFF_ACTIONS, log_change, make_action, tally
 from jobs.admin.display import (
     budget_text,
     duration_column,
@@ -424,13 +424,10 @@ class ClientAdmin(admin.ModelAdmin):
                     f"Deactivated by staff:{request.user.get_username()}",
                 )
         skipped = queryset.count() - len(targets)
-        text = ngettext("%(count)d deactivated", "%(count)d deactivated", len(targets)) % {
-            "count": len(targets)
-        }
-        if skipped:
-            text += ngettext(
-                ", %(count)d skipped: already inactive",
-                ", %(count)d skipped: already inactive",
-                skipped,
-            ) % {"count": skipped}
+        text = tally(
+            ngettext_lazy("%(count)d deactivated", "%(count)d deactivated", "count"),
+            ngettext_lazy(", %(count)d skipped: already inactive",
+                          ", %(count)d skipped: already inactive", "count"),
+            len(targets), skipped,
+        )  # fmt: skip
         self.message_user(request, text, messages.SUCCESS)

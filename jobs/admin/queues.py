@@ -10,10 +10,10 @@ from __future__ import annotations
 from django.contrib import admin, messages
 from django.db import transaction
 from django.http import HttpRequest
-from django.utils.translation import gettext_lazy, ngettext
+from django.utils.translation import gettext_lazy, ngettext_lazy
 
 from jobs import queuecontrol, queues
-from jobs.admin.actions import log_change, staff_actor
+from jobs.admin.actions import log_change, staff_actor, tally
 from jobs.models import Queue
 
 
@@ -59,16 +59,12 @@ class QueueAdmin(admin.ModelAdmin):
                     f"Queue {verb} by {staff_actor(request)}",
                 )
         skipped = queryset.count() - len(changed)
-        text = ngettext("%(count)d queue %(verb)s", "%(count)d queues %(verb)s", len(changed)) % {
-            "count": len(changed),
-            "verb": verb,
-        }
-        if skipped:
-            text += ngettext(
-                ", %(count)d skipped: already %(verb)s or not declared",
-                ", %(count)d skipped: already %(verb)s or not declared",
-                skipped,
-            ) % {"count": skipped, "verb": verb}
+        text = tally(
+            ngettext_lazy("%(count)d queue %(verb)s", "%(count)d queues %(verb)s", "count"),
+            ngettext_lazy(", %(count)d skipped: already %(verb)s or not declared",
+                          ", %(count)d skipped: already %(verb)s or not declared", "count"),
+            len(changed), skipped, verb=verb,
+        )  # fmt: skip
         self.message_user(request, text, messages.SUCCESS)
 
     @admin.action(permissions=["pause"], description=gettext_lazy("Pause selected queues"))

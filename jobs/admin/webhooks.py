@@ -11,10 +11,10 @@ from django.contrib import admin, messages
 from django.db import transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest
-from django.utils.translation import gettext_lazy, ngettext
+from django.utils.translation import gettext_lazy, ngettext_lazy
 
 from jobs import services
-from jobs.admin.actions import log_change, staff_actor
+from jobs.admin.actions import log_change, staff_actor, tally
 from jobs.admin.readonly import WrittenByServices
 from jobs.events import signing
 from jobs.lifecycle import Status
@@ -69,14 +69,12 @@ def redeliver(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: Quer
                 request, WebhookDelivery.objects.filter(pk__in=done), f"redelivered by {actor}"
             )
     skipped = len(selected) - len(done)
-    text = ngettext("%(count)d redelivered", "%(count)d redelivered", len(done)) % {
-        "count": len(done)
-    }
-    if skipped:
-        text += ngettext(
-            ", %(count)d skipped: not a dead letter", ", %(count)d skipped: not a dead letter",
-            skipped,
-        ) % {"count": skipped}  # fmt: skip
+    text = tally(
+        ngettext_lazy("%(count)d redelivered", "%(count)d redelivered", "count"),
+        ngettext_lazy(", %(count)d skipped: not a dead letter",
+                      ", %(count)d skipped: not a dead letter", "count"),
+        len(done), skipped,
+    )  # fmt: skip
     modeladmin.message_user(request, text, messages.WARNING if skipped else messages.SUCCESS)
 
 
