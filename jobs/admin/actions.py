@@ -15,7 +15,7 @@ from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.db import transaction
-from django.db.models import Model, QuerySet
+from django.db.models import Manager, Model, QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.utils.functional import Promise
@@ -106,6 +106,14 @@ def log_change(request: HttpRequest, objects: Iterable[Model], message: str) -> 
     LogEntry.objects.log_actions(request.user.pk, objects, CHANGE, change_message=message)
 
 
+def log_changed(
+    request: HttpRequest, rows: QuerySet | Manager, pks: Sequence, message: str
+) -> None:
+    """`log_change` for the rows of `rows` whose primary key an action changed, if any."""
+    if pks:
+        log_change(request, rows.filter(pk__in=pks), message)
+
+
 def tally(done: Promise, skipped: Promise, applied: int, passed_over: int, **params: Any) -> str:
     """An action's count, as in "3 retried, 1 skipped: …". `done` and `skipped` are
     `ngettext_lazy(…, "count")`, each plural by its own count; the skipped part only
@@ -148,10 +156,7 @@ def run_staff_action(
     for chunk in eligible_id_chunks(queryset, spec, modeladmin.action_chunk_size):
         with transaction.atomic():
             done = spec.service(chunk, actor)
-            if done:
-                log_change(
-                    request, Job.objects.filter(pk__in=done).only("id", "task", "status"), message
-                )
+            log_changed(request, Job.objects.only("id", "task", "status"), done, message)
         applied += len(done)
     skipped = selected - applied if exact else 0
     text = tally(

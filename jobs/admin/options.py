@@ -30,7 +30,7 @@ from django.utils.translation import gettext_lazy, ngettext_lazy
 
 from jobs import selectors, services
 from jobs.admin import dashboard
-from jobs.admin.actions import STAFF_ACTIONS, log_change, make_action, tally
+from jobs.admin.actions import STAFF_ACTIONS, log_changed, make_action, tally
 from jobs.admin.display import (
     budget_text,
     duration_column,
@@ -417,12 +417,8 @@ class ClientAdmin(admin.ModelAdmin):
         with transaction.atomic():
             # Through the service: it also revokes the clients' cached tokens at once.
             targets = services.deactivate_clients(list(queryset.values_list("pk", flat=True)))
-            if targets:
-                log_change(
-                    request,
-                    Client.objects.filter(pk__in=targets),
-                    f"Deactivated by staff:{request.user.get_username()}",
-                )
+            actor = f"staff:{request.user.get_username()}"
+            log_changed(request, Client.objects, targets, f"Deactivated by {actor}")
         skipped = queryset.count() - len(targets)
         text = tally(
             ngettext_lazy("%(count)d deactivated", "%(count)d deactivated", "count"),

@@ -13,7 +13,7 @@ from django.http import HttpRequest
 from django.utils.translation import gettext_lazy, ngettext_lazy
 
 from jobs import queuecontrol, queues
-from jobs.admin.actions import log_change, staff_actor, tally
+from jobs.admin.actions import log_changed, staff_actor, tally
 from jobs.models import Queue
 
 
@@ -52,12 +52,7 @@ class QueueAdmin(admin.ModelAdmin):
                         changed.append(name)
                 except queuecontrol.UnknownQueue:  # a row left from an older JOBS_QUEUES
                     continue
-            if changed:
-                log_change(
-                    request,
-                    Queue.objects.filter(name__in=changed),
-                    f"Queue {verb} by {staff_actor(request)}",
-                )
+            log_changed(request, Queue.objects, changed, f"Queue {verb} by {staff_actor(request)}")
         skipped = queryset.count() - len(changed)
         text = tally(
             ngettext_lazy("%(count)d queue %(verb)s", "%(count)d queues %(verb)s", "count"),

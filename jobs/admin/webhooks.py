@@ -14,7 +14,7 @@ from django.http import HttpRequest
 from django.utils.translation import gettext_lazy, ngettext_lazy
 
 from jobs import services
-from jobs.admin.actions import log_change, staff_actor, tally
+from jobs.admin.actions import log_changed, staff_actor, tally
 from jobs.admin.readonly import WrittenByServices
 from jobs.events import signing
 from jobs.lifecycle import Status
@@ -64,10 +64,7 @@ def redeliver(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: Quer
     with transaction.atomic():
         retried = set(services.staff_retry(job_ids, actor))
         done = [pk for pk, job_id in selected if job_id in retried]
-        if done:
-            log_change(
-                request, WebhookDelivery.objects.filter(pk__in=done), f"redelivered by {actor}"
-            )
+        log_changed(request, WebhookDelivery.objects, done, f"redelivered by {actor}")
     skipped = len(selected) - len(done)
     text = tally(
         ngettext_lazy("%(count)d redelivered", "%(count)d redelivered", "count"),
