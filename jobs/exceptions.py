@@ -69,29 +69,31 @@ class QueueFull(SubmissionError):
         self.retry_after = RETRY_AFTER_SECONDS
 
 
-class WorkflowIdempotencyConflict(SubmissionError):
-    """The idempotency key was used before for a workflow with a different request."""
+class _KeyReused(SubmissionError):
+    """The idempotency key was used before, for `holder`, with a different request."""
 
     code = "idempotency_conflict"
 
-    def __init__(self, workflow_id: int) -> None:
+    def __init__(self, holder: str) -> None:
         super().__init__(
-            f"idempotency key already used for workflow {workflow_id} with a different request",
+            f"idempotency key already used for {holder} with a different request",
             field="idempotency_key",
         )
+
+
+class WorkflowIdempotencyConflict(_KeyReused):
+    """The idempotency key was used before for a workflow with a different request."""
+
+    def __init__(self, workflow_id: int) -> None:
+        super().__init__(f"workflow {workflow_id}")
         self.workflow_id = workflow_id
 
 
-class IdempotencyConflict(SubmissionError):
+class IdempotencyConflict(_KeyReused):
     """The idempotency key was used before with a different request."""
 
-    code = "idempotency_conflict"
-
     def __init__(self, job: Any) -> None:
-        super().__init__(
-            f"idempotency key already used for job {job.pk} with a different request",
-            field="idempotency_key",
-        )
+        super().__init__(f"job {job.pk}")
         self.job = job
 
 

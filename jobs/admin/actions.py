@@ -7,20 +7,21 @@ changed job and a message counting what it did and what it skipped.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.db import transaction
-from django.db.models import QuerySet
+from django.db.models import Manager, Model, QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.utils.functional import Promise
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy as _lazy
-from django.utils.translation import ngettext
+from django.utils.translation import ngettext_lazy
 
 from jobs import lifecycle, selectors, services
 from jobs.admin.display import budget_text, error_detail_html
@@ -100,6 +101,29 @@ def staff_actor(request: HttpRequest) -> str:
     return lifecycle.actor(lifecycle.Role.STAFF, request.user.get_username())
 
 
+def log_change(request: HttpRequest, objects: Iterable[Model], message: str) -> None:
+    """A CHANGE entry in the admin log for each object, by the request's staff user."""
+    LogEntry.objects.log_actions(request.user.pk, objects, CHANGE, change_message=message)
+
+
+def log_changed(
+    request: HttpRequest, rows: QuerySet | Manager, pks: Sequence, message: str
+) -> None:
+    """`log_change` for the rows of `rows` whose primary key an action changed, if any."""
+    if pks:
+        log_change(request, rows.filter(pk__in=pks), message)
+
+
+def tally(done: Promise, skipped: Promise, applied: int, passed_over: int, **params: Any) -> str:
+    """An action's count, as in "3 retried, 1 skipped: …". `done` and `skipped` are
+    `ngettext_lazy(…, "count")`, each plural by its own count; the skipped part only
+    when some were."""
+    text = done % {"count": applied, **params}
+    if passed_over:
+        text += skipped % {"count": passed_over, **params}
+    return text
+
+
 def eligible_id_chunks(
     queryset: QuerySet, spec: StaffAction, chunk_size: int
 ) -> Iterator[list[int]]:
@@ -132,24 +156,16 @@ def run_staff_action(
     for chunk in eligible_id_chunks(queryset, spec, modeladmin.action_chunk_size):
         with transaction.atomic():
             done = spec.service(chunk, actor)
-            if done:
-                LogEntry.objects.log_actions(
-                    request.user.pk,
-                    Job.objects.filter(pk__in=done).only("id", "task", "status"),
-                    CHANGE,
-                    change_message=message,
-                )
+            log_changed(request, Job.objects.only("id", "task", "status"), done, message)
         applied += len(done)
     skipped = selected - applied if exact else 0
-    text = ngettext("%(count)d %(verb)s", "%(count)d %(verb)s", applied) % {
-        "count": applied,
-        "verb": spec.verb,
-    }
-    if skipped:
-        text += ngettext(
-            ", %(count)d skipped: %(reason)s", ", %(count)d skipped: %(reason)s", skipped
-        ) % {"count": skipped, "reason": spec.skipped_because}
-    elif not exact:
+    text = tally(
+        ngettext_lazy("%(count)d %(verb)s", "%(count)d %(verb)s", "count"),
+        ngettext_lazy(", %(count)d skipped: %(reason)s",
+                      ", %(count)d skipped: %(reason)s", "count"),
+        applied, skipped, verb=spec.verb, reason=spec.skipped_because,
+    )  # fmt: skip
+    if not exact:
         text += _(" (over %(cap)s selected: the skipped are not counted)") % {"cap": f"{cap:,}"}
     modeladmin.message_user(request, text, messages.WARNING if skipped else messages.SUCCESS)
     return None

@@ -15,7 +15,6 @@ from functools import partial
 from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
-from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.views.main import ChangeList
 from django.db import transaction
@@ -27,11 +26,11 @@ from django.urls import path, reverse
 from django.utils.cache import add_never_cache_headers
 from django.utils.html import format_html
 from django.utils.translation import gettext as _
-from django.utils.translation import gettext_lazy, ngettext
+from django.utils.translation import gettext_lazy, ngettext_lazy
 
 from jobs import selectors, services
 from jobs.admin import dashboard
-from jobs.admin.actions import STAFF_ACTIONS, make_action
+from jobs.admin.actions import STAFF_ACTIONS, log_changed, make_action, tally
 from jobs.admin.display import (
     budget_text,
     duration_column,
@@ -47,6 +46,7 @@ from jobs.admin.display import (
 )
 from jobs.admin.filters import QueueFilter, StuckFilter, TaskFilter
 from jobs.admin.paginator import CappedCountPaginator
+from jobs.admin.readonly import SeenWithJobs, WrittenByServices
 from jobs.admin.workflows import JobSignalInline, JobStepInline, send_signal_view
 from jobs.lifecycle import TERMINAL, Status
 from jobs.models import Client, Job, JobEvent
@@ -59,23 +59,10 @@ NARROW_STATES = frozenset(Status) - {Status.DONE}
 JOBS_CSS = "jobs/admin/jobs.css"
 
 
-class WrittenByServices:
-    """Rows only the services write: no add, change or delete in the admin."""
-
-    def has_add_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
-
-
 # --- inlines -------------------------------------------------------------------------
 
 
-class JobEventInline(WrittenByServices, admin.TabularInline):
+class JobEventInline(WrittenByServices, SeenWithJobs, admin.TabularInline):
     """The job's full history, oldest first, read-only."""
 
     model = JobEvent
@@ -110,9 +97,6 @@ class JobEventInline(WrittenByServices, admin.TabularInline):
     def error_with_traceback(self, obj: JobEvent) -> str:
         """The attempt's error; for a failed attempt, its class and full traceback."""
         return error_detail_html(obj.error, obj.error_class, obj.error_traceback)
-
-    def has_view_permission(self, request, obj=None) -> bool:
-        return request.user.has_perm("jobs.view_job")
 
 
 # --- jobs ----------------------------------------------------------------------------
@@ -433,21 +417,13 @@ class ClientAdmin(admin.ModelAdmin):
         with transaction.atomic():
             # Through the service: it also revokes the clients' cached tokens at once.
             targets = services.deactivate_clients(list(queryset.values_list("pk", flat=True)))
-            if targets:
-                LogEntry.objects.log_actions(
-                    request.user.pk,
-                    Client.objects.filter(pk__in=targets),
-                    CHANGE,
-                    change_message=f"Deactivated by staff:{request.user.get_username()}",
-                )
+            actor = f"staff:{request.user.get_username()}"
+            log_changed(request, Client.objects, targets, f"Deactivated by {actor}")
         skipped = queryset.count() - len(targets)
-        text = ngettext("%(count)d deactivated", "%(count)d deactivated", len(targets)) % {
-            "count": len(targets)
-        }
-        if skipped:
-            text += ngettext(
-                ", %(count)d skipped: already inactive",
-                ", %(count)d skipped: already inactive",
-                skipped,
-            ) % {"count": skipped}
+        text = tally(
+            ngettext_lazy("%(count)d deactivated", "%(count)d deactivated", "count"),
+            ngettext_lazy(", %(count)d skipped: already inactive",
+                          ", %(count)d skipped: already inactive", "count"),
+            len(targets), skipped,
+        )  # fmt: skip
         self.message_user(request, text, messages.SUCCESS)

@@ -8,13 +8,12 @@ setting in JOBS_QUEUES (docs/queue-controls.md).
 from __future__ import annotations
 
 from django.contrib import admin, messages
-from django.contrib.admin.models import CHANGE, LogEntry
 from django.db import transaction
 from django.http import HttpRequest
-from django.utils.translation import gettext_lazy, ngettext
+from django.utils.translation import gettext_lazy, ngettext_lazy
 
 from jobs import queuecontrol, queues
-from jobs.admin.actions import staff_actor
+from jobs.admin.actions import log_changed, staff_actor, tally
 from jobs.models import Queue
 
 
@@ -53,24 +52,14 @@ class QueueAdmin(admin.ModelAdmin):
                         changed.append(name)
                 except queuecontrol.UnknownQueue:  # a row left from an older JOBS_QUEUES
                     continue
-            if changed:
-                LogEntry.objects.log_actions(
-                    request.user.pk,
-                    Queue.objects.filter(name__in=changed),
-                    CHANGE,
-                    change_message=f"Queue {verb} by {staff_actor(request)}",
-                )
+            log_changed(request, Queue.objects, changed, f"Queue {verb} by {staff_actor(request)}")
         skipped = queryset.count() - len(changed)
-        text = ngettext("%(count)d queue %(verb)s", "%(count)d queues %(verb)s", len(changed)) % {
-            "count": len(changed),
-            "verb": verb,
-        }
-        if skipped:
-            text += ngettext(
-                ", %(count)d skipped: already %(verb)s or not declared",
-                ", %(count)d skipped: already %(verb)s or not declared",
-                skipped,
-            ) % {"count": skipped, "verb": verb}
+        text = tally(
+            ngettext_lazy("%(count)d queue %(verb)s", "%(count)d queues %(verb)s", "count"),
+            ngettext_lazy(", %(count)d skipped: already %(verb)s or not declared",
+                          ", %(count)d skipped: already %(verb)s or not declared", "count"),
+            len(changed), skipped, verb=verb,
+        )  # fmt: skip
         self.message_user(request, text, messages.SUCCESS)
 
     @admin.action(permissions=["pause"], description=gettext_lazy("Pause selected queues"))

@@ -7,24 +7,19 @@ from __future__ import annotations
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
-from django.contrib.admin.models import CHANGE, LogEntry
 from django.db import transaction
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext_lazy, ngettext
 
-from jobs import lifecycle
+from jobs.admin.actions import log_change, staff_actor
 from jobs.admin.display import iso_time, status_badge_html
 from jobs.exceptions import RequestInvalid, SubmissionError
 from jobs.models import Job, Schedule
 from jobs.schedules import define, firing
 
 RECENT_JOBS = 10
-
-
-def staff_actor(request) -> str:
-    return lifecycle.actor(lifecycle.Role.STAFF, request.user.get_username())
 
 
 class ScheduleForm(forms.ModelForm):
@@ -149,12 +144,7 @@ class ScheduleAdmin(admin.ModelAdmin):
                 if schedule.enabled == enabled:
                     continue
                 define.update(schedule, {"enabled": enabled})
-                LogEntry.objects.log_actions(
-                    request.user.pk,
-                    [schedule],
-                    CHANGE,
-                    change_message=f"{verb} by {staff_actor(request)}",
-                )
+                log_change(request, [schedule], f"{verb} by {staff_actor(request)}")
                 changed += 1
         self.message_user(
             request,
@@ -194,12 +184,7 @@ class ScheduleAdmin(admin.ModelAdmin):
                 fired = firing.run_now(schedule.pk, actor)
                 if fired is None or fired.job_id is None:
                     continue
-                LogEntry.objects.log_actions(
-                    request.user.pk,
-                    [schedule],
-                    CHANGE,
-                    change_message=f"Run now by {actor}: job {fired.job_id}",
-                )
+                log_change(request, [schedule], f"Run now by {actor}: job {fired.job_id}")
                 made += 1
         self.message_user(
             request,

@@ -8,14 +8,14 @@ service as the job's Retry (`services.staff_retry`), audited with a LogEntry eac
 from __future__ import annotations
 
 from django.contrib import admin, messages
-from django.contrib.admin.models import CHANGE, LogEntry
 from django.db import transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest
-from django.utils.translation import gettext_lazy, ngettext
+from django.utils.translation import gettext_lazy, ngettext_lazy
 
 from jobs import services
-from jobs.admin.actions import staff_actor
+from jobs.admin.actions import log_changed, staff_actor, tally
+from jobs.admin.readonly import WrittenByServices
 from jobs.events import signing
 from jobs.lifecycle import Status
 from jobs.models import WebhookDelivery
@@ -64,26 +64,18 @@ def redeliver(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: Quer
     with transaction.atomic():
         retried = set(services.staff_retry(job_ids, actor))
         done = [pk for pk, job_id in selected if job_id in retried]
-        if done:
-            LogEntry.objects.log_actions(
-                request.user.pk,
-                WebhookDelivery.objects.filter(pk__in=done),
-                CHANGE,
-                change_message=f"redelivered by {actor}",
-            )
+        log_changed(request, WebhookDelivery.objects, done, f"redelivered by {actor}")
     skipped = len(selected) - len(done)
-    text = ngettext("%(count)d redelivered", "%(count)d redelivered", len(done)) % {
-        "count": len(done)
-    }
-    if skipped:
-        text += ngettext(
-            ", %(count)d skipped: not a dead letter", ", %(count)d skipped: not a dead letter",
-            skipped,
-        ) % {"count": skipped}  # fmt: skip
+    text = tally(
+        ngettext_lazy("%(count)d redelivered", "%(count)d redelivered", "count"),
+        ngettext_lazy(", %(count)d skipped: not a dead letter",
+                      ", %(count)d skipped: not a dead letter", "count"),
+        len(done), skipped,
+    )  # fmt: skip
     modeladmin.message_user(request, text, messages.WARNING if skipped else messages.SUCCESS)
 
 
-class WebhookDeliveryAdmin(admin.ModelAdmin):
+class WebhookDeliveryAdmin(WrittenByServices, admin.ModelAdmin):
     list_display = ("id", "webhook", "type", "source_job_id", "seq", "delivery_status",
                     "attempts", "last_status_code", "last_error", "last_attempt_at",
                     "job")  # fmt: skip
@@ -104,15 +96,6 @@ class WebhookDeliveryAdmin(admin.ModelAdmin):
     @admin.display(description=gettext_lazy("message id"))
     def message_id(self, obj: WebhookDelivery) -> str:
         return signing.message_id(obj.event_id)
-
-    def has_add_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
 
     def has_redeliver_permission(self, request) -> bool:
         return request.user.has_perm("jobs.redeliver_webhookdelivery")

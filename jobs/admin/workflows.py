@@ -5,11 +5,11 @@ like the dashboard) with each job's state and a link to it."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
-from django.contrib.admin.models import CHANGE, LogEntry
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
@@ -19,8 +19,9 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
 from jobs import signals, workflows
-from jobs.admin.actions import staff_actor
-from jobs.admin.display import iso_time
+from jobs.admin.actions import log_change, staff_actor
+from jobs.admin.display import iso_time, time_column
+from jobs.admin.readonly import SeenWithJobs, WrittenByServices
 from jobs.exceptions import SubmissionError
 from jobs.models import Job, JobSignal, JobStep, Workflow
 
@@ -32,64 +33,52 @@ def _preview(value: Any) -> str:
     return text if len(text) <= PREVIEW_CHARS else text[:PREVIEW_CHARS] + "…"
 
 
-class _ReadOnly:
-    def has_add_permission(self, request, obj=None) -> bool:
-        return False
+def _preview_column(field: str, description: Any) -> Callable[[Any, Any], str]:
+    """A column showing one JSON field as `_preview` does (its first characters)."""
 
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
+    def column(admin_self: Any, obj: Any) -> str:
+        return _preview(getattr(obj, field))
 
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_view_permission(self, request, obj=None) -> bool:
-        return request.user.has_perm("jobs.view_job")
+    column.__name__ = f"{field}_preview"
+    return admin.display(description=description)(column)
 
 
-class JobStepInline(_ReadOnly, admin.TabularInline):
+class _ReadOnly(WrittenByServices, SeenWithJobs):
+    """Steps, signals and workflows are written by the services; job viewers see them."""
+
+
+class _JobPartInline(_ReadOnly, admin.TabularInline):
+    """Rows of a job shown on its page: read-only, oldest first, with their time."""
+
+    fk_name = "job"
+    ordering = ("id",)
+    extra = 0
+    max_num = 0
+    can_delete = False
+    at_utc = time_column("created_at", gettext_lazy("at"))
+
+    def get_readonly_fields(self, request, obj=None):
+        return self.fields
+
+
+class JobStepInline(_JobPartInline):
     """The job's committed checkpoints (~ names are its waits), oldest first."""
 
     model = JobStep
-    fk_name = "job"
     verbose_name = gettext_lazy("step")
     verbose_name_plural = gettext_lazy("Steps (checkpoints)")
     fields = ("name", "result_preview", "at_utc", "lease_version", "worker_id")
-    readonly_fields = fields
-    ordering = ("id",)
-    extra = 0
-    max_num = 0
-    can_delete = False
-
-    @admin.display(description=gettext_lazy("result"))
-    def result_preview(self, obj: JobStep) -> str:
-        return _preview(obj.result)
-
-    @admin.display(description=gettext_lazy("at"))
-    def at_utc(self, obj: JobStep) -> str:
-        return iso_time(obj.created_at)
+    result_preview = _preview_column("result", gettext_lazy("result"))
 
 
-class JobSignalInline(_ReadOnly, admin.TabularInline):
+class JobSignalInline(_JobPartInline):
     """Signals delivered to the job; one without a `~signal:<key>` step is pending."""
 
     model = JobSignal
-    fk_name = "job"
     verbose_name = gettext_lazy("signal")
     verbose_name_plural = gettext_lazy("Signals")
     fields = ("key", "payload_preview", "sent_by", "at_utc", "consumed")
-    readonly_fields = fields
-    ordering = ("id",)
-    extra = 0
-    max_num = 0
-    can_delete = False
-
-    @admin.display(description=gettext_lazy("payload"))
-    def payload_preview(self, obj: JobSignal) -> str:
-        return _preview(obj.payload)
-
-    @admin.display(description=gettext_lazy("at"))
-    def at_utc(self, obj: JobSignal) -> str:
-        return iso_time(obj.created_at)
+    payload_preview = _preview_column("payload", gettext_lazy("payload"))
 
     @admin.display(description=gettext_lazy("consumed"), boolean=True)
     def consumed(self, obj: JobSignal) -> bool:
@@ -127,10 +116,7 @@ def send_signal_view(modeladmin: admin.ModelAdmin, request: HttpRequest, object_
         except (signals.SignalRefused, SubmissionError) as exc:
             form.add_error(None, str(exc))
         else:
-            LogEntry.objects.log_actions(
-                request.user.pk, [job], CHANGE,
-                change_message=f"signal {key!r} sent by {actor}",
-            )  # fmt: skip
+            log_change(request, [job], f"signal {key!r} sent by {actor}")
             text = _("Signal “%(key)s” sent: %(what)s.") % {
                 "key": key,
                 "what": _("the job was waiting for it and is due now")

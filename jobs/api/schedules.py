@@ -8,38 +8,30 @@ from typing import Any
 
 from django.db import transaction
 from django.urls import reverse
-from drf_spectacular.utils import OpenApiExample, OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiExample, extend_schema
 from rest_framework import status, viewsets
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from jobs.api.errors import exception_handler
 from jobs.api.parsers import BoundedJSONParser
-from jobs.api.serializers import ErrorSerializer, ScheduleSerializer, ScheduleWriteSerializer
-from jobs.api.views import StrictCursorPagination
+from jobs.api.serializers import ScheduleSerializer, ScheduleWriteSerializer
+from jobs.api.views import IdCursorPagination, error_responses
 from jobs.exceptions import InvalidSubmission, RequestInvalid
 from jobs.models import Schedule
 from jobs.schedules import define
 
 
-class ScheduleCursorPagination(StrictCursorPagination):
+class ScheduleCursorPagination(IdCursorPagination):
     """Oldest first, by id."""
 
     ordering = ("id",)
 
-    def _valid_position(self, position: str) -> bool:
-        return position.isascii() and position.isdigit() and int(position) < 2**63
 
-
-def _errors(*codes: int) -> dict[int, OpenApiResponse]:
-    described = {
-        400: "Refused (see `code` and `errors`); nothing was written.",
-        401: "Missing, invalid or inactive token.",
-        404: "No such schedule for this client.",
-        413: "Request body too large.",
-        415: "Content-Type is not application/json.",
-    }
-    return {c: OpenApiResponse(ErrorSerializer, description=described[c]) for c in codes}
+_errors = error_responses({
+    400: "Refused (see `code` and `errors`); nothing was written.",
+    404: "No such schedule for this client.",
+})  # fmt: skip
 
 
 def _body(data: Any, *, partial: bool) -> dict[str, Any]:

@@ -3,6 +3,7 @@ sees and touches only its own jobs; another client's job is a 404, never a 403."
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC
 from typing import Any
 
@@ -58,6 +59,34 @@ class StrictCursorPagination(CursorPagination):
         raise NotImplementedError
 
 
+class IdCursorPagination(StrictCursorPagination):
+    """Pages ordered by the rows' bigint id (`ordering` says which way)."""
+
+    def _valid_position(self, position: str) -> bool:
+        return position.isascii() and position.isdigit() and int(position) < 2**63
+
+
+# What a route may answer besides success; a module's `_errors` adds or overrides.
+ERRORS = {
+    400: "Invalid request (see `code` and `errors`).",
+    401: "Missing, invalid or inactive token.",
+    409: "Conflict (see `code`).",
+    413: "Request body too large.",
+    415: "Content-Type is not application/json.",
+}
+
+
+def error_responses(described: dict[int, str]) -> Callable[..., dict[int, OpenApiResponse]]:
+    """A module's `_errors(*codes)`: each code's ErrorSerializer answer, described by
+    `described` or else by ERRORS."""
+    table = {**ERRORS, **described}
+
+    def errors(*codes: int) -> dict[int, OpenApiResponse]:
+        return {c: OpenApiResponse(ErrorSerializer, description=table[c]) for c in codes}
+
+    return errors
+
+
 class JobCursorPagination(StrictCursorPagination):
     """Newest first. Cursor pages stay stable while new jobs arrive."""
 
@@ -71,17 +100,11 @@ class JobCursorPagination(StrictCursorPagination):
             return False
 
 
-def _errors(*codes: int) -> dict[int, OpenApiResponse]:
-    described = {
-        400: "Invalid request (see `code` and `errors`).",
-        401: "Missing, invalid or inactive token.",
-        404: "No such job for this client.",
-        409: "Conflict (see `code`).",
-        413: "Payload or request body too large.",
-        415: "Content-Type is not application/json.",
-        429: "Throttled, or the queue is full (backpressure); see Retry-After.",
-    }
-    return {c: OpenApiResponse(ErrorSerializer, description=described[c]) for c in codes}
+_errors = error_responses({
+    404: "No such job for this client.",
+    413: "Payload or request body too large.",
+    429: "Throttled, or the queue is full (backpressure); see Retry-After.",
+})  # fmt: skip
 
 
 def _submission_responses(serializer: Any, created: str, replayed: str) -> dict:
@@ -267,13 +290,10 @@ class JobViewSet(viewsets.GenericViewSet):
         )
 
 
-class HistoryCursorPagination(StrictCursorPagination):
+class HistoryCursorPagination(IdCursorPagination):
     """Oldest first, in the order the history rows were written."""
 
     ordering = ("id",)
-
-    def _valid_position(self, position: str) -> bool:
-        return position.isascii() and position.isdigit() and int(position) < 2**63
 
 
 class JobHistoryView(generics.ListAPIView):

@@ -8,7 +8,7 @@ from typing import Any
 
 from django.db import transaction
 from django.db.models.functions import Now
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import exceptions, serializers, status, viewsets
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -16,8 +16,7 @@ from rest_framework.response import Response
 from jobs import services
 from jobs.api.errors import Conflict, exception_handler
 from jobs.api.parsers import BoundedJSONParser
-from jobs.api.serializers import ErrorSerializer
-from jobs.api.views import StrictCursorPagination
+from jobs.api.views import IdCursorPagination, error_responses
 from jobs.events import signing, ssrf
 from jobs.lifecycle import Status
 from jobs.models import Webhook, WebhookDelivery
@@ -103,23 +102,14 @@ class DeliverySerializer(serializers.ModelSerializer):
         return (d.job.error if d.job_id and d.job else None) or d.last_error or None
 
 
-class DeliveryPagination(StrictCursorPagination):
+class DeliveryPagination(IdCursorPagination):
     ordering = ("-id",)
 
-    def _valid_position(self, position: str) -> bool:
-        return position.isascii() and position.isdigit() and int(position) < 2**63
 
-
-def _errors(*codes: int) -> dict[int, OpenApiResponse]:
-    described = {
-        400: "Invalid request (see `code` and `errors`).",
-        401: "Missing, invalid or inactive token.",
-        404: "No such webhook (or delivery) for this client.",
-        409: "The delivery is not a dead letter (see `status`).",
-        413: "Request body too large.",
-        415: "Content-Type is not application/json.",
-    }
-    return {c: OpenApiResponse(ErrorSerializer, description=described[c]) for c in codes}
+_errors = error_responses({
+    404: "No such webhook (or delivery) for this client.",
+    409: "The delivery is not a dead letter (see `status`).",
+})  # fmt: skip
 
 
 class WebhookViewSet(viewsets.GenericViewSet):

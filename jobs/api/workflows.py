@@ -22,21 +22,11 @@ from rest_framework.views import APIView
 from jobs import signals, workflows
 from jobs.api.errors import Conflict, exception_handler
 from jobs.api.parsers import BatchJSONParser, BoundedJSONParser
-from jobs.api.serializers import ErrorSerializer
+from jobs.api.views import error_responses
 from jobs.lifecycle import STATUSES, Status, WaitReason
 from jobs.models import OnFailure
 
-
-def _errors(*codes: int) -> dict[int, OpenApiResponse]:
-    described = {
-        400: "Invalid request (see `code` and `errors`).",
-        401: "Missing, invalid or inactive token.",
-        404: "No such job or workflow for this client.",
-        409: "Conflict (see `code`).",
-        413: "Request body too large.",
-        415: "Content-Type is not application/json.",
-    }
-    return {c: OpenApiResponse(ErrorSerializer, description=described[c]) for c in codes}
+_errors = error_responses({404: "No such job or workflow for this client."})
 
 
 IDEMPOTENCY_KEY = OpenApiParameter(
