@@ -520,54 +520,62 @@ class SchedulerRun(models.Model):
         return f"{self.schedule_id} @ {self.fire_time:%Y-%m-%d %H:%M:%S}"
 
 
-class JobStep(models.Model):
+class JobPart(models.Model):
+    """A row kept for one job and pruned with it (no database foreign key: jobs_job is
+    large and history-heavy). `label` names the field that identifies it in the job."""
+
+    id = models.BigAutoField(primary_key=True)
+    created_at = models.DateTimeField(db_default=Now())
+    label = "id"
+
+    class Meta:
+        abstract = True
+        ordering = ["job_id", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.job_id}: {getattr(self, self.label)}"
+
+
+def _job_part_fk(related_name: str) -> models.ForeignKey:
+    return models.ForeignKey(
+        Job, on_delete=models.DO_NOTHING, db_constraint=False, related_name=related_name
+    )
+
+
+class JobStep(JobPart):
     """A committed step of a durable job (`ctx.step`): its JSON result, written under
     the job's fence, returned instead of running the step again on a later attempt.
     Steps whose name starts with "~" are the job's own waits (sleep, signal)."""
 
-    id = models.BigAutoField(primary_key=True)
-    job = models.ForeignKey(
-        Job, on_delete=models.DO_NOTHING, db_constraint=False, related_name="steps"
-    )
+    job = _job_part_fk("steps")
     name = models.CharField(max_length=200)
     result = models.JSONField(null=True, blank=True)
     lease_version = models.BigIntegerField(help_text="The lease the checkpoint was written under.")
     worker_id = models.CharField(max_length=200)
-    created_at = models.DateTimeField(db_default=Now())
+    label = "name"
 
-    class Meta:
+    class Meta(JobPart.Meta):
         db_table = "jobs_jobstep"
-        ordering = ["job_id", "id"]
         constraints = [
             models.UniqueConstraint(name="jobstep_job_name_uniq", fields=["job", "name"]),
         ]
 
-    def __str__(self) -> str:
-        return f"{self.job_id}: {self.name}"
 
-
-class JobSignal(models.Model):
+class JobSignal(JobPart):
     """A signal delivered to a job (`POST /jobs/<id>/signal/`, `jobs.signals`): kept
     until the job's `wait_for_signal(key)` consumes it, one per (job, key)."""
 
-    id = models.BigAutoField(primary_key=True)
-    job = models.ForeignKey(
-        Job, on_delete=models.DO_NOTHING, db_constraint=False, related_name="signals"
-    )
+    job = _job_part_fk("signals")
     key = models.CharField(max_length=200)
     payload = models.JSONField(null=True, blank=True)
     sent_by = models.CharField(max_length=250, blank=True, default="")
-    created_at = models.DateTimeField(db_default=Now())
+    label = "key"
 
-    class Meta:
+    class Meta(JobPart.Meta):
         db_table = "jobs_jobsignal"
-        ordering = ["job_id", "id"]
         constraints = [
             models.UniqueConstraint(name="jobsignal_job_key_uniq", fields=["job", "key"]),
         ]
-
-    def __str__(self) -> str:
-        return f"{self.job_id}: {self.key}"
 
 
 class OnFailure(models.TextChoices):

@@ -222,16 +222,16 @@ def submit(
     task: str,
     payload: Any = None,
     *,
+    client_id: int | None = None,
+    actor: str = "app",
     queue: str = "default",
     priority: int = 0,
     run_at: datetime | None = None,
     max_retries: int | None = None,
-    client_id: int | None = None,
     idempotency_key: str | None = None,
     request_hash: str | None = None,
-    actor: str = "app",
-    payload_json: str | None = None,
     unique_key: str | None = None,
+    payload_json: str | None = None,
 ) -> tuple[Job, bool]:
     """Insert a queued job inside the caller's transaction (the outbox of seed 002).
 

@@ -212,12 +212,12 @@ def submit(
     task: str,
     payload: Any,
     *,
+    client: Client | None = None,
     queue: str = "default",
     priority: int = 0,
     run_at: datetime | None = None,
     max_retries: int | None = None,
     idempotency_key: str | None = None,
-    client: Client | None = None,
     unique_key: str | None = None,
 ) -> tuple[Job, bool]:
     """Validate and enqueue a job inside the caller's transaction.

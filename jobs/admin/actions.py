@@ -73,8 +73,8 @@ RETRY = StaffAction(
 # An enqueue_failed job is queued again and re-signalled.
 REPAIR = StaffAction(
     "repair", lifecycle.REPAIR, services.staff_repair,
-    _lazy("Repair enqueue_failed jobs (requeue and re-signal)"), _lazy("Repair"),
-    _lazy("repaired"),
+    _lazy("Repair enqueue_failed jobs (requeue and re-signal)"),
+    _lazy("Repair"), _lazy("repaired"),
 )
 # The worker running it is fenced off and the job queued again, no retry spent.
 REVOKE = StaffAction(

@@ -131,13 +131,9 @@ class ScheduleViewSet(viewsets.GenericViewSet):
             schedule = define.update(schedule, values)
         return Response(ScheduleSerializer(schedule).data)
 
-    @extend_schema(
-        summary="Delete a schedule",
-        description="It fires no more; the jobs it made stay (their `schedule` keeps its id).",
-        request=None,
-        responses={204: None, **_errors(401, 404)},
-    )
+    @extend_schema(summary="Delete a schedule", responses={204: None, **_errors(401, 404)})
     def destroy(self, request: Request, pk: int) -> Response:
+        """It fires no more; the jobs it made stay (their `schedule` keeps its id)."""
         schedule = self.get_object()
         with transaction.atomic(durable=True):
             schedule.delete()
