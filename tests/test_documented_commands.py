@@ -40,6 +40,9 @@ SKIPPED = {
     "clean": "deletes the virtualenv the suite runs in",
     "chaos": "tests/test_chaos_short.py runs its command; test_recipe_matches_suite checks it",
     "bench": "tests/test_bench.py runs --quick; test_recipe_matches_suite checks the recipe",
+    "webhooks": "the suite runs its tests at 200 jobs; test_sized_target_runs_suite_tests",
+    "schedules-long": "the suite runs its test for 25 s; test_sized_target_runs_suite_tests",
+    "workflow-bench": "the suite runs its test at 100 nodes; test_sized_target_runs_suite_tests",
 }
 # The long targets' quickest options.
 QUICK = {
@@ -47,9 +50,12 @@ QUICK = {
     "chaos-long": ["CHAOS_DURATION=20"],
     "fuzz": ["FUZZ_EXAMPLES=2"],
     "crash-bench": ["CRASH_KILLS=1"],
-    "schedules-long": ["SCHEDULE_E2E_SECONDS=10"],
-    "workflow-bench": ["WORKFLOW_NODES=20"],
-    "webhooks": ["WEBHOOK_JOBS=20"],
+}
+# Targets that run tests of this suite at full size, by the variable those tests read.
+SIZED = {
+    "webhooks": "WEBHOOK_JOBS",
+    "schedules-long": "SCHEDULE_E2E_SECONDS",
+    "workflow-bench": "WORKFLOW_NODES",
 }
 # A skipped target whose recipe is exactly what another test runs.
 SAME_AS_SUITE = {
@@ -85,6 +91,25 @@ def dry_run(*args: str) -> list[str]:
 def test_recipe_matches_suite(args):
     """A target skipped here runs exactly the command its own test runs."""
     assert dry_run(*args)[-1].strip() == SAME_AS_SUITE[args]
+
+
+@pytest.mark.parametrize("target", sorted(SIZED))
+def test_sized_target_runs_suite_tests(target):
+    """A full-size target runs tests that exist, and sets the size they read."""
+    recipe = " ".join(dry_run(target)).replace("\\", " ")
+    size = SIZED[target]
+    assert f"{size}=$(" not in recipe and f"{size}=" in recipe, recipe
+    nodes = re.findall(r"tests/\S+?\.py(?:::\w+)?", recipe)
+    assert nodes, recipe
+    for node in nodes:
+        assert size in (ROOT / node.split("::")[0]).read_text(), node
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    done = subprocess.run(
+        [PY, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *nodes],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert f"{len(nodes)} test" in done.stdout.splitlines()[-1], done.stdout[-500:]
 
 
 @pytest.fixture(scope="module")
