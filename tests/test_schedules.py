@@ -16,6 +16,7 @@ from jobs.schedules.scheduler import Scheduler
 from jobs.schedules.timing import Timing
 from jobs.transport import get_transport
 from tests.factories import raw
+from tests.race import race
 
 
 def make(**values) -> Schedule:
@@ -67,24 +68,13 @@ def test_schedulers_racing_for_one_slot_make_one_job():
     s = make()
     slot = datetime(2030, 1, 1, tzinfo=UTC)
     n = 8
-    barrier = threading.Barrier(n)
-    won: list = [None] * n
 
-    def go(i: int) -> None:
-        try:
-            barrier.wait(timeout=30)
-            with transaction.atomic(durable=True):
-                won[i] = firing.fire_slot(s.pk, slot) is not None
-        except BaseException as exc:  # reported below
-            won[i] = exc
-        finally:
-            connections.close_all()
+    def fire(i: int, go) -> bool:
+        go()
+        with transaction.atomic(durable=True):
+            return firing.fire_slot(s.pk, slot) is not None
 
-    threads = [threading.Thread(target=go, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
+    won = race(n, fire)
     assert sorted(won) == [False] * (n - 1) + [True], won
     assert SchedulerRun.objects.filter(schedule=s).count() == 1
     assert Job.objects.filter(schedule=s).count() == 1

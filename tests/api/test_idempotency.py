@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import threading
 
 import pytest
-from django.db import connections
 
 from jobs.models import Job
 from tests.api.conftest import authed, counts, new_client
+from tests.race import race
 
 URL = "/api/v1/jobs/"
 BODY = {"task": "echo", "payload": {"n": 1}}
@@ -98,27 +97,14 @@ def test_twenty_concurrent_submissions_with_one_key_create_one_job():
     lets exactly one INSERT through; the other nineteen see its committed row."""
     client, token = new_client("racer")
     n = 20
-    barrier = threading.Barrier(n)
-    results: list[tuple[int, int] | BaseException] = [None] * n  # type: ignore[list-item]
 
-    def submit(i: int) -> None:
-        try:
-            api = authed(token)
-            barrier.wait(timeout=30)
-            r = post(api, BODY, "the-one-key")
-            results[i] = (r.status_code, r.json()["id"])
-        except BaseException as exc:  # reported by the assertion below
-            results[i] = exc
-        finally:
-            connections.close_all()
+    def submit(i: int, go) -> tuple[int, int]:
+        api = authed(token)
+        go()
+        r = post(api, BODY, "the-one-key")
+        return r.status_code, r.json()["id"]
 
-    threads = [threading.Thread(target=submit, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    errors = [r for r in results if not isinstance(r, tuple)]
-    assert not errors, errors
+    results = race(n, submit)
     statuses = sorted(code for code, _ in results)
     assert statuses == [200] * (n - 1) + [201]
     assert len({job_id for _, job_id in results}) == 1

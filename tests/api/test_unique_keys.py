@@ -5,16 +5,16 @@ unique index job_unique_key_live, raced here with real connections."""
 from __future__ import annotations
 
 import json
-import threading
 
 import pytest
-from django.db import connections, transaction
+from django.db import transaction
 
 from jobs import services
 from jobs.models import Job
 from jobs.submission import InvalidSubmission, submit
 from tests.api.conftest import authed, counts, new_client
 from tests.factories import raw
+from tests.race import race
 
 URL = "/api/v1/jobs/"
 BODY = {"task": "echo", "payload": {"n": 1}, "unique_key": "nightly-report"}
@@ -170,27 +170,14 @@ def test_twenty_concurrent_submissions_with_one_key_make_one_job():
     Once it is done, the key makes a new job."""
     client, token = new_client("unique-racer")
     n = 20
-    barrier = threading.Barrier(n)
-    results: list = [None] * n
 
-    def go(i: int) -> None:
-        try:
-            api = authed(token)
-            barrier.wait(timeout=30)
-            r = post(api, {**BODY, "payload": {"n": i}})
-            results[i] = (r.status_code, r.json()["id"], r.json()["duplicate"])
-        except BaseException as exc:  # reported by the assertion below
-            results[i] = exc
-        finally:
-            connections.close_all()
+    def submit(i: int, go) -> tuple[int, int, bool]:
+        api = authed(token)
+        go()
+        r = post(api, {**BODY, "payload": {"n": i}})
+        return r.status_code, r.json()["id"], r.json()["duplicate"]
 
-    threads = [threading.Thread(target=go, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    errors = [r for r in results if not isinstance(r, tuple)]
-    assert not errors, errors
+    results = race(n, submit)
     assert sorted(code for code, _, _ in results) == [200] * (n - 1) + [201]
     assert sorted(dup for _, _, dup in results) == [False] + [True] * (n - 1)
     assert len({job_id for _, job_id, _ in results}) == 1
