@@ -91,8 +91,9 @@ class Command(BaseCommand):
             REGISTRY.register(OutboxLagCollector())
             for kind in RECOVERY_KINDS:  # every kind shows 0 before its first repair
                 metrics.RECOVERED.labels(kind)
-        start_metrics_server(opts["metrics_port"], opts["metrics_host"])
+        # Handlers first: whoever sees the metrics answer may already send SIGTERM.
         reaper.install_signal_handlers()
+        start_metrics_server(opts["metrics_port"], opts["metrics_host"])
         scheduler.start(reaper.stop)
         # The outbox dispatcher (completion events, docs/events.md) ticks beside the sweeps.
         threading.Thread(target=Dispatcher().run, args=(reaper.stop,), daemon=True).start()

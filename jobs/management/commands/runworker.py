@@ -80,7 +80,6 @@ class Command(BaseCommand):
             raise CommandError(f"--prefetch must be between 0 and {MAX_PREFETCH}")
         if opts["max_jobs"] is not None and opts["max_jobs"] < 1:
             raise CommandError("--max-jobs must be at least 1")
-        start_metrics_server(opts["metrics_port"], opts["metrics_host"])
         spec = parse_queues(opts["queues"])
         queuecontrol.sync()  # JOBS_QUEUES changes a deployment made reach the Queue rows
         worker = Worker(
@@ -93,11 +92,13 @@ class Command(BaseCommand):
             flush_interval=opts["flush_interval"],
             prefetch=opts["prefetch"],
         )
+        # Handlers first: whoever sees the metrics answer may already send SIGTERM.
+        worker.install_signal_handlers()
         if opts["metrics_port"]:
             from prometheus_client import REGISTRY
 
             REGISTRY.register(worker_gauges(worker))
-        worker.install_signal_handlers()
+        start_metrics_server(opts["metrics_port"], opts["metrics_host"])
         # With JSON logs, the "worker started/stopped" log lines say this; stdout stays JSON.
         banners = settings.LOG_FORMAT != "json"
         if banners:
