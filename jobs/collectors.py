@@ -20,7 +20,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError, connection
@@ -67,6 +67,27 @@ def read_on_scrape_thread(what: str, read: Callable[[], T]) -> T | None:
     finally:
         if not connection.in_atomic_block:
             connection.close()
+
+
+class ScrapeCache:
+    """One read per `seconds` for a collector, under a lock, whatever the number of
+    scrapers; a failed read gives None (counted, logged) and is tried at the next scrape."""
+
+    def __init__(
+        self, what: str, read: Callable[[], Any], seconds: float, clock: Callable[[], float]
+    ) -> None:
+        self.what, self.read, self.seconds, self.clock = what, read, seconds, clock
+        self._lock = threading.Lock()
+        self._value: Any = None
+        self._at = float("-inf")
+
+    def get(self) -> Any:
+        with self._lock:
+            now = self.clock()
+            if self._value is None or now - self._at >= self.seconds:
+                self._value = read_on_scrape_thread(self.what, self.read)
+                self._at = now
+            return self._value
 
 
 class DepthCollector(Collector):
@@ -136,24 +157,16 @@ class ConsumersCollector(Collector):
 
     def __init__(self, depth: DepthCollector) -> None:
         self.depth = depth
-        self._lock = threading.Lock()
-        self._consumers: Callable[[str], int] | None = None
-        self._read_at = float("-inf")
+        self._consumers = ScrapeCache(
+            "queue consumers", selectors.queue_consumers, depth.cache_seconds, depth.clock
+        )
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         yield GaugeMetricFamily("jobs_queue_consumers", CONSUMERS_HELP, labels=["queue"])
         yield GaugeMetricFamily("jobs_unserved_queue_depth", UNSERVED_HELP, labels=["queue"])
 
     def _read(self) -> Callable[[str], int] | None:
-        with self._lock:
-            now = self.depth.clock()
-            if self._consumers is not None and now - self._read_at < self.depth.cache_seconds:
-                return self._consumers
-            self._consumers = read_on_scrape_thread("queue consumers", selectors.queue_consumers)
-            if self._consumers is None:
-                return None
-            self._read_at = now
-            return self._consumers
+        return self._consumers.get()
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         rows = self.depth._read()
@@ -184,23 +197,17 @@ class QueueControlsCollector(Collector):
     """The queue controls (jobs_queue rows) with one small query per cache period."""
 
     def __init__(self, cache_seconds: float | None = None) -> None:
-        self.cache_seconds = (
-            settings.JOBS_METRICS_CACHE_SECONDS if cache_seconds is None else cache_seconds
+        seconds = settings.JOBS_METRICS_CACHE_SECONDS if cache_seconds is None else cache_seconds
+        self._states = ScrapeCache(
+            "queue controls", selectors.queue_states, seconds, time.monotonic
         )
-        self._lock = threading.Lock()
-        self._states: list[selectors.QueueState] | None = None
-        self._read_at = float("-inf")
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         for name, documentation in QUEUE_GAUGES.items():
             yield GaugeMetricFamily(name, documentation, labels=["queue"])
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        with self._lock:
-            if time.monotonic() - self._read_at >= self.cache_seconds:
-                self._states = read_on_scrape_thread("queue controls", selectors.queue_states)
-                self._read_at = time.monotonic() if self._states is not None else float("-inf")
-            states = self._states
+        states = self._states.get()
         if states is None:
             return
         families = {
@@ -228,23 +235,17 @@ class WaitingCollector(Collector):
     """jobs_waiting{reason}: one small grouped query per cache period."""
 
     def __init__(self, depth: DepthCollector) -> None:
-        self.depth = depth
-        self._lock = threading.Lock()
-        self._counts: dict[str, int] | None = None
-        self._read_at = float("-inf")
+        self._counts = ScrapeCache(
+            "waiting jobs", selectors.waiting_by_reason, depth.cache_seconds, depth.clock
+        )
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         yield GaugeMetricFamily("jobs_waiting", WAITING_HELP, labels=["reason"])
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        with self._lock:
-            now = self.depth.clock()
-            if self._counts is None or now - self._read_at >= self.depth.cache_seconds:
-                counts = read_on_scrape_thread("waiting jobs", selectors.waiting_by_reason)
-                if counts is None:
-                    return
-                self._counts, self._read_at = counts, now
-            counts = self._counts
+        counts = self._counts.get()
+        if counts is None:
+            return
         gauge = GaugeMetricFamily("jobs_waiting", WAITING_HELP, labels=["reason"])
         for reason in WaitReason.values:
             gauge.add_metric([reason], counts.get(reason, 0))
