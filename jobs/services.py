@@ -107,6 +107,9 @@ def _rows(sql: str, params: Sequence[Any] | dict[str, Any]) -> list[tuple]:
         return cur.fetchall() if cur.description else []
 
 
+_TUPLES_OK = psycopg.pq.ExecStatus.TUPLES_OK
+
+
 def _hot_rows(sql: str, params: Sequence[Any] | dict[str, Any]) -> list[tuple]:
     """The worker's hot-path statements: a plain psycopg cursor on Django's connection.
 
@@ -118,9 +121,25 @@ def _hot_rows(sql: str, params: Sequence[Any] | dict[str, Any]) -> list[tuple]:
     """
     connection.ensure_connection()
     with connection.wrap_database_errors:
-        with psycopg.Cursor(connection.connection) as cur:
-            cur.execute(sql, params, prepare=True, binary=True)
-            return cur.fetchall() if cur.description else []
+        cur = _hot_cursor(connection.connection, sql)
+        cur.execute(sql, params, prepare=True, binary=True)
+        # A statement with RETURNING or SELECT has a result set even with no rows;
+        # `description` would build a Column object per column to say so.
+        return cur.fetchall() if cur.pgresult.status == _TUPLES_OK else []
+
+
+def _hot_cursor(pgconn: psycopg.Connection, sql: str) -> psycopg.Cursor:
+    """One cursor per hot statement and connection, kept on the connection: psycopg keeps
+    a cursor's loaders while it runs the same query object again, where a new cursor
+    would build one per column (a JSON loader each) for every call. A connection is one
+    thread's (Django's are per thread), and goes with its cursors when it is replaced."""
+    cursors = pgconn.__dict__.get("_jobs_hot_cursors")
+    if cursors is None:
+        cursors = pgconn._jobs_hot_cursors = {}
+    cur = cursors.get(sql)
+    if cur is None or cur.closed:
+        cur = cursors[sql] = psycopg.Cursor(pgconn)
+    return cur
 
 
 def _count_on_commit(counter: Any, amount: int) -> None:
@@ -211,9 +230,11 @@ WHERE client_id IS NOT DISTINCT FROM %s AND unique_key = %s
 _KEY_ROUNDS = 5
 
 
-def _job_from_row(row: Sequence[Any]) -> Job:
+def _job_from_row(row: Sequence[Any], *, binary: bool = False) -> Job:
+    """A Job from a row of _JOB_FIELDS. Django loads jsonb as text, so a text row's
+    payload is parsed here; a binary row's (_hot_rows) arrives parsed, strings included."""
     job = Job.from_db(connection.alias, _JOB_FIELDS, list(row[: len(_JOB_FIELDS)]))
-    if isinstance(job.payload, str):
+    if not binary and isinstance(job.payload, str):
         job.payload = json.loads(job.payload)
     return job
 
@@ -261,7 +282,7 @@ def submit(
         unique_key,
     ]
     for _ in range(_KEY_ROUNDS):
-        rows = _rows(_INSERT_SQL, params)
+        rows = _hot_rows(_INSERT_SQL, params)
         if rows:
             break
         if idempotency_key is not None:
@@ -278,7 +299,7 @@ def submit(
     else:
         raise RuntimeError(f"unique key {unique_key!r} changed hands {_KEY_ROUNDS} times")
     row = rows[0]
-    job = _job_from_row(row)
+    job = _job_from_row(row, binary=True)
     due = row[-1]
     # Counted when the caller's transaction commits: a rolled-back job never existed.
     transaction.on_commit(metrics.SUBMITTED.labels(queue, task).inc)

@@ -84,7 +84,7 @@ MIDDLEWARE = [
     "jobservice.middleware.AuthenticationMiddleware",
     "jobservice.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    "django_prometheus.middleware.PrometheusAfterMiddleware",
+    "jobservice.middleware.PrometheusAfterMiddleware",
 ]
 
 ROOT_URLCONF = "jobservice.urls"
@@ -236,6 +236,7 @@ REST_FRAMEWORK = {
     "EXCEPTION_HANDLER": "jobs.api.errors.exception_handler",
     "DEFAULT_THROTTLE_RATES": {"client": env.str("JOBS_API_THROTTLE", default="100000/minute")},
     "UNAUTHENTICATED_USER": None,
+    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "jobs.api.renderers.JSONFirstNegotiation",
     "DEFAULT_RENDERER_CLASSES": [
         "jobs.api.renderers.ORJSONRenderer",
         "rest_framework.renderers.BrowsableAPIRenderer",

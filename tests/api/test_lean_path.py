@@ -298,3 +298,96 @@ def test_the_client_cache_keeps_one_redis_client_and_survives_a_redis_restart(
     private_redis.start()
     assert api.get(URL).status_code == 200
     assert private_redis.client().keys("*client*")  # cached again through the same client
+
+
+# --- content negotiation ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("accept", [None, "", "*/*", "application/json"])
+@pytest.mark.parametrize("query", ["", "format=json", "format=api", "page_size=2"])
+def test_the_json_first_shortcut_answers_as_drfs_negotiation(accept, query):
+    """For the Accept headers the shortcut answers itself, the renderer and media type are
+    DRF's own choice; with any query string it is DRF that decides."""
+    from rest_framework.negotiation import DefaultContentNegotiation
+    from rest_framework.request import Request
+    from rest_framework.test import APIRequestFactory
+
+    from jobs.api.renderers import JSONFirstNegotiation
+    from jobs.api.views import JobViewSet
+
+    extra = {} if accept is None else {"HTTP_ACCEPT": accept}
+    request = Request(APIRequestFactory().get(URL + ("?" + query if query else ""), **extra))
+    renderers = JobViewSet().get_renderers()
+
+    def choice(negotiation):
+        try:
+            renderer, media_type = negotiation.select_renderer(request, renderers)
+        except Exception as exc:  # DRF's refusals must be the same too
+            return type(exc).__name__
+        return type(renderer).__name__, media_type
+
+    assert choice(JSONFirstNegotiation()) == choice(DefaultContentNegotiation())
+
+
+@pytest.mark.django_db
+def test_an_api_answer_keeps_its_content_type_with_and_without_accept():
+    _, token = new_client()
+    api = authed(token)
+    for accept in (None, "*/*", "application/json", "text/html"):
+        extra = {} if accept is None else {"HTTP_ACCEPT": accept}
+        r = api.get(URL, **extra)
+        assert r.status_code == 200
+        expected = "text/html" if accept == "text/html" else "application/json"
+        assert r["Content-Type"].startswith(expected), (accept, r["Content-Type"])
+
+
+# --- the API's request metrics --------------------------------------------------------------
+
+
+def _sample(name: str, **labels: str) -> float:
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+@pytest.mark.django_db
+def test_a_submission_is_counted_by_status_view_and_method_and_timed():
+    _, token = new_client()
+    labels = {"view": "job-list", "method": "POST"}
+    before = (
+        _sample("django_http_responses_total_by_status_total", status="201"),
+        _sample("django_http_responses_total_by_status_view_method_total", status="201", **labels),
+        _sample("django_http_requests_latency_seconds_by_view_method_count", **labels),
+        _sample("django_http_requests_total_by_method_total", method="POST"),
+    )
+    r = authed(token).post(URL, data=BODY, content_type="application/json")
+    assert r.status_code == 201, r.content
+    after = (
+        _sample("django_http_responses_total_by_status_total", status="201"),
+        _sample("django_http_responses_total_by_status_view_method_total", status="201", **labels),
+        _sample("django_http_requests_latency_seconds_by_view_method_count", **labels),
+        _sample("django_http_requests_total_by_method_total", method="POST"),
+    )
+    # The kept series count it; the per-method count is one of those no longer written.
+    assert [a - b for a, b in zip(after, before, strict=True)] == [1, 1, 1, 0]
+
+
+# --- hot statements ------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_hot_statements_reuse_one_cursor_per_statement_and_survive_a_new_connection():
+    first = services._hot_rows("SELECT %s::int + 1", [1])
+    assert first == [(2,)]
+    cursors = connection.connection.__dict__["_jobs_hot_cursors"]
+    kept = cursors["SELECT %s::int + 1"]
+    assert services._hot_rows("SELECT %s::int + 1", [41]) == [(42,)]
+    assert cursors["SELECT %s::int + 1"] is kept  # its loaders are kept with it
+    from django.db import DataError
+
+    with pytest.raises(DataError):  # an error leaves the cursor usable
+        services._hot_rows("SELECT %s::int + 1", ["x"])
+    assert services._hot_rows("SELECT %s::int + 1", [2]) == [(3,)]
+    connection.close()
+    assert services._hot_rows("SELECT %s::int + 1", [3]) == [(4,)]
+    assert connection.connection.__dict__["_jobs_hot_cursors"]["SELECT %s::int + 1"] is not kept
