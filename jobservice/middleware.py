@@ -75,7 +75,7 @@ class PrometheusAfterMiddleware(prometheus.PrometheusAfterMiddleware):
     series that say how the API answers: responses by status (the JobsApiErrors alert),
     by status, view and method, and latency by view and method. The request and response
     size histograms and the counts by method, transport, view and charset are not
-    recorded (D73): in the multiprocess mode gunicorn needs, each is a labelled write to
+    written (D73): in the multiprocess mode gunicorn needs, each is a labelled write to
     a shared file on every request, and together they cost a single submission about
     4 % of its CPU."""
 
