@@ -17,6 +17,11 @@ import tempfile
 bind = os.environ.get("BIND", "127.0.0.1:8000")
 workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
 threads = int(os.environ.get("WEB_THREADS", "1"))
+# gthread even with one thread: it keeps a client's connection open between requests
+# (the sync worker closes it after each), which spares a TCP handshake per request on
+# both sides; one thread per worker process, so requests still run one at a time each.
+worker_class = os.environ.get("WEB_WORKER_CLASS", "gthread")
+keepalive = int(os.environ.get("WEB_KEEPALIVE", "5"))
 timeout = int(os.environ.get("WEB_TIMEOUT", "30"))
 graceful_timeout = 10
 accesslog = os.environ.get("WEB_ACCESS_LOG") or None

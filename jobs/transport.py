@@ -56,13 +56,16 @@ class Transport:
 
     def push(self, ids_by_queue: dict[str, Sequence[int]]) -> None:
         """RPUSH every id to its queue's list in one round trip."""
-        if not any(ids_by_queue.values()):
+        todo = [(queue, ids) for queue, ids in ids_by_queue.items() if ids]
+        if not todo:
             return
         try:
+            if len(todo) == 1:  # one command needs no pipeline (a single submission's push)
+                self._client.rpush(self.key(todo[0][0]), *todo[0][1])
+                return
             pipe = self._client.pipeline(transaction=False)
-            for queue, ids in ids_by_queue.items():
-                if ids:
-                    pipe.rpush(self.key(queue), *ids)
+            for queue, ids in todo:
+                pipe.rpush(self.key(queue), *ids)
             pipe.execute()
         except redis.RedisError as exc:
             raise self._fail("push", exc) from exc
