@@ -17,8 +17,19 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-## tools: system tools the tests call. promtool (Debian package prometheus) checks the alert rules.
+## tools: system tools the tests call. promtool (Debian package prometheus) checks the alert rules;
+## wrk (Debian package wrk) is the C load generator of the http-single-wrk bench scenario.
 tools:
+	@command -v wrk >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing wrk (Debian package wrk)"; \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends wrk >/dev/null \
+	      || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	           apt-get install -y -qq --no-install-recommends wrk >/dev/null; } \
+	      || echo "could not install wrk: http-single-wrk will say NOT MEASURED"; \
+	  else \
+	    echo "wrk missing (apt-get install wrk): http-single-wrk will say NOT MEASURED"; \
+	  fi; }
 	@command -v promtool >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    echo "installing promtool (Debian package prometheus)"; \
@@ -74,7 +85,7 @@ fuzz: install
 
 ## bench: throughput and latency figures against real processes on a scratch database
 ## (BENCH_ARGS="--scenario drain-2 --baseline main" for a side-by-side run; --quick to smoke-test).
-bench: install
+bench: install tools
 	$(PY) -m bench $(BENCH_ARGS)
 
 ## crash-bench: kill -9 a worker mid-job CRASH_KILLS times (default 20) with the default lease

@@ -6,7 +6,10 @@ The load itself comes from `bench.http_client` processes (standard library only)
 from __future__ import annotations
 
 import json
+import re
 import secrets
+import shutil
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -135,6 +138,101 @@ def _run(
             "postgres_cpu_ms_per_request": 1000 * (cpu1[1] - cpu0[1]) / max(ok, 1),
         },
     }
+
+
+_WRK_SCRIPT = """
+wrk.method = "POST"
+wrk.body = [[%(body)s]]
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Authorization"] = "Token %(token)s"
+"""
+
+
+def _wrk(ctx: Any, url: str, body: Any, seconds: float, threads: int) -> dict:
+    """wrk (C, one connection per thread): the load generator's own CPU, which the 2-core
+    machine shares with the server, is a few percent of the Python client's."""
+    from jobs.models import Client
+
+    _, token = Client.create_with_token(f"bench-{secrets.token_hex(6)}")
+    script = ctx.logdir / f"wrk-{secrets.token_hex(4)}.lua"
+    script.write_text(_WRK_SCRIPT % {"body": json.dumps(body), "token": token})
+    duration = f"-d{max(1, round(seconds))}s"
+    argv = ["wrk", f"-t{threads}", f"-c{threads}", duration, "--latency", "-s", str(script), url]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 60).stdout
+    done = re.search(r"(\d+) requests in", out)
+    if done is None:
+        raise RuntimeError(f"wrk did not run: {argv}\n{out}")
+    requests = int(done.group(1))
+    bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    errors = re.search(r"Socket errors: (.*)", out)
+    latency = {
+        f"p{p}": _ms(v, unit)
+        for p, v, unit in re.findall(r"^\s+(\d+)%\s+([\d.]+)(us|ms|s)$", out, re.M)
+    }
+    return {
+        "requests": requests,
+        "non_2xx": int(bad.group(1)) if bad else 0,
+        "socket_errors": errors.group(1) if errors else None,
+        "seconds": float(seconds),
+        "latency": latency,
+        "output": out,
+    }
+
+
+def _ms(value: str, unit: str) -> float:
+    return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
+
+
+def single_wrk(ctx: Any) -> Iterator[dict]:
+    """8 client threads of wrk (one connection each), each code's gunicorn in turn."""
+    if shutil.which("wrk") is None:
+        yield {
+            "scenario": "http-single-wrk",
+            "figure": "HTTP POST /api/v1/jobs/ through gunicorn, wrk",
+            "value": None,
+            "unit": "jobs/s",
+            "note": "NOT MEASURED: wrk is not installed (Debian package wrk)",
+        }
+        return
+    body = {"task": "echo", "payload": {"n": 1}}
+    seconds = 2.0 if ctx.quick else 10.0
+    web = ctx.args.web_concurrency
+    workers = f"{web} workers" if web else "its gunicorn.conf.py defaults"
+    for code in ctx.codes():
+        server, url = _gunicorn(ctx, code, web)
+        url += "/api/v1/jobs/"
+        _wrk(ctx, url, body, 1 if ctx.quick else 2, 8)  # warm-up, as for `single` (whole s)
+        before = sql("SELECT coalesce(max(id), 0) FROM jobs_job")[0][0]
+        web_pids = _children(server.pid)
+        cpu0 = cpu_seconds(web_pids), cpu_seconds(backend_pids())
+        got = _wrk(ctx, url, body, seconds, 8)
+        cpu1 = cpu_seconds(web_pids), cpu_seconds(backend_pids())
+        server.stop()
+        rows = sql("SELECT count(*) FROM jobs_job WHERE id > %s", [before])[0][0]
+        ok = got["requests"] - got["non_2xx"]
+        yield {
+            "scenario": "http-single-wrk",
+            "code": code.label,
+            "figure": f"HTTP POST /api/v1/jobs/ through gunicorn ({workers}), "
+            "1 job per request, load from wrk",
+            "value": ok / got["seconds"],
+            "unit": "jobs/s",
+            "target": ">= 1,000 jobs/s",
+            "summary": f"{got['requests']} requests ({got['non_2xx']} not 2xx, socket errors "
+            f"{got['socket_errors'] or 'none'}), {rows} rows in {got['seconds']:.0f}s; latency "
+            + ", ".join(f"{k} {v:.2f}ms" for k, v in got["latency"].items())
+            + f"; wrk -t8 -c8; CPU per request: gunicorn "
+            f"{1000 * (cpu1[0] - cpu0[0]) / max(ok, 1):.2f} ms, PostgreSQL "
+            f"{1000 * (cpu1[1] - cpu0[1]) / max(ok, 1):.2f} ms",
+            "details": {
+                "requests": got["requests"],
+                "non_2xx": got["non_2xx"],
+                "rows": rows,
+                "latency_ms": got["latency"],
+                "gunicorn_cpu_ms_per_request": 1000 * (cpu1[0] - cpu0[0]) / max(ok, 1),
+                "postgres_cpu_ms_per_request": 1000 * (cpu1[1] - cpu0[1]) / max(ok, 1),
+            },
+        }
 
 
 def single(ctx: Any) -> Iterator[dict]:

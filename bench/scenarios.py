@@ -532,6 +532,14 @@ def http_single(ctx: Context) -> Iterator[dict]:
     yield from http_load.single(ctx)
 
 
+@scenario("http-single-wrk")
+def http_single_wrk(ctx: Context) -> Iterator[dict]:
+    if not api_available():
+        yield http_load.not_measured("http-single-wrk")
+        return
+    yield from http_load.single_wrk(ctx)
+
+
 @scenario("http-bulk")
 def http_bulk(ctx: Context) -> Iterator[dict]:
     if not api_available():
