@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import resource
 import sys
 import threading
 import time
@@ -32,6 +33,8 @@ def main() -> None:
     sys.stdout.write("ready\n")
     sys.stdout.flush()
     sys.stdin.readline()
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    cpu_at_start = usage.ru_utime + usage.ru_stime
     deadline = time.monotonic() + float(seconds)
 
     def loop() -> None:
@@ -66,10 +69,14 @@ def main() -> None:
     for t in workers:
         t.join()
     elapsed = time.monotonic() - started
-    sys.stdout.write(
-        json.dumps({"statuses": dict(statuses), "latencies_ms": latencies, "seconds": elapsed})
-        + "\n"
-    )
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    doc = {
+        "statuses": dict(statuses),
+        "latencies_ms": latencies,
+        "seconds": elapsed,
+        "cpu_seconds": usage.ru_utime + usage.ru_stime - cpu_at_start,
+    }
+    sys.stdout.write(json.dumps(doc) + "\n")
 
 
 if __name__ == "__main__":
