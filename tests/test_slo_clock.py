@@ -65,11 +65,19 @@ def test_scheduled_submission_sets_due_at_to_run_at():
     """The insert trigger: due at run_at when later than submission, else at submission."""
     now, _ = services.submit("echo", {})
     later = services.submit_many([services.NewJob("echo", {}, run_at=timezone.now() + HOUR)])
+    batch_now = services.submit_many([services.NewJob("echo", {})])
     rows = raw(
-        "SELECT id, due_at = created_at, due_at = run_at FROM jobs_job WHERE id = ANY(%s)",
-        [[now.pk, later[0].job_id]],
+        "SELECT id, due_at = created_at, due_at = run_at, run_at <= created_at FROM jobs_job"
+        " WHERE id = ANY(%s)",
+        [[now.pk, later[0].job_id, batch_now[0].job_id]],
     )
-    assert {r[0]: r[1:] for r in rows} == {now.pk: (True, True), later[0].job_id: (False, True)}
+    # An immediate job's run_at is its transaction's now(): the statement's created_at or
+    # (a prepared statement's transaction starts at its Bind message) microseconds before.
+    got = {r[0]: r[1:] for r in rows}
+    assert got[later[0].job_id] == (False, True, False)  # due at run_at, after creation
+    for immediate in (now.pk, batch_now[0].job_id):
+        due_at_creation, _, run_at_not_after_creation = got[immediate]
+        assert due_at_creation and run_at_not_after_creation, got
 
 
 def test_histogram_counts_from_run_at(scheduled_done):
