@@ -82,6 +82,9 @@ PREFETCH_WINDOW_FRACTION = 1 / 15
 RUN_TIME_UP, RUN_TIME_DOWN = 0.5, 0.05
 MAX_PREFETCH = MAX_BATCH  # the most --prefetch accepts: one claim statement's batch
 STALE_CHECK_EVERY = 0.25  # seconds between looks for prefetched jobs waiting too long
+# Longest an idle worker's dispatcher waits, after handing a claim to a handler, for its
+# write-back to start before looking for more work (D80): a no-op job needs ~0.3 ms.
+IDLE_HANDOFF_WAIT = 0.002
 
 
 # Errors that come from a row's content, not from the connection or the server:
@@ -249,6 +252,7 @@ class Worker:
         self._waiting = 0  # prefetched: claimed, not yet taken by a handler
         self._lock = threading.Lock()
         self._slot_free = threading.Event()
+        self._quiet = threading.Event()  # set when a write-back starts (see _start)
         # Claimed jobs wait in a heap (priority DESC, then claim order) under `_lock`, so a
         # job claimed later with a higher priority starts before prefetched lower ones;
         # `_ready` carries one token per entry to wake a handler thread (None: exit).
@@ -457,16 +461,25 @@ class Worker:
             claimed.append(InFlight(lease, ctx, waiting=True))
         seq = self._seq
         with self._lock:
+            # Nothing else claimed, running or awaiting write-back.
+            idle = bool(claimed) and not self._inflight
             for item in claimed:
                 self._inflight[_key(item.lease)] = item
                 heapq.heappush(self._heap, (-item.lease.priority, next(seq), item))
             self._waiting += len(claimed)
         self.claimed += len(leases)
         put = self._ready.put
+        if idle:
+            self._quiet.clear()
         for item in claimed:
             if self._debug:
                 log.debug("claimed", extra=item.lease.log_fields())
             put(True)
+        if idle:
+            # An idle worker's claim: step aside (the GIL) until its jobs' write-back
+            # is on its way, so the handler and the flusher do not wait behind this
+            # loop's Python on their way to the next pop (D80).
+            self._quiet.wait(IDLE_HANDOFF_WAIT)
 
     def _handler_loop(self) -> None:
         get = self._ready.get
@@ -601,6 +614,7 @@ class Worker:
     def _settle(self, outcome: Outcome) -> None:
         if outcome.kind == OutcomeKind.SETTLED:
             self._forget([outcome.lease])
+            self._quiet.set()  # written by the handler itself: an idle dispatcher resumes
         else:
             self._mark_finishing(outcome.lease)
             self._outcomes.put(outcome)
@@ -743,6 +757,7 @@ class Worker:
                         batch.append(outcomes.get(timeout=remaining))
                     except queue_mod.Empty:
                         break
+            self._quiet.set()  # the write-back is under way: an idle dispatcher resumes
             try:
                 self._write_back(batch)
             except Exception:  # never let one batch end write-backs for good
