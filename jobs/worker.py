@@ -83,7 +83,7 @@ RUN_TIME_UP, RUN_TIME_DOWN = 0.5, 0.05
 MAX_PREFETCH = MAX_BATCH  # the most --prefetch accepts: one claim statement's batch
 STALE_CHECK_EVERY = 0.25  # seconds between looks for prefetched jobs waiting too long
 # Longest an idle worker's dispatcher waits, after handing a claim to a handler, for its
-# write-back to start before looking for more work (D80): a no-op job needs ~0.3 ms.
+# write-back to start before looking for more work (D74): a no-op job needs ~0.3 ms.
 IDLE_HANDOFF_WAIT = 0.002
 
 
@@ -478,7 +478,7 @@ class Worker:
         if idle:
             # An idle worker's claim: step aside (the GIL) until its jobs' write-back
             # is on its way, so the handler and the flusher do not wait behind this
-            # loop's Python on their way to the next pop (D80).
+            # loop's Python on their way to the next pop (D74).
             self._quiet.wait(IDLE_HANDOFF_WAIT)
 
     def _handler_loop(self) -> None:

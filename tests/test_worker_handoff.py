@@ -1,4 +1,4 @@
-"""An idle worker's hand-off (D80): after claiming for an idle worker, the dispatcher
+"""An idle worker's hand-off (D74): after claiming for an idle worker, the dispatcher
 steps aside until the job's write-back has started, so the handler and the flusher do
 not wait for the GIL behind the dispatcher's way back to the next pop."""
 
@@ -78,7 +78,7 @@ def test_an_idle_worker_pops_again_only_once_the_jobs_write_back_started(monkeyp
     for pk in jobs:
         handed = next(i for i, e in enumerate(events) if e[0] == "start" and pk in e[2])
         after = [e for e in events[handed + 1 :] if e[0] in ("pop", "write")]
-        # Before D80 the dispatcher was back at the pop while the job still waited for
+        # Before D74 the dispatcher was back at the pop while the job still waited for
         # a handler: the write-back came after it.
         assert after[0][0] == "write" and pk in after[0][2], events[handed:]
         assert after[1][0] == "pop"
