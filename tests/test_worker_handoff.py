@@ -101,12 +101,13 @@ def test_a_long_job_holds_an_idle_worker_back_no_longer_than_the_bound():
 def test_a_busy_worker_hands_over_without_waiting(monkeypatch):
     """Under load (leases already held) a claim is handed over at once: the batching of
     claims and write-backs under load is unchanged."""
-    monkeypatch.setattr(worker_mod, "IDLE_HANDOFF_WAIT", 60.0)
+    monkeypatch.setattr(worker_mod, "IDLE_HANDOFF_WAIT", 0.2)
     w = Worker(concurrency=2, worker_id="w-busy")
     for _ in range(2):
         services.submit("echo", {})
     first, second = services.claim_next(w.worker_id, ["default"], 2)
     w._start([first])  # idle: nothing else held; no flusher runs, so the bound ends it
+    monkeypatch.setattr(worker_mod, "IDLE_HANDOFF_WAIT", 60.0)  # a wait now would show
     started = time.monotonic()
     w._start([second])
     assert time.monotonic() - started < 5
