@@ -119,6 +119,9 @@ def _hot_rows(sql: str, params: Sequence[Any] | dict[str, Any]) -> list[tuple]:
     translated to Django's exceptions like any other query. Behind PgBouncer in
     transaction mode this needs PgBouncer >= 1.21 with max_prepared_statements set.
     """
+    # What Django's own cursor does first: a session the server ended since the last
+    # request is replaced here, not found out by this statement (a 500 in the API).
+    connection.close_if_health_check_failed()
     connection.ensure_connection()
     with connection.wrap_database_errors:
         cur = _hot_cursor(connection.connection, sql)

@@ -114,6 +114,10 @@ else:
     DATABASES = {"default": database_settings(BASE_DIR)}
 DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("DB_CONN_MAX_AGE", default=60))
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+# Django's backend, its health check without a round trip when nothing says the
+# connection broke (jobservice/postgresql).
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    DATABASES["default"]["ENGINE"] = "jobservice.postgresql"
 # Behind PgBouncer in transaction mode, named (server-side) cursors cannot span
 # transactions; set this to 1 there. Prepared statements are already off (Django's default).
 DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = env.bool(
