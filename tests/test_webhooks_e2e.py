@@ -143,7 +143,14 @@ def expected_events(job_ids: list[int]) -> set[str]:
 
 def assert_delivered_in_order(receiver: Receiver, job_ids: list[int]) -> None:
     expected = expected_events(job_ids)
-    assert len(expected) == 3 * len(job_ids)  # queued, processing, done
+    # queued, processing, done; a prefetched attempt released unstarted (its threads held
+    # by slow deliveries) or requeued after a kill adds a queued and a processing event.
+    assert len(expected) >= 3 * len(job_ids)
+    history = defaultdict(set)
+    for job_id, seq in JobEvent.objects.filter(
+        job_id__in=job_ids, kind=JobEvent.TRANSITION
+    ).values_list("job_id", "seq"):
+        history[job_id].add(seq)
     with receiver.lock:
         log = list(receiver.log)
     assert all(valid for _, _, _, valid, _ in log), "a signature did not verify"
@@ -155,7 +162,7 @@ def assert_delivered_in_order(receiver: Receiver, job_ids: list[int]) -> None:
         seqs[job_id].append(seq)
     for job_id in job_ids:
         assert seqs[job_id] == sorted(seqs[job_id]), (job_id, seqs[job_id])
-        assert set(seqs[job_id]) == {1, 2, 3}
+        assert set(seqs[job_id]) == history[job_id] == set(range(1, len(history[job_id]) + 1))
 
 
 def test_flaky_receiver_gets_every_event_signed_in_seq_order(stack):
