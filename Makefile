@@ -17,28 +17,26 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# $(call apt_tool,COMMAND,PACKAGE,WITHOUT IT): install a Debian package as root when its
+# command is missing (the package lists are refreshed only if the first try fails).
+define apt_tool
+	@command -v $(1) >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing $(1) (Debian package $(2))"; \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(2) >/dev/null \
+	      || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	           apt-get install -y -qq --no-install-recommends $(2) >/dev/null; } \
+	      || echo "could not install $(1): $(3)"; \
+	  else \
+	    echo "$(1) missing (apt-get install $(2)): $(3)"; \
+	  fi; }
+endef
+
 ## tools: system tools the tests call. promtool (Debian package prometheus) checks the alert rules;
 ## wrk (Debian package wrk) is the C load generator of the http-single-wrk bench scenario.
 tools:
-	@command -v wrk >/dev/null 2>&1 || { \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    echo "installing wrk (Debian package wrk)"; \
-	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends wrk >/dev/null \
-	      || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
-	           apt-get install -y -qq --no-install-recommends wrk >/dev/null; } \
-	      || echo "could not install wrk: http-single-wrk will say NOT MEASURED"; \
-	  else \
-	    echo "wrk missing (apt-get install wrk): http-single-wrk will say NOT MEASURED"; \
-	  fi; }
-	@command -v promtool >/dev/null 2>&1 || { \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    echo "installing promtool (Debian package prometheus)"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
-	      apt-get install -y -qq --no-install-recommends prometheus >/dev/null \
-	      || echo "could not install promtool: the promtool checks will be skipped"; \
-	  else \
-	    echo "promtool missing (apt-get install prometheus): the promtool checks will be skipped"; \
-	  fi; }
+	$(call apt_tool,wrk,wrk,http-single-wrk will say NOT MEASURED)
+	$(call apt_tool,promtool,prometheus,the promtool checks will be skipped)
 
 ## migrate: create the database DATABASE_URL names when missing (or the embedded one), migrate.
 migrate: install

@@ -89,26 +89,53 @@ def _load(ctx: Any, url: str, body: Any, seconds: float, clients: int, threads: 
     }
 
 
-def _run(
-    ctx: Any, code: Any, name: str, body: Any, jobs_per_request: int, clients: int, threads: int
-):
-    web = ctx.args.web_concurrency
-    seconds = 2.0 if ctx.quick else 10.0
-    server, url = _gunicorn(ctx, code, web)
-    path = "/api/v1/jobs/batch/" if jobs_per_request > 1 else "/api/v1/jobs/"
+def _measured(ctx: Any, code: Any, name: str, path: str, load: Any) -> tuple[dict, Any, int]:
+    """`load(url, seconds)` against `code`'s gunicorn, warmed up first: what it returned,
+    the CPU seconds of gunicorn's processes and of the database backends meanwhile, and
+    the last job id before it."""
+    server, url = _gunicorn(ctx, code, ctx.args.web_concurrency)
     # Each gunicorn worker imports the URLconf, DRF and the schema code on its first
     # requests: warm them up so the figures (and CPU per request) are the steady state.
-    _load(ctx, url + path, body, 0.5 if ctx.quick else 1.5, clients, threads)
+    load(url + path, 0.5 if ctx.quick else 1.5)
     before = sql("SELECT coalesce(max(id), 0) FROM jobs_job")[0][0]
     profiler = Profiler(ctx.args.profile, [server], f"{name}-{code.label}")
     # CPU per request of the API's processes and their database backends: on a busy
     # machine, a steadier side-by-side figure than requests per second.
     web_pids = _children(server.pid)
     cpu0 = cpu_seconds(web_pids), cpu_seconds(backend_pids())
-    got = _load(ctx, url + path, body, seconds, clients, threads)
+    got = load(url + path, 2.0 if ctx.quick else 10.0)
     cpu1 = cpu_seconds(web_pids), cpu_seconds(backend_pids())
     profiler.stop()
     server.stop()
+    return got, (cpu1[0] - cpu0[0], cpu1[1] - cpu0[1]), before
+
+
+def _cpu_per_request(cpu: Any, ok: int) -> dict[str, float]:
+    return {
+        "gunicorn_cpu_ms_per_request": 1000 * cpu[0] / max(ok, 1),
+        "postgres_cpu_ms_per_request": 1000 * cpu[1] / max(ok, 1),
+    }
+
+
+def _cpu_summary(per_request: dict[str, float]) -> str:
+    return (
+        f"CPU per request: gunicorn {per_request['gunicorn_cpu_ms_per_request']:.2f} ms, "
+        f"PostgreSQL {per_request['postgres_cpu_ms_per_request']:.2f} ms"
+    )
+
+
+def _workers(ctx: Any) -> str:
+    web = ctx.args.web_concurrency
+    return f"{web} workers" if web else "its gunicorn.conf.py defaults"
+
+
+def _run(
+    ctx: Any, code: Any, name: str, body: Any, jobs_per_request: int, clients: int, threads: int
+):
+    path = "/api/v1/jobs/batch/" if jobs_per_request > 1 else "/api/v1/jobs/"
+    got, cpu, before = _measured(
+        ctx, code, name, path, lambda url, s: _load(ctx, url, body, s, clients, threads)
+    )
     created = sql(
         "SELECT count(*), min(created_at), max(created_at) FROM jobs_job WHERE id > %s", [before]
     )[0]
@@ -117,11 +144,12 @@ def _run(
     jobs = ok * jobs_per_request
     db_span = (created[2] - created[1]).total_seconds() if created[0] > 1 else 0.0
     target = ">= 30,000 jobs/s" if jobs_per_request > 1 else ">= 1,000 jobs/s"
+    per_request = _cpu_per_request(cpu, ok)
+    client_cpu = 1000 * got["client_cpu_seconds"] / max(ok, 1)
     return {
         "scenario": name,
         "code": code.label,
-        "figure": f"HTTP POST {path} through gunicorn "
-        f"({f'{web} workers' if web else 'its gunicorn.conf.py defaults'}), "
+        "figure": f"HTTP POST {path} through gunicorn ({_workers(ctx)}), "
         f"{jobs_per_request} job(s) per request",
         "value": jobs / got["seconds"],
         "unit": "jobs/s",
@@ -129,22 +157,19 @@ def _run(
         "summary": f"{ok} x 201 in {got['seconds']:.2f}s ({ok / got['seconds']:,.0f} req/s), "
         f"statuses {got['statuses']}, {created[0]} rows; request latency "
         + (fmt_pcts(pct) if pct else "-")
-        + f"; {clients}x{threads} client threads; CPU per request: gunicorn "
-        f"{1000 * (cpu1[0] - cpu0[0]) / max(ok, 1):.2f} ms, PostgreSQL "
-        f"{1000 * (cpu1[1] - cpu0[1]) / max(ok, 1):.2f} ms, the Python client itself "
-        f"{1000 * got['client_cpu_seconds'] / max(ok, 1):.2f} ms",
+        + f"; {clients}x{threads} client threads; {_cpu_summary(per_request)}, "
+        f"the Python client itself {client_cpu:.2f} ms",
         "details": {
             "requests_ok": ok,
-            "client_cpu_ms_per_request": 1000 * got["client_cpu_seconds"] / max(ok, 1),
+            "client_cpu_ms_per_request": client_cpu,
             "statuses": got["statuses"],
             "seconds": got["seconds"],
             "rows": created[0],
             "db_span_s": db_span,
             "latency_ms": pct,
-            "web_concurrency": web,
+            "web_concurrency": ctx.args.web_concurrency,
             "client_threads": clients * threads,
-            "gunicorn_cpu_ms_per_request": 1000 * (cpu1[0] - cpu0[0]) / max(ok, 1),
-            "postgres_cpu_ms_per_request": 1000 * (cpu1[1] - cpu0[1]) / max(ok, 1),
+            **per_request,
         },
     }
 
@@ -165,13 +190,13 @@ def _wrk(ctx: Any, url: str, body: Any, seconds: float, threads: int) -> dict:
     _, token = Client.create_with_token(f"bench-{secrets.token_hex(6)}")
     script = ctx.logdir / f"wrk-{secrets.token_hex(4)}.lua"
     script.write_text(_WRK_SCRIPT % {"body": json.dumps(body), "token": token})
-    duration = f"-d{max(1, round(seconds))}s"
-    argv = ["wrk", f"-t{threads}", f"-c{threads}", duration, "--latency", "-s", str(script), url]
+    seconds = max(1, round(seconds))  # wrk takes whole seconds
+    argv = ["wrk", f"-t{threads}", f"-c{threads}", f"-d{seconds}s", "--latency", "-s",
+            str(script), url]  # fmt: skip
     out = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 60).stdout
     done = re.search(r"(\d+) requests in", out)
     if done is None:
         raise RuntimeError(f"wrk did not run: {argv}\n{out}")
-    requests = int(done.group(1))
     bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     errors = re.search(r"Socket errors: (.*)", out)
     latency = {
@@ -179,12 +204,11 @@ def _wrk(ctx: Any, url: str, body: Any, seconds: float, threads: int) -> dict:
         for p, v, unit in re.findall(r"^\s+(\d+)%\s+([\d.]+)(us|ms|s)$", out, re.M)
     }
     return {
-        "requests": requests,
+        "requests": int(done.group(1)),
         "non_2xx": int(bad.group(1)) if bad else 0,
         "socket_errors": errors.group(1) if errors else None,
         "seconds": float(seconds),
         "latency": latency,
-        "output": out,
     }
 
 
@@ -204,25 +228,17 @@ def single_wrk(ctx: Any) -> Iterator[dict]:
         }
         return
     body = {"task": "echo", "payload": {"n": 1}}
-    seconds = 2.0 if ctx.quick else 10.0
-    web = ctx.args.web_concurrency
-    workers = f"{web} workers" if web else "its gunicorn.conf.py defaults"
     for code in ctx.codes():
-        server, url = _gunicorn(ctx, code, web)
-        url += "/api/v1/jobs/"
-        _wrk(ctx, url, body, 1 if ctx.quick else 2, 8)  # warm-up, as for `single` (whole s)
-        before = sql("SELECT coalesce(max(id), 0) FROM jobs_job")[0][0]
-        web_pids = _children(server.pid)
-        cpu0 = cpu_seconds(web_pids), cpu_seconds(backend_pids())
-        got = _wrk(ctx, url, body, seconds, 8)
-        cpu1 = cpu_seconds(web_pids), cpu_seconds(backend_pids())
-        server.stop()
+        got, cpu, before = _measured(
+            ctx, code, "http-single-wrk", "/api/v1/jobs/", lambda url, s: _wrk(ctx, url, body, s, 8)
+        )
         rows = sql("SELECT count(*) FROM jobs_job WHERE id > %s", [before])[0][0]
         ok = got["requests"] - got["non_2xx"]
+        per_request = _cpu_per_request(cpu, ok)
         yield {
             "scenario": "http-single-wrk",
             "code": code.label,
-            "figure": f"HTTP POST /api/v1/jobs/ through gunicorn ({workers}), "
+            "figure": f"HTTP POST /api/v1/jobs/ through gunicorn ({_workers(ctx)}), "
             "1 job per request, load from wrk",
             "value": ok / got["seconds"],
             "unit": "jobs/s",
@@ -230,16 +246,13 @@ def single_wrk(ctx: Any) -> Iterator[dict]:
             "summary": f"{got['requests']} requests ({got['non_2xx']} not 2xx, socket errors "
             f"{got['socket_errors'] or 'none'}), {rows} rows in {got['seconds']:.0f}s; latency "
             + ", ".join(f"{k} {v:.2f}ms" for k, v in got["latency"].items())
-            + f"; wrk -t8 -c8; CPU per request: gunicorn "
-            f"{1000 * (cpu1[0] - cpu0[0]) / max(ok, 1):.2f} ms, PostgreSQL "
-            f"{1000 * (cpu1[1] - cpu0[1]) / max(ok, 1):.2f} ms",
+            + f"; wrk -t8 -c8; {_cpu_summary(per_request)}",
             "details": {
                 "requests": got["requests"],
                 "non_2xx": got["non_2xx"],
                 "rows": rows,
                 "latency_ms": got["latency"],
-                "gunicorn_cpu_ms_per_request": 1000 * (cpu1[0] - cpu0[0]) / max(ok, 1),
-                "postgres_cpu_ms_per_request": 1000 * (cpu1[1] - cpu0[1]) / max(ok, 1),
+                **per_request,
             },
         }
 

@@ -524,25 +524,23 @@ def api_available() -> bool:
     return (ROOT / "jobs" / "api" / "views.py").exists()
 
 
+def _http(ctx: Context, name: str, measure: Callable[[Context], Iterator[dict]]):
+    if not api_available():
+        yield http_load.not_measured(name)
+        return
+    yield from measure(ctx)
+
+
 @scenario("http-single")
 def http_single(ctx: Context) -> Iterator[dict]:
-    if not api_available():
-        yield http_load.not_measured("http-single")
-        return
-    yield from http_load.single(ctx)
+    yield from _http(ctx, "http-single", http_load.single)
 
 
 @scenario("http-single-wrk")
 def http_single_wrk(ctx: Context) -> Iterator[dict]:
-    if not api_available():
-        yield http_load.not_measured("http-single-wrk")
-        return
-    yield from http_load.single_wrk(ctx)
+    yield from _http(ctx, "http-single-wrk", http_load.single_wrk)
 
 
 @scenario("http-bulk")
 def http_bulk(ctx: Context) -> Iterator[dict]:
-    if not api_available():
-        yield http_load.not_measured("http-bulk")
-        return
-    yield from http_load.bulk(ctx)
+    yield from _http(ctx, "http-bulk", http_load.bulk)
