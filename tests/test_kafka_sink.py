@@ -221,6 +221,13 @@ def test_settings_that_would_break_the_guarantees_are_refused(settings, config, 
         call_command("runreaper")
 
 
+def test_a_setting_librdkafka_does_not_know_stops_the_reaper_at_start(settings):
+    settings.JOBS_KAFKA_BOOTSTRAP_SERVERS = "127.0.0.1:9"
+    settings.JOBS_KAFKA_CONFIG = '{"no.such.setting": 1}'
+    with pytest.raises(CommandError, match="JOBS_KAFKA_CONFIG: No such configuration property"):
+        call_command("runreaper")
+
+
 def test_passed_through_settings_reach_the_producer(settings):
     settings.JOBS_KAFKA_BOOTSTRAP_SERVERS = "127.0.0.1:9"
     settings.JOBS_KAFKA_CONFIG = '{"compression.type": "zstd", "message.timeout.ms": 60000}'

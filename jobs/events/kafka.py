@@ -102,14 +102,20 @@ class KafkaSink:
         self.config = client_config() if config is None else config
         self.topic = topic() if topic_name is None else topic_name
         self.timeout = ack_timeout() if timeout is None else timeout
-        self._producer: Producer | None = None
+        self._producer: Producer | None = self._new_producer()  # a bad setting fails here
         # Event id → _PENDING / _ACKED / _REFUSED for events this producer has produced
         # and whose batch has not committed yet.
         self._state: dict[str, str] = {}
 
+    def _new_producer(self) -> Producer:
+        try:
+            return Producer({**self.config, "error_cb": self._on_error})
+        except KafkaException as exc:
+            raise ImproperlyConfigured(f"JOBS_KAFKA_CONFIG: {exc.args[0].str()}") from exc
+
     def _get_producer(self) -> Producer:
         if self._producer is None:
-            self._producer = Producer({**self.config, "error_cb": self._on_error})
+            self._producer = self._new_producer()
         return self._producer
 
     def _on_error(self, err: KafkaError) -> None:

@@ -293,7 +293,8 @@ class Dispatcher:
     def run(self, stop: threading.Event) -> None:
         """Tick every `interval` until `stop` is set (at once again after a full batch)."""
         backoff = Backoff(max(self.interval, 0.1), 30.0)
-        log.info("outbox dispatcher started: interval %.2fs", self.interval)
+        names = ", ".join(s.name for s in self.subscribers)
+        log.info("outbox dispatcher started: %s, interval %.2fs", names, self.interval)
         try:
             while not stop.is_set():
                 close_old_connections()
