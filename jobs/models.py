@@ -381,8 +381,12 @@ class Queue(models.Model):
         help_text="Polling weight for workers serving several queues without a weight of "
         "their own for it (runworker --queues a:4 wins).",
     )
+    # A database default too: workers of the previous release insert rows without it
+    # during a rolling deploy.
     fair = models.BooleanField(
-        default=False, help_text="Claims take turns between the clients with due work."
+        default=False,
+        db_default=False,
+        help_text="Claims take turns between the clients with due work.",
     )
     key_concurrency = models.IntegerField(
         null=True,

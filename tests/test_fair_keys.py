@@ -44,6 +44,12 @@ def test_sync_seeds_fair_and_key_concurrency_and_defaults_are_off():
     assert (row.fair, row.key_concurrency) == (True, 2)
     default = Queue.objects.get(name="default")
     assert (default.fair, default.key_concurrency) == (False, None)
+    # The previous release's sync inserts rows without the new columns (rolling deploy).
+    raw(
+        "INSERT INTO jobs_queue (name, paused, rate_starts, declared)"
+        " VALUES ('old', false, '{}', '{}')"
+    )
+    assert Queue.objects.get(name="old").fair is False
 
 
 @pytest.mark.django_db(transaction=True)

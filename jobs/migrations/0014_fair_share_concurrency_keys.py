@@ -3,8 +3,9 @@
 On jobs_job one nullable column without a default (no rewrite) and two partial indexes
 built CONCURRENTLY (so the migration is not atomic): the fair claim's (queue, client,
 claim order) over queued rows, and the keyed claim's count of processing rows per key.
-jobs_queue (one row per declared queue) gains two settings, jobs_schedule the key its
-jobs carry (nullable, no default).
+jobs_queue (one row per declared queue) gains two settings (`fair` with a database
+default, so the previous release's workers can still insert rows), jobs_schedule the
+key its jobs carry (nullable, no default).
 """
 
 import django.db.models.functions.comparison
@@ -34,7 +35,9 @@ class Migration(migrations.Migration):
             model_name="queue",
             name="fair",
             field=models.BooleanField(
-                default=False, help_text="Claims take turns between the clients with due work."
+                db_default=False,
+                default=False,
+                help_text="Claims take turns between the clients with due work.",
             ),
         ),
         migrations.AddField(
