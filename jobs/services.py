@@ -473,11 +473,14 @@ def mark_enqueue_failed(job_ids: Sequence[int], reason: str = "") -> list[int]:
 
 # --- claiming -------------------------------------------------------------------
 
-# The claimed rows come back in claim order, so a batch starts best-first too.
+# The claimed rows come back in claim order, so a batch starts best-first too. The
+# `start` best of them (all when NULL) go straight to idle handler threads and are
+# marked started here; the others by `mark_started` when a thread takes them (D77).
 _CLAIM_SET = f"""
 , u AS (
 UPDATE {T} j SET status = '{Status.PROCESSING}', lease_version = j.lease_version + 1,
        owned_by = %(worker)s, claimed_at = now(), heartbeat_at = now(),
+       started_at = CASE WHEN j.id = ANY(ARRAY(SELECT id FROM c LIMIT %(start)s)) THEN now() END,
        updated_by = %(actor)s
 WHERE j.id = ANY(ARRAY(SELECT id FROM c))
 RETURNING j.id, j.lease_version, j.task, j.payload, j.queue, j.retry_count,
@@ -537,9 +540,13 @@ def _leases(rows: list[tuple], worker_id: str) -> list[Lease]:
     return leases
 
 
-def claim_next(worker_id: str, queues: Sequence[str], limit: int) -> list[Lease]:
+def claim_next(
+    worker_id: str, queues: Sequence[str], limit: int, *, start: int | None = None
+) -> list[Lease]:
     """queued → processing for up to `limit` due jobs, in the order `queues` are given,
-    each queue in PostgreSQL's claim order (priority DESC, run_at, id).
+    each queue in PostgreSQL's claim order (priority DESC, run_at, id). The first
+    `start` of them (all when None) have their handlers called now: their attempts
+    are marked started (D77).
 
     FOR UPDATE SKIP LOCKED lets many workers claim at once without waiting on
     each other; the partial index job_claim_idx serves the scan.
@@ -555,6 +562,7 @@ def claim_next(worker_id: str, queues: Sequence[str], limit: int) -> list[Lease]
                 "limit": limit - len(leases),
                 "worker": worker_id,
                 "actor": worker_actor(worker_id),
+                "start": None if start is None else max(0, start - len(leases)),
             },
         )
         leases.extend(_leases(rows, worker_id))
@@ -594,7 +602,9 @@ class Gated:
     blocked_for: float | None = None
 
 
-def claim_limited_under_queue_lock(worker_id: str, queue: str, limit: int) -> Gated:
+def claim_limited_under_queue_lock(
+    worker_id: str, queue: str, limit: int, *, start: int | None = None
+) -> Gated:
     """queued → processing for up to `limit` due jobs of a queue with controls, never
     more than its concurrency cap processing at once nor more than its rate's starts
     in any window of its period, however many workers claim at once.
@@ -609,7 +619,7 @@ def claim_limited_under_queue_lock(worker_id: str, queue: str, limit: int) -> Ga
     with transaction.atomic(durable=True):
         rows = _rows(_QUEUE_LOCK_SQL, [queue])
         if not rows:  # no controls row (not synced yet): an open queue
-            return Gated(claim_next(worker_id, [queue], limit))
+            return Gated(claim_next(worker_id, [queue], limit, start=start))
         paused, cap, rate, period = rows[0]
         if paused:
             return Gated([], float("inf"))
@@ -632,14 +642,14 @@ def claim_limited_under_queue_lock(worker_id: str, queue: str, limit: int) -> Ga
         rows = _hot_rows(
             _CLAIM_LIMITED_SQL,
             {"queue": queue, "limit": allowed, "worker": worker_id,
-             "actor": worker_actor(worker_id)},
+             "actor": worker_actor(worker_id), "start": start},
         )  # fmt: skip
         if rate is not None and rows:
             _rows(_QUEUE_STARTS_SQL, [[r[-1] for r in rows] + window, queue])
         return Gated(_leases(rows, worker_id), blocked_for)
 
 
-def claim_ids(worker_id: str, job_ids: Sequence[int]) -> list[Lease]:
+def claim_ids(worker_id: str, job_ids: Sequence[int], *, start: int | None = None) -> list[Lease]:
     """queued → processing for the given ids that are still claimable.
 
     An id not returned was a duplicate delivery (already claimed, finished,
@@ -651,7 +661,12 @@ def claim_ids(worker_id: str, job_ids: Sequence[int]) -> list[Lease]:
         return []
     rows = _hot_rows(
         _CLAIM_IDS_SQL,
-        {"ids": list(job_ids), "worker": worker_id, "actor": worker_actor(worker_id)},
+        {
+            "ids": list(job_ids),
+            "worker": worker_id,
+            "actor": worker_actor(worker_id),
+            "start": start,
+        },
     )
     return _leases(rows, worker_id)
 
@@ -728,6 +743,29 @@ def heartbeat(
         metrics.child(metrics.HEARTBEATS, queue).inc(n)
     held = Held((r[0], r[1]) for r in rows)
     held.cancel_requested = frozenset((r[0], r[1]) for r in rows if r[3])
+    return held
+
+
+_MARK_STARTED_SQL = f"""
+UPDATE {T} j SET heartbeat_at = now(),
+       started_at = CASE WHEN j.cancel_requested_at IS NULL THEN now() END
+FROM unnest(%(ids)s::bigint[], %(lvs)s::bigint[], %(owners)s::text[]) AS f(id, lv, owner)
+WHERE j.id = ANY(%(ids)s::bigint[]) AND {_FENCE}
+RETURNING j.id, j.lease_version, j.cancel_requested_at IS NOT NULL
+"""
+
+
+def mark_started(leases: Sequence[Lease]) -> Held:
+    """Mark attempts started before their handlers are called, fenced, in one statement
+    for the batch; returns the leases still held, like `heartbeat` (with
+    `cancel_requested`: not marked, they end cancelled unrun). A lease missing from
+    the answer was revoked or reaped while its job waited in the worker's prefetch
+    buffer: its handler must not be called."""
+    if not leases:
+        return Held()
+    rows = _hot_rows(_MARK_STARTED_SQL, _fence_params(leases))
+    held = Held((r[0], r[1]) for r in rows)
+    held.cancel_requested = frozenset((r[0], r[1]) for r in rows if r[2])
     return held
 
 
@@ -914,18 +952,28 @@ def record_fence_rejections(leases: Sequence[Lease], op: str) -> None:
 # --- the reaper -------------------------------------------------------------------
 
 
+# What crash recovery says of an attempt whose handler was never called (D77).
+NOT_STARTED = "the attempt had not started: requeued, no retry spent"
+
+
 def _reap(candidates: str, error: str, params: dict[str, Any]) -> list[tuple]:
-    """Requeue (retry spent, lease bumped) or fail the processing rows `candidates`
-    selects as (id, owned_by), FOR UPDATE SKIP LOCKED: the one recovery statement
-    shared by lease expiry and dead-owner detection."""
-    retry = "j.retry_count + 1 <= j.max_retries"
+    """Requeue or fail the processing rows `candidates` selects as (id, owned_by),
+    FOR UPDATE SKIP LOCKED, lease bumped: the one recovery statement shared by lease
+    expiry and dead-owner detection. A started attempt spends a retry (failed once the
+    budget is spent); one whose handler was never called (prefetched) goes back to
+    queued with no retry spent and its run_at kept, and its history says so (D77)."""
+    started = "j.started_at IS NOT NULL"
+    retry = f"(NOT {started} OR j.retry_count + 1 <= j.max_retries)"
     return _rows(
         f"""WITH {candidates}
-            UPDATE {T} j SET retry_count = j.retry_count + 1, result = NULL,
-                   error = {error},
+            UPDATE {T} j SET
+                   retry_count = j.retry_count + CASE WHEN {started} THEN 1 ELSE 0 END,
+                   result = NULL,
+                   error = CASE WHEN {started} THEN {error}
+                                ELSE {error} || '; {NOT_STARTED}' END,
                    status = CASE WHEN {retry} THEN '{Status.QUEUED}' ELSE '{Status.FAILED}' END,
                    lease_version = j.lease_version + 1,
-                   run_at = CASE WHEN {retry} THEN now() ELSE j.run_at END,
+                   run_at = CASE WHEN {started} AND {retry} THEN now() ELSE j.run_at END,
                    finished_at = CASE WHEN {retry} THEN NULL ELSE now() END,
                    {_UNOWN}, updated_by = '{Role.REAPER}'
             FROM c WHERE j.id = c.id

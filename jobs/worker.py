@@ -66,6 +66,7 @@ from jobs.queuecontrol import Gate
 from jobs.queues import BUILTIN as BUILTIN_QUEUES
 from jobs.runtime import Backoff, StopRequests
 from jobs.services import Lease
+from jobs.starts import Starter, Verdict
 from jobs.tasks import InvalidPayload, JobContext, PermanentError
 from jobs.transport import TransportError, get_transport
 
@@ -170,6 +171,7 @@ class InFlight:
     # waited too long; `running_since` is set when a handler takes it.
     waiting: bool = False
     running_since: float | None = None
+    marked: bool = False  # its claim marked it started (D77); else jobs.starts does
     progress_saved: int = 0  # sequence number of the last progress report written
     progress_written_at: float = float("-inf")
 
@@ -275,6 +277,7 @@ class Worker:
         self._found: list[str] = []  # queues with work, for a worker serving `*`
         self._found_at = float("-inf")
         self.gate = Gate()  # queue controls: pause, cap, rate, weight (jobs.queuecontrol)
+        self.starter = Starter(self.worker_id, self.halt)  # started marks (jobs.starts)
 
     # --- control ------------------------------------------------------------------
 
@@ -338,6 +341,7 @@ class Worker:
         beater = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
         for thread in (*handlers, flusher, beater):
             thread.start()
+        self.starter.start()
         checked = 0.0
         try:
             while not self.stopping.is_set():
@@ -359,12 +363,15 @@ class Worker:
                 if free <= 0:
                     self._slot_free.wait(0.1)
                     continue
-                leases = self._discover(free)
+                # The jobs this claim hands straight to idle threads are marked started by
+                # the claim; prefetched ones when a thread takes them (D77).
+                start = self._idle_threads()
+                leases = self._discover(free, start)
                 if leases is None:
                     continue
                 if not leases and self.burst and self.inflight == 0 and self._outcomes.empty():
                     break
-                self._start(leases)
+                self._start(leases, marked=start)
             self._drain()
         finally:
             self.halt.set()
@@ -373,6 +380,7 @@ class Worker:
             # A cold stop does not wait for a write-back in flight: the reaper has it.
             flusher.join(timeout=1 if self._stops.cold else 30)
             beater.join(timeout=1 if self._stops.cold else 5)
+            self.starter.join(timeout=1)
             presence.stop()
             connection.close()
         log.info("worker stopped", extra={"worker_id": self.worker_id, "finished": self.finished})
@@ -385,7 +393,7 @@ class Worker:
             self._found_at = time.monotonic()
         return self.spec.with_queues(self._found, self.gate.weights())
 
-    def _discover(self, free: int) -> list[Lease] | None:
+    def _discover(self, free: int, start: int | None = None) -> list[Lease] | None:
         """Claim up to `free` jobs. None means "nothing, loop again at once".
 
         A pop of k ids from queue q claims the k best due rows of q (not those ids):
@@ -394,7 +402,7 @@ class Worker:
         """
         try:
             order = self.gate.open(polling_order(self._weights()))
-            leases = self.gate.claim_pending(self.worker_id, order, free)
+            leases = self.gate.claim_pending(self.worker_id, order, free, start=start)
             if leases:
                 return leases
             order = self.gate.open(order)  # less any queue that claim found blocked again
@@ -421,7 +429,7 @@ class Worker:
                     )
                     ids = []
                 if ids:
-                    leases = self.gate.claim_next(self.worker_id, [queue], len(ids))
+                    leases = self.gate.claim_next(self.worker_id, [queue], len(ids), start=start)
                     dupes = len(ids) - len(leases)
                     if dupes and not self.gate.held_back(queue):  # held back: not duplicates
                         metrics.child(metrics.DUPLICATE_DELIVERIES, queue).inc(dupes)
@@ -429,7 +437,7 @@ class Worker:
                     if leases:
                         return leases
                     return None
-            leases = self.gate.claim_next(self.worker_id, order, free)
+            leases = self.gate.claim_next(self.worker_id, order, free, start=start)
             self._db_backoff.reset()
             self._pg_had_work = len(leases) == free
             if not leases and (not self.transport.enabled or self._redis_down()):
@@ -453,12 +461,19 @@ class Worker:
 
     # --- running a job ------------------------------------------------------------------
 
-    def _start(self, leases: list[Lease]) -> None:
-        """Hand a claimed batch to the handler threads (one lock round for the batch)."""
+    def _idle_threads(self) -> int:
+        """How many of a claim's best jobs idle threads take at once (none while
+        prefetched jobs wait: they go first)."""
+        with self._lock:
+            return 0 if self._waiting else max(0, self.concurrency - self._running)
+
+    def _start(self, leases: list[Lease], marked: int = 0) -> None:
+        """Hand a claimed batch to the handler threads (one lock round for the batch);
+        the first `marked` were marked started by their claim."""
         claimed = []
-        for lease in leases:
+        for n, lease in enumerate(leases):
             ctx = durable.context(lease)  # a JobContext with steps and waits (issue 17)
-            claimed.append(InFlight(lease, ctx, waiting=True))
+            claimed.append(InFlight(lease, ctx, waiting=True, marked=n < marked))
         seq = self._seq
         with self._lock:
             # Nothing else claimed, running or awaiting write-back.
@@ -497,7 +512,22 @@ class Worker:
                 item.running_since = time.monotonic()
                 self._waiting -= 1
                 self._running += 1
+            if not self._admit(item):
+                continue
+            # A session the server ended while this thread was idle or in its last job
+            # is replaced before the handler's ORM calls meet it.
+            close_old_connections()
             self._run_one(item.lease, item.ctx)
+
+    def _admit(self, item: InFlight) -> bool:
+        """Mark a prefetched attempt started before its handler runs; a revoked or
+        cancelled one is dropped unrun (jobs.starts)."""
+        verdict = self.starter.admit(item.lease, item.ctx, item.marked)
+        if verdict == Verdict.CANCELLED:
+            self._settle(Outcome(item.lease, OutcomeKind.FAIL, error=CANCELLED, permanent=True))
+        elif verdict != Verdict.RUN:
+            self._forget([item.lease])
+        return verdict == Verdict.RUN
 
     def _run_one(self, lease: Lease, ctx: JobContext) -> None:
         started = time.monotonic()
