@@ -36,6 +36,7 @@ from jobs.lifecycle import (
     BLOCKED_RUN_AT,
     CANCELLED,
     NON_TERMINAL,
+    NOT_STARTED,
     TERMINAL,
     Role,
     Status,
@@ -74,6 +75,9 @@ class Lease:
     max_retries: int
     created_at: datetime
     priority: int = 0  # so a worker starts its prefetched jobs in the claim order
+    # The previous attempt was requeued by crash recovery with no start on record: this
+    # one's start is recorded before its handler is called (jobs.starts, D77).
+    rerun: bool = False
 
     def log_fields(self, **more: Any) -> dict[str, Any]:
         return job_log_fields(
@@ -480,14 +484,16 @@ _CLAIM_SET = f"""
 , u AS (
 UPDATE {T} j SET status = '{Status.PROCESSING}', lease_version = j.lease_version + 1,
        owned_by = %(worker)s, claimed_at = now(), heartbeat_at = now(),
-       started_at = CASE WHEN j.id = ANY(ARRAY(SELECT id FROM c LIMIT %(start)s)) THEN now() END,
+       started_at = CASE WHEN j.id = ANY(ARRAY(SELECT id FROM c LIMIT %(start)s))
+                    THEN statement_timestamp() END,
        updated_by = %(actor)s
 WHERE j.id = ANY(ARRAY(SELECT id FROM c))
 RETURNING j.id, j.lease_version, j.task, j.payload, j.queue, j.retry_count,
-          j.max_retries, j.created_at, j.priority, j.run_at
+          j.max_retries, j.created_at, j.priority, j.run_at,
+          coalesce(j.error LIKE '%%{NOT_STARTED}', false) AS rerun
 )
 SELECT id, lease_version, task, payload, queue, retry_count, max_retries, created_at,
-       priority
+       priority, rerun
 FROM u ORDER BY priority DESC, run_at, id
 """
 QT = Queue._meta.db_table
@@ -533,7 +539,9 @@ def _leases(rows: list[tuple], worker_id: str) -> list[Lease]:
     loads = json.loads
     for r in rows:
         payload = loads(r[3]) if isinstance(r[3], str) else r[3]
-        leases.append(Lease(r[0], r[1], worker_id, r[2], payload, r[4], r[5], r[6], r[7], r[8]))
+        leases.append(
+            Lease(r[0], r[1], worker_id, r[2], payload, r[4], r[5], r[6], r[7], r[8], r[9])
+        )
         per_queue[r[4]] += 1
     for queue, n in per_queue.items():
         metrics.child(metrics.CLAIMED, queue).inc(n)
@@ -583,9 +591,9 @@ FROM {QT} WHERE name = %(queue)s"""
 _QUEUE_STARTS_SQL = f"UPDATE {QT} SET rate_starts = %s WHERE name = %s"
 # The limited claim also returns its statement_timestamp(): the history's `at`.
 _CLAIM_LIMITED_SQL = _CLAIM_LIMITED_SQL.replace(
-    "priority\nFROM u", "priority, statement_timestamp()\nFROM u"
+    "rerun\nFROM u", "rerun, statement_timestamp()\nFROM u"
 )
-assert "statement_timestamp()" in _CLAIM_LIMITED_SQL
+assert "rerun, statement_timestamp()\nFROM u" in _CLAIM_LIMITED_SQL
 CAP_RECHECK_SECONDS = 0.2  # when a slot frees is not known: how soon to look again
 
 
@@ -741,18 +749,36 @@ def heartbeat(
         per_queue[row[2]] += 1
     for queue, n in per_queue.items():
         metrics.child(metrics.HEARTBEATS, queue).inc(n)
-    held = Held((r[0], r[1]) for r in rows)
-    held.cancel_requested = frozenset((r[0], r[1]) for r in rows if r[3])
-    return held
+    return _held([(r[0], r[1], r[3]) for r in rows])
 
 
 _MARK_STARTED_SQL = f"""
 UPDATE {T} j SET heartbeat_at = now(),
-       started_at = CASE WHEN j.cancel_requested_at IS NULL THEN now() END
+       started_at = CASE WHEN j.cancel_requested_at IS NULL THEN statement_timestamp() END
 FROM unnest(%(ids)s::bigint[], %(lvs)s::bigint[], %(owners)s::text[]) AS f(id, lv, owner)
 WHERE j.id = ANY(%(ids)s::bigint[]) AND {_FENCE}
 RETURNING j.id, j.lease_version, j.cancel_requested_at IS NOT NULL
 """
+
+
+_STILL_HELD_SQL = f"""
+SELECT j.id, j.lease_version, j.cancel_requested_at IS NOT NULL
+FROM {T} j JOIN unnest(%(ids)s::bigint[], %(lvs)s::bigint[], %(owners)s::text[])
+     AS f(id, lv, owner) ON {_FENCE}
+WHERE j.id = ANY(%(ids)s::bigint[])
+"""
+
+
+def _held(rows: list[tuple]) -> Held:
+    held = Held((r[0], r[1]) for r in rows)
+    held.cancel_requested = frozenset((r[0], r[1]) for r in rows if r[2])
+    return held
+
+
+def still_held(leases: Sequence[Lease]) -> Held:
+    """Which leases still hold, and which of those have a cancel request: the fence of
+    `heartbeat` read without writing (a worker's look at its prefetched jobs)."""
+    return _held(_hot_rows(_STILL_HELD_SQL, _fence_params(leases))) if leases else Held()
 
 
 def mark_started(leases: Sequence[Lease]) -> Held:
@@ -763,10 +789,7 @@ def mark_started(leases: Sequence[Lease]) -> Held:
     buffer: its handler must not be called."""
     if not leases:
         return Held()
-    rows = _hot_rows(_MARK_STARTED_SQL, _fence_params(leases))
-    held = Held((r[0], r[1]) for r in rows)
-    held.cancel_requested = frozenset((r[0], r[1]) for r in rows if r[2])
-    return held
+    return _held(_hot_rows(_MARK_STARTED_SQL, _fence_params(leases)))
 
 
 def _finished(rows: list[tuple]) -> dict[int, Finished]:
@@ -950,10 +973,6 @@ def record_fence_rejections(leases: Sequence[Lease], op: str) -> None:
 
 
 # --- the reaper -------------------------------------------------------------------
-
-
-# What crash recovery says of an attempt whose handler was never called (D77).
-NOT_STARTED = "the attempt had not started: requeued, no retry spent"
 
 
 def _reap(candidates: str, error: str, params: dict[str, Any]) -> list[tuple]:

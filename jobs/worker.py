@@ -277,7 +277,10 @@ class Worker:
         self._found: list[str] = []  # queues with work, for a worker serving `*`
         self._found_at = float("-inf")
         self.gate = Gate()  # queue controls: pause, cap, rate, weight (jobs.queuecontrol)
-        self.starter = Starter(self.worker_id, self.halt)  # started marks (jobs.starts)
+        # Start marks, and a look at the prefetched leases (jobs.starts).
+        self.starter = Starter(
+            self.worker_id, self.halt, self._prefetched, self.prefetch_window / 2
+        )
 
     # --- control ------------------------------------------------------------------
 
@@ -461,6 +464,10 @@ class Worker:
 
     # --- running a job ------------------------------------------------------------------
 
+    def _prefetched(self) -> list[tuple[Lease, JobContext]]:
+        with self._lock:
+            return [(i.lease, i.ctx) for i in self._inflight.values() if i.waiting]
+
     def _idle_threads(self) -> int:
         """How many of a claim's best jobs idle threads take at once (none while
         prefetched jobs wait: they go first)."""
@@ -512,16 +519,15 @@ class Worker:
                 item.running_since = time.monotonic()
                 self._waiting -= 1
                 self._running += 1
-            if not self._admit(item):
-                continue
             # A session the server ended while this thread was idle or in its last job
-            # is replaced before the handler's ORM calls meet it.
+            # is replaced before its next handler's ORM calls meet it.
             close_old_connections()
-            self._run_one(item.lease, item.ctx)
+            if self._admit(item):
+                self._run_one(item.lease, item.ctx)
 
     def _admit(self, item: InFlight) -> bool:
-        """Mark a prefetched attempt started before its handler runs; a revoked or
-        cancelled one is dropped unrun (jobs.starts)."""
+        """Record a prefetched attempt's start (before its handler runs where a crash
+        charge would decide, D77); a revoked or cancelled one is dropped unrun (D78)."""
         verdict = self.starter.admit(item.lease, item.ctx, item.marked)
         if verdict == Verdict.CANCELLED:
             self._settle(Outcome(item.lease, OutcomeKind.FAIL, error=CANCELLED, permanent=True))
@@ -642,6 +648,7 @@ class Worker:
                 self._running -= 1
 
     def _settle(self, outcome: Outcome) -> None:
+        self.starter.ended(outcome.lease)
         if outcome.kind == OutcomeKind.SETTLED:
             self._forget([outcome.lease])
             self._quiet.set()  # written by the handler itself: an idle dispatcher resumes

@@ -12,8 +12,8 @@ import pytest
 from django.db import transaction
 
 from jobs import selectors, services
+from jobs.lifecycle import NOT_STARTED
 from jobs.models import Job, JobEvent, WorkerProcess
-from jobs.services import NOT_STARTED
 from tests.conftest import job_row
 from tests.harness import wait_until
 
