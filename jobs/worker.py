@@ -2,8 +2,9 @@
 
 One process runs one dispatcher (this module's `Worker.run`, on the main
 thread), `concurrency` handler threads fed from one queue, a flusher that writes
-finished attempts back in batches, and a heartbeat thread that extends every
-held lease in one statement. Redis ids are hints: a popped id says only "queue q
+finished attempts back in batches, a heartbeat thread that extends every
+held lease in one statement, and a starter that records prefetched attempts' starts
+(jobs.starts, D77). Redis ids are hints: a popped id says only "queue q
 has work", and the dispatcher claims the best due rows of q in PostgreSQL's order
 (priority DESC, run_at, id), one per id popped. It falls back to claiming
 straight from Postgres whenever Redis is silent, down or not configured. Queues

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+from prometheus_client import REGISTRY
 
 from jobs import durable, services
 from jobs.lifecycle import NOT_STARTED
@@ -53,11 +54,20 @@ def test_a_last_attempt_is_marked_before_its_handler_is_called(starter):
     assert Job.objects.get(pk=lease.job_id).started_at is not None  # on record already
 
 
+def _dropped(queue: str, reason: str) -> float:
+    return (
+        REGISTRY.get_sample_value("jobs_attempts_dropped_total", {"queue": queue, "reason": reason})
+        or 0.0
+    )
+
+
 def test_a_last_attempt_revoked_meanwhile_is_refused_by_the_fenced_mark(starter):
     lease = _prefetched(max_retries=0)
+    before = _dropped(lease.queue, "revoked")
     services.revoke([lease.job_id], "staff:test")
     assert starter.admit(lease, durable.context(lease)) == Verdict.REVOKED
     assert Job.objects.get(pk=lease.job_id).started_at is None
+    assert _dropped(lease.queue, "revoked") == before + 1
 
 
 def test_a_last_attempt_cancelled_meanwhile_is_not_started(starter):
