@@ -76,6 +76,11 @@ def test_fair_claim_takes_turns_between_clients_behind_a_backlog():
         (lease,) = gate.claim_next("w", ["shared"], 1)
         seen.append(Job.objects.get(pk=lease.job_id).client_id)
     assert seen == [a.pk, b.pk, None]  # each once, in turn, though A has 47 more
+    # Started marks (D77): all claimed when `start` is None, else the first `start` in turn.
+    assert not Job.objects.filter(pk__in=owners, started_at__isnull=True).exists()
+    two = gate.claim_next("w", ["shared"], 2, start=1)
+    marked = Job.objects.filter(pk__in=[x.job_id for x in two], started_at__isnull=False)
+    assert list(marked.values_list("pk", flat=True)) == [two[0].job_id]
 
 
 @pytest.mark.django_db(transaction=True)
@@ -91,7 +96,8 @@ def test_fair_claim_uses_the_fair_index_not_a_sort_of_the_backlog():
     )
     raw("ANALYZE jobs_job")
     sql = services._CLAIM_FAIR_OPEN_SQL
-    params = {"queue": "shared", "limit": 10, "after": 0, "worker": "w", "actor": "worker:w"}
+    params = {"queue": "shared", "limit": 10, "after": 0, "worker": "w", "actor": "worker:w",
+              "start": None}  # fmt: skip
     plan = "\n".join(r[0] for r in raw("EXPLAIN (ANALYZE, BUFFERS) " + sql, params))
     assert "job_fair_claim_idx" in plan
     assert "Seq Scan on jobs_job" not in plan
@@ -111,8 +117,9 @@ def test_key_concurrency_caps_each_key_and_lets_other_keys_through():
     b_same_name = _submit(1, "keyed", b, concurrency_key="k")  # keys are per client
     free = _submit(1, "keyed", a)  # no key: not capped
     assert services.claim_next("w", ["keyed"], 10) == []  # never the open claim
-    got = services.claim_limited_under_queue_lock("w1", "keyed", 10)
+    got = services.claim_limited_under_queue_lock("w1", "keyed", 10, start=3)
     claimed = {x.job_id for x in got.leases}
+    assert Job.objects.filter(pk__in=claimed, started_at__isnull=False).count() == 3
     assert len(claimed) == 2 + 2 + 1 + 1
     assert set(other) | set(b_same_name) | set(free) <= claimed
     assert got.blocked_for == services.CAP_RECHECK_SECONDS  # key k holds jobs back

@@ -17,7 +17,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ("jobs", "0013_event_outbox"),
+        ("jobs", "0014_job_started_at"),
     ]
 
     operations = [
