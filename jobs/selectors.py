@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from django.conf import settings
 from django.core.cache import cache
 from django.db import connection
 from django.db.models import F, QuerySet
 from django.db.models.functions import Now
 
+from jobs.conf import settings
 from jobs.lifecycle import NON_TERMINAL, Status, due_sql, sql_list
 from jobs.models import Job, Queue, WorkerProcess
 

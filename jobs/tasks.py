@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.conf import settings
+from jobs.conf import settings
 
 
 class PermanentError(Exception):

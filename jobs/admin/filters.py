@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from django.conf import settings
 from django.contrib import admin
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
 from jobs import selectors
 from jobs import tasks as task_registry
+from jobs.conf import settings
 from jobs.lifecycle import Status
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 from datetime import timedelta
 from functools import partial
 
-from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.options import IncorrectLookupParameters
@@ -48,6 +47,7 @@ from jobs.admin.filters import QueueFilter, StuckFilter, TaskFilter
 from jobs.admin.paginator import CappedCountPaginator
 from jobs.admin.readonly import SeenWithJobs, WrittenByServices
 from jobs.admin.workflows import JobSignalInline, JobStepInline, send_signal_view
+from jobs.conf import settings
 from jobs.lifecycle import TERMINAL, Status
 from jobs.models import Client, Job, JobEvent
 from jobs.selectors import progress_of

@@ -24,7 +24,7 @@ class JobSubmitSerializer(serializers.Serializer):
         "(default 65536) bytes once serialised compactly."
     )
     queue = serializers.ChoiceField(
-        choices=list(queues.declared()),
+        choices=queues.names_for_docs(),
         required=False,
         default="default",
         help_text="A queue declared in JOBS_QUEUES; any other is refused (unknown_queue).",
@@ -269,7 +269,7 @@ class ScheduleWriteSerializer(serializers.Serializer):
     )
     task = serializers.CharField(max_length=200, help_text="A registered task name.")
     payload = serializers.JSONField(required=False, help_text="The job's payload; not null.")
-    queue = serializers.ChoiceField(choices=list(queues.declared()), required=False)
+    queue = serializers.ChoiceField(choices=queues.names_for_docs(), required=False)
     priority = serializers.IntegerField(
         required=False, min_value=PRIORITY_MIN, max_value=PRIORITY_MAX
     )

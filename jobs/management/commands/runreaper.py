@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 
-from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from jobs import metrics
@@ -16,6 +15,7 @@ from jobs.collectors import (
     reaper_gauges,
     scheduler_gauges,
 )
+from jobs.conf import settings
 from jobs.events.outbox import Dispatcher, OutboxLagCollector
 from jobs.lifecycle import Status
 from jobs.reaper import Reaper

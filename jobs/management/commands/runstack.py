@@ -14,10 +14,11 @@ import subprocess
 import sys
 import time
 
-from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
+
+from jobs.conf import settings
 
 
 class Command(BaseCommand):
