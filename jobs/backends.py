@@ -333,7 +333,7 @@ class JobServiceBackend(BaseTaskBackend):
         try:
             declared = queues.declared()
         except ImproperlyConfigured:  # jobs.E103 says what is wrong with JOBS_QUEUES
-            return
+            declared = None
         for queue in sorted(self.queues):
             if not QUEUE_NAME_RE.fullmatch(queue):
                 yield checks.Error(
@@ -341,7 +341,7 @@ class JobServiceBackend(BaseTaskBackend):
                     hint="1-100 characters of letters, digits, '_', '.', ':' or '-'.",
                     id="jobs.E101",
                 )
-            elif queue not in declared:
+            elif declared is not None and queue not in declared:
                 yield checks.Error(
                     f"TASKS[{self.alias!r}]['QUEUES'] holds {queue!r}, not in JOBS_QUEUES",
                     hint="Declare the queue in JOBS_QUEUES or remove it from QUEUES.",

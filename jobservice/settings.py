@@ -53,6 +53,8 @@ if PRODUCTION:
         )
 
 INSTALLED_APPS = [
+    # Before the admin: jobs' admin/index.html adds the job dashboard's link to its index.
+    "jobs",
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
@@ -65,7 +67,6 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "django_prometheus",
     "django_tasks",  # the Tasks framework backport; Django 6 has it built in (django.tasks)
-    "jobs",
     "demo",
     # Your own apps with models (e.g. the transactional tasks' tables): JOBS_EXTRA_APPS=myapp
     *env.list("JOBS_EXTRA_APPS", default=[]),
@@ -92,7 +93,8 @@ ROOT_URLCONF = "jobservice.urls"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [BASE_DIR / "templates"],
+        # The admin's pages come with the app (jobs/templates).
+        "DIRS": [],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
