@@ -3,6 +3,8 @@ runstack outside the deployment, and the wheel's contents."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from django.core.management import CommandError, call_command
 from django.test import override_settings
@@ -29,3 +31,29 @@ def test_runstack_outside_the_deployment_says_what_to_run_instead():
             CommandError, match="run `manage.py runworker` and `manage.py runreaper`"
         ):
             call_command("runstack")
+
+
+def test_the_readmes_startapp_in_the_root_leaves_make_lint_green(tmp_path):
+    """startapp's files import what they do not use (F401): the README's `myapp/` in the
+    checkout's root is excluded from ruff (and git); any other app name is linted."""
+    import shutil
+    import subprocess
+    import sys
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    shutil.copy(root / "pyproject.toml", tmp_path / "pyproject.toml")
+    ruff = Path(sys.executable).with_name("ruff")
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    for app in ("myapp", "otherapp"):
+        subprocess.run(
+            [sys.executable, "-m", "django", "startapp", app], cwd=tmp_path, env=env, check=True
+        )
+    lint = subprocess.run([ruff, "check", "."], cwd=tmp_path, capture_output=True, text=True)
+    assert lint.returncode != 0 and "otherapp/" in lint.stdout, lint.stdout  # not silenced
+    assert "myapp/" not in lint.stdout, lint.stdout
+    ignored = (root / ".gitignore").read_text().splitlines()
+    assert "myapp/" in ignored
+    config = tomllib.loads((root / "pyproject.toml").read_text())
+    assert config["tool"]["pytest"]["ini_options"]["testpaths"] == ["tests"]  # make test
