@@ -8,10 +8,17 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from jobs import queues, services, submission
+from jobs import queues, selectors, services, submission
 from jobs.lifecycle import STATUSES, Status
 from jobs.models import PRIORITY_MAX, PRIORITY_MIN, Job, JobEvent, Schedule
 from jobs.selectors import progress_of
+
+
+class WaitReasonField(serializers.CharField):
+    """A job's wait reason, its queue's pause included (jobs.selectors.wait_reason)."""
+
+    def to_representation(self, job: Job) -> str | None:
+        return selectors.wait_reason(job)
 
 
 class JobSubmitSerializer(serializers.Serializer):
@@ -128,11 +135,13 @@ class JobSerializer(serializers.ModelSerializer):
         "stopping: the job is done and its result kept."
     )
 
-    wait_reason = serializers.CharField(
+    wait_reason = WaitReasonField(
+        source="*",
         read_only=True,
         allow_null=True,
-        help_text="Why a queued job is not due: sleep or signal (parked by its handler), "
-        "parents (a workflow step whose parents have not ended); null otherwise.",
+        help_text="Why a queued job is not running: sleep or signal (parked by its "
+        "handler), parents (a workflow step whose parents have not ended), queue_paused "
+        "(its queue is paused); null otherwise.",
     )
 
     @extend_schema_field(ProgressSerializer(allow_null=True))
