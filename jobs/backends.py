@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import dataclasses
+import copy
 import json
 import threading
 import traceback
@@ -363,14 +363,16 @@ class JobServiceBackend(BaseTaskBackend):
         ]
         payload = job.payload if isinstance(job.payload, dict) else json.loads(job.payload)
         run_after = payload.get(RUN_AFTER_KEY)
-        # The task as it was enqueued, not the decorator's defaults (D112).
-        task = dataclasses.replace(
-            task,
-            priority=job.priority,
-            queue_name=job.queue,
-            run_after=datetime.fromisoformat(run_after) if run_after else None,
-            backend=self.alias,
-        )
+        # The task as it was enqueued, not the decorator's defaults (D112); not checked
+        # again (replace() would): it was valid when enqueued, whatever TASKS says now.
+        task = copy.copy(task)
+        for name, value in (
+            ("priority", job.priority),
+            ("queue_name", job.queue),
+            ("run_after", datetime.fromisoformat(run_after) if run_after else None),
+            ("backend", self.alias),
+        ):
+            object.__setattr__(task, name, value)
         result = TaskResult(
             task=task,
             id=str(job.pk),

@@ -150,6 +150,7 @@ def test_the_django_page_runs_in_a_fresh_project_from_the_wheel(tmp_path, projec
     assert "SUCCESSFUL 5" in done.stdout, out[-3000:]
     assert "admin lists True" in done.stdout, out[-3000:]
     assert "api without token 401" in done.stdout, out[-3000:]
+    assert "sweep: 0 of gone workers" in done.stdout, out[-3000:]  # runreaper --once
     ran = time.monotonic()
 
     # A misconfigured host project: each check's message and hint, no traceback.

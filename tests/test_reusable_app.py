@@ -57,3 +57,18 @@ def test_the_readmes_startapp_in_the_root_leaves_make_lint_green(tmp_path):
     assert "myapp/" in ignored
     config = tomllib.loads((root / "pyproject.toml").read_text())
     assert config["tool"]["pytest"]["ini_options"]["testpaths"] == ["tests"]  # make test
+
+
+def test_checks_name_a_database_that_is_not_postgresql_and_a_missing_app(monkeypatch):
+    from django.conf import settings as django_settings
+
+    from jobs import checks
+
+    assert checks.check_setup() == []
+    sqlite = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}
+    with override_settings(DATABASES={**django_settings.DATABASES, **sqlite}):
+        (error,) = checks.check_setup()
+    assert error.id == "jobs.E104" and "django.db.backends.postgresql" in error.hint
+    monkeypatch.setattr(checks, "REQUIRED_APPS", (*checks.REQUIRED_APPS, "django.contrib.humanize"))
+    (error,) = checks.check_setup()
+    assert error.id == "jobs.E105" and "django.contrib.humanize" in error.msg and error.hint

@@ -10,7 +10,7 @@ from django.urls import URLPattern, get_resolver
 
 from jobs.api.auth import ClientTokenAuthentication, IsClient
 from jobs.api.policy import APIPolicy
-from tests.api.conftest import new_client
+from tests.api.conftest import RecordingAPIClient, new_client
 
 PUBLIC = {"api-schema", "api-docs"}
 
@@ -31,7 +31,8 @@ def test_every_api_view_but_the_schema_and_docs_carries_the_policy():
 
 @pytest.mark.django_db
 @override_settings(REST_FRAMEWORK={})
-def test_with_drfs_defaults_the_api_still_needs_a_client_token(anon):
+def test_with_drfs_defaults_the_api_still_needs_a_client_token():
+    anon = RecordingAPIClient()
     view = api_views()["job-list"]
     assert view.authentication_classes == [ClientTokenAuthentication]
     assert view.permission_classes == [IsClient]
@@ -42,7 +43,8 @@ def test_with_drfs_defaults_the_api_still_needs_a_client_token(anon):
 
 
 @pytest.mark.django_db
-def test_bearer_is_accepted_like_token(anon):
+def test_bearer_is_accepted_like_token():
+    anon = RecordingAPIClient()
     _, token = new_client()
     anon.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
     r = anon.get("/api/v1/jobs/")
@@ -50,7 +52,8 @@ def test_bearer_is_accepted_like_token(anon):
 
 
 @pytest.mark.django_db
-def test_another_scheme_is_answered_with_the_expected_one(anon):
+def test_another_scheme_is_answered_with_the_expected_one():
+    anon = RecordingAPIClient()
     _, token = new_client()
     anon.credentials(HTTP_AUTHORIZATION=f"Basic {token}")
     r = anon.get("/api/v1/jobs/")
