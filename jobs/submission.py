@@ -24,11 +24,11 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from django.conf import settings
 from django.db import connection
 from django.utils.dateparse import parse_datetime
 
 from jobs import metrics, queues, services, tasks
+from jobs.conf import settings
 from jobs.exceptions import (  # noqa: F401  (re-exported: jobs.submission.QueueFull, ...)
     RETRY_AFTER_SECONDS,
     BatchIdempotencyConflict,
@@ -422,16 +422,22 @@ def _validate(
         max_retries = settings.JOBS_MAX_RETRIES
     max_retries = _check_int("max_retries", max_retries, 0, MAX_RETRIES_LIMIT)
     run_at = parse_run_at(run_at)
-    for field, key, shown in (
-        ("idempotency_key", idempotency_key, "idempotency key"),
-        ("unique_key", unique_key, "unique_key"),
-        ("concurrency_key", concurrency_key, "concurrency_key"),
+    codes = {
+        "idempotency_key": "invalid_idempotency_key",
+        "unique_key": "invalid_unique_key",
+        "concurrency_key": "invalid_concurrency_key",
+    }
+    for field, key in (
+        ("idempotency_key", idempotency_key),
+        ("unique_key", unique_key),
+        ("concurrency_key", concurrency_key),
     ):
         if key is not None and (not isinstance(key, str) or not IDEMPOTENCY_KEY_RE.fullmatch(key)):
+            shown = "idempotency key" if field == "idempotency_key" else field
             raise InvalidSubmission(
                 f"{shown} must be 1-200 printable ASCII characters without spaces",
                 field=field,
-                code=f"invalid_{field}",
+                code=codes[field],
             )
     payload_json = serialise_payload(payload).decode("utf-8")
     try:
