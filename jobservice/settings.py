@@ -191,6 +191,20 @@ JOBS_EVENTS_STREAM_MAXLEN = env.int("JOBS_EVENTS_STREAM_MAXLEN", default=100_000
 JOBS_WEBHOOK_ALLOW_PRIVATE = env.bool("JOBS_WEBHOOK_ALLOW_PRIVATE", default=False)
 JOBS_WEBHOOK_CONNECT_TIMEOUT = env.float("JOBS_WEBHOOK_CONNECT_TIMEOUT", default=3.0)
 JOBS_WEBHOOK_READ_TIMEOUT = env.float("JOBS_WEBHOOK_READ_TIMEOUT", default=10.0)
+# Containment (docs/events.md): every attempt ends within JOBS_WEBHOOK_TIMEOUT seconds
+# (connect + send + the whole answer); runworker runs deliveries on their own
+# JOBS_WEBHOOK_CONCURRENCY threads, at most JOBS_WEBHOOK_ENDPOINT_CONCURRENCY at once per
+# endpoint (0: no bound); JOBS_WEBHOOK_CIRCUIT_FAILURES failed attempts in a row open an
+# endpoint's circuit for JOBS_WEBHOOK_CIRCUIT_OPEN_SECONDS, doubling up to the max
+# (0: no breaker).
+JOBS_WEBHOOK_TIMEOUT = env.float("JOBS_WEBHOOK_TIMEOUT", default=13.0)
+JOBS_WEBHOOK_CONCURRENCY = env.int("JOBS_WEBHOOK_CONCURRENCY", default=4)
+JOBS_WEBHOOK_ENDPOINT_CONCURRENCY = env.int("JOBS_WEBHOOK_ENDPOINT_CONCURRENCY", default=2)
+JOBS_WEBHOOK_CIRCUIT_FAILURES = env.int("JOBS_WEBHOOK_CIRCUIT_FAILURES", default=5)
+JOBS_WEBHOOK_CIRCUIT_OPEN_SECONDS = env.float("JOBS_WEBHOOK_CIRCUIT_OPEN_SECONDS", default=10.0)
+JOBS_WEBHOOK_CIRCUIT_MAX_OPEN_SECONDS = env.float(
+    "JOBS_WEBHOOK_CIRCUIT_MAX_OPEN_SECONDS", default=600.0
+)
 JOBS_WEBHOOK_MAX_RESPONSE_BYTES = env.int("JOBS_WEBHOOK_MAX_RESPONSE_BYTES", default=4096)
 JOBS_WEBHOOK_MAX_RETRIES = env.int("JOBS_WEBHOOK_MAX_RETRIES", default=10)
 # CA certificates for https receivers (a PEM file); empty: the system's.

@@ -31,7 +31,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ]),
     # Talk to the outside world; transport is the only module that imports redis.
     ("infrastructure", ["jobs.transport", "jobs.runtime", "jobs.events.signing",
-                        "jobs.events.ssrf"]),
+                        "jobs.events.ssrf", "jobs.events.deadline"]),
     ("models", ["jobs.models", "jobs.graph"]),
     # Caches of model rows that the writes keep honest (the API clients by token hash).
     ("model caches", ["jobs.clientcache"]),
@@ -40,17 +40,19 @@ LAYERS: list[tuple[str, list[str]]] = [
     # A schedule's slots: the scheduler_runs row and the job it makes, in one statement.
     ("schedule firing", ["jobs.schedules.firing"]),
     # Queue controls: the Queue rows synced from JOBS_QUEUES and a worker's view of them.
-    # jobs.events: publish()/@subscriber; the webhook delivery task; the Redis stream.
+    # jobs.events: publish()/@subscriber; the Redis stream; endpoints' slots and breakers.
     ("pipeline and presence", ["jobs.submission", "jobs.presence", "jobs.queuecontrol",
-                               "jobs.events", "jobs.events.webhooks", "jobs.events.streams"]),
+                               "jobs.events", "jobs.events.streams", "jobs.events.circuit"]),
     # Schedules held to the submission rules of the jobs they make.
     ("schedule definitions", ["jobs.schedules.define"]),
     # Durable jobs (steps, waits) and workflows: built on the services and the pipeline.
     ("durable jobs and workflows", ["jobs.durable", "jobs.workflows", "jobs.signals"]),
+    # The webhook delivery task parks a delivery its endpoint cannot take (a durable wait).
     ("processes", ["jobs.worker", "jobs.reaper", "jobs.schedules.scheduler",
-                   "jobs.events.outbox"]),
+                   "jobs.events.outbox", "jobs.events.webhooks"]),
     # Bridges to frameworks around the processes: Django Tasks, Prometheus scrapes.
-    ("adapters", ["jobs.backends", "jobs.collectors"]),
+    # jobs.deliveries: runworker's second worker, for webhook deliveries.
+    ("adapters", ["jobs.backends", "jobs.collectors", "jobs.deliveries"]),
     ("entry points", [
         # apps: its ready() wires the client cache's signal receivers in.
         "jobs.apps", "jobs.api", "jobs.api.*", "jobs.admin", "jobs.admin.*", "jobs.health",
