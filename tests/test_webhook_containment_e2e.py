@@ -10,6 +10,7 @@ spending their budget, and once it answers again every event still arrives.
 
 from __future__ import annotations
 
+import signal
 import statistics
 import time
 
@@ -140,3 +141,35 @@ def done_events(job_ids: list[int]) -> list[int]:
 
     return list(JobEvent.objects.filter(job_id__in=job_ids, to_status=Status.DONE)
                 .values_list("id", flat=True))  # fmt: skip
+
+
+def registered() -> list[tuple[str, list[str]]]:
+    with connection.cursor() as cur:
+        cur.execute("SELECT id, queues FROM jobs_worker ORDER BY id")
+        return cur.fetchall()
+
+
+def test_one_signal_stops_both_workers_and_burst_ends_both(stack):
+    """The default runworker registers its job worker and its delivery worker; SIGTERM
+    warm-stops both (a delivery in flight ends first) and the process exits 0, both
+    unregistered. With --burst, the process ends once neither has work."""
+    owner = Client.objects.create(name="stop", token_hash="x" * 64)
+    receiver = Trickler(0.25)
+    Webhook.objects.create(client=owner, url=f"http://127.0.0.1:{receiver.port}/hook",
+                           events=["job.done"], secret_salt=signing.new_salt())  # fmt: skip
+    stack.reaper("--interval", "1", **ENV)
+    wait_until(dispatcher_started, 30, "the dispatcher's first tick")
+    try:
+        worker = stack.worker(ready=True, **ENV)
+        wait_until(lambda: len(registered()) == 2, 30, "both workers registered")
+        assert sorted(q for _, qs in registered() for q in qs) == ["default", "webhooks"]
+        services.submit_many([services.NewJob("echo", {})], client_id=owner.pk)
+        wait_until(lambda: receiver.sent > 0, 30, "a delivery in flight")
+        worker.signal(signal.SIGTERM)
+        assert worker.wait(TIMEOUT + 10) == 0
+        assert registered() == []
+        assert not Job.objects.filter(status=Status.PROCESSING).exists()
+        burst = stack.worker("--burst", **ENV)
+        assert burst.wait(30) == 0
+    finally:
+        receiver.close()
