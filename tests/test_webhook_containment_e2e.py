@@ -1,9 +1,10 @@
 """Webhook deliveries contained, end to end (issue 27 item 4): a default `runworker` and a
 `runreaper` as subprocesses, real receivers on 127.0.0.1.
 
-Six receivers that trickle their answer one byte at a time must not delay another
-client's jobs (their own delivery slots), and each attempt at them ends within
-JOBS_WEBHOOK_TIMEOUT + 1 s (read from the delivery jobs' history). A receiver that
+Six receivers that trickle their answer one byte at a time (every 5 s, or every 0.25 s,
+faster than any read timeout) must not delay another client's jobs (their own delivery
+slots), and each attempt at them ends within JOBS_WEBHOOK_TIMEOUT + 1 s (read from the
+delivery jobs' history). A receiver that
 keeps failing opens its circuit: deliveries then wait without calling it and without
 spending their budget, and once it answers again every event still arrives.
 """
@@ -59,7 +60,8 @@ def test_six_trickling_receivers_do_not_delay_another_clients_jobs(stack):
     busy = Client.objects.create(name="busy", token_hash="b" * 64)
     stack.reaper("--interval", "1", **ENV)
     wait_until(dispatcher_started, 30, "the dispatcher's first tick")
-    receivers = [Trickler(0.25) for _ in range(6)]  # a byte every 0.25 s: never a read timeout
+    # A byte every 5 s (the issue's receivers), and every 0.25 s: no read timeout ever fires.
+    receivers = [Trickler(every) for every in (5.0, 5.0, 5.0, 0.25, 0.25, 0.25)]
     for r in receivers:
         Webhook.objects.create(client=slow, url=f"http://127.0.0.1:{r.port}/hook",
                                events=["job.done"], secret_salt=signing.new_salt())  # fmt: skip
