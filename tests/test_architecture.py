@@ -41,10 +41,11 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("schedule firing", ["jobs.schedules.firing"]),
     # Queue controls: the Queue rows synced from JOBS_QUEUES and a worker's view of them.
     # jobs.events: publish()/@subscriber; the Redis stream; the Kafka sink; endpoints'
-    # slots and circuit breakers.
+    # slots and circuit breakers. jobs.starts: a worker's started marks (prefetched
+    # attempts, D77).
     ("pipeline and presence", ["jobs.submission", "jobs.presence", "jobs.queuecontrol",
                                "jobs.events", "jobs.events.streams", "jobs.events.kafka",
-                               "jobs.events.circuit"]),
+                               "jobs.events.circuit", "jobs.starts"]),
     # Schedules held to the submission rules of the jobs they make.
     ("schedule definitions", ["jobs.schedules.define"]),
     # Durable jobs (steps, waits) and workflows: built on the services and the pipeline.
