@@ -179,8 +179,15 @@ KAFKA_ERRORS = Counter(
 WEBHOOK_DELIVERIES = Counter(
     "jobs_webhook_deliveries_total",
     "Webhook delivery attempts by outcome (delivered, http_error, timeout, error, gone, "
-    "refused, disabled, dropped)",
+    "refused, disabled, dropped; deferred: parked without a call, circuit open or the "
+    "endpoint's slots busy)",
     ["outcome"],
+)
+WEBHOOK_CIRCUIT = Counter(
+    "jobs_webhook_circuit_changes_total",
+    "Webhook endpoints' circuit breakers changing state (open, half_open: a probe went "
+    "out, closed, reopened: a probe or a late attempt failed)",
+    ["to"],
 )
 WEBHOOK_LAG = Histogram(
     "jobs_webhook_delivery_lag_seconds",
