@@ -161,6 +161,7 @@ JOBS_SCHEDULE_CATCH_UP_MAX = env.int("JOBS_SCHEDULE_CATCH_UP_MAX", default=100)
 JOBS_MAX_RETRIES = env.int("JOBS_MAX_RETRIES", default=3)
 # Steps (checkpoints and waits) one durable job may have (jobs.durable).
 JOBS_MAX_STEPS = env.int("JOBS_MAX_STEPS", default=1000)
+JOBS_WORKFLOW_MAX_EDGES = env.int("JOBS_WORKFLOW_MAX_EDGES", default=10_000)
 JOBS_MAX_QUEUE_DEPTH = env.int("JOBS_MAX_QUEUE_DEPTH", default=100_000)
 JOBS_MAX_PAYLOAD_BYTES = env.int("JOBS_MAX_PAYLOAD_BYTES", default=65_536)
 # Backoff for retries: base * 2**(retry_count-1), capped, with full jitter.
