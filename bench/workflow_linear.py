@@ -5,7 +5,7 @@ at the edge cap (JOBS_WORKFLOW_MAX_EDGES, 10,000) in two shapes, on a scratch da
 and a private redis-server, and prints each operation's database time (one
 statement's clock_timestamp on both sides) and the rows it wrote and read per table
 (pg_stat_xact_user_tables). `--previous` measures the same with the dependents
-function as migration 0012 installed it (frozen in migration 0014), side by side. It
+function as migration 0012 installed it (jobs/migrations/_triggers.py), side by side. It
 reports; it never asserts a timing.
 """
 
@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import statistics
 from collections.abc import Callable
-from importlib import import_module
 from typing import Any
 
 STEPS = 1000
@@ -98,14 +97,15 @@ def run_shape(steps: list[dict]) -> dict[str, tuple[float, dict]]:
 def _install(previous: bool) -> None:
     from django.db import connection
 
-    frozen = import_module("jobs.migrations.0014_linear_workflows_backpressure")
+    from jobs.migrations import _triggers as frozen
+
     with connection.cursor() as cur:
         if previous:
-            cur.execute(frozen.PREVIOUS_DEPENDENTS)
+            cur.execute(frozen.WORKFLOW_TRIGGERS_0012)
             cur.execute(frozen.HISTORY_PLAN_RESET)
         else:
-            cur.execute(frozen.DEPENDENTS)
-            cur.execute(frozen.HISTORY_PLAN)
+            cur.execute(frozen.WORKFLOW_TRIGGERS_0015)
+            cur.execute(frozen.HISTORY_PLAN_0015)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,8 +1,9 @@
 """The database side of durable waits and workflows: triggers on jobs_job.
 
 Generated from `jobs.lifecycle` like the guard; installed by migration 0012, the
-dependents function replaced by 0014 (each migration keeps its SQL frozen, and a
-test holds the latest one equal to this module). They add to the guard and the
+dependents function replaced by 0015 (each migration installs its text frozen in
+jobs/migrations/_triggers.py; tests/test_migrations_frozen.py holds the newest one
+equal to this module). They add to the guard and the
 history triggers; they replace neither.
 
 - `jobs_job_wait_clear` (BEFORE UPDATE, per row, only when a waiting row is
@@ -35,6 +36,18 @@ T = "jobs_job"
 _NOT_STARTED = f"'{Status.ENQUEUE_FAILED}', '{Status.QUEUED}'"
 
 
+def _create_trigger_once(name: str, definition: str) -> str:
+    """Create the trigger only if it is missing: its definition has not changed since
+    0012, and a DROP/CREATE on a live jobs_job would wait for an exclusive lock."""
+    return f"""DO $do$ BEGIN
+  IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = '{T}'::regclass
+                 AND tgname = '{name}') THEN
+    {definition};
+  END IF;
+END $do$;
+"""
+
+
 def wait_clear_sql() -> str:
     return f"""
 CREATE OR REPLACE FUNCTION {T}_wait_clear() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -44,12 +57,13 @@ BEGIN
   RETURN NEW;
 END
 $$;
-DROP TRIGGER IF EXISTS {T}_wait_clear ON {T};
-CREATE TRIGGER {T}_wait_clear BEFORE UPDATE ON {T} FOR EACH ROW
-  WHEN (OLD.wait_reason IS NOT NULL AND NEW.status = '{Status.PROCESSING}'
-        AND OLD.status <> '{Status.PROCESSING}')
-  EXECUTE FUNCTION {T}_wait_clear();
-"""
+""" + _create_trigger_once(
+        f"{T}_wait_clear",
+        f"""CREATE TRIGGER {T}_wait_clear BEFORE UPDATE ON {T} FOR EACH ROW
+      WHEN (OLD.wait_reason IS NOT NULL AND NEW.status = '{Status.PROCESSING}'
+            AND OLD.status <> '{Status.PROCESSING}')
+      EXECUTE FUNCTION {T}_wait_clear()""",
+    )
 
 
 def dependents_function_sql() -> str:
@@ -155,12 +169,18 @@ def history_plan_sql() -> str:
 
 
 def triggers_sql() -> str:
-    return f"""{wait_clear_sql()}{dependents_function_sql()}
-DROP TRIGGER IF EXISTS {T}_dependents ON {T};
-CREATE TRIGGER {T}_dependents AFTER UPDATE ON {T}
-  REFERENCING OLD TABLE AS {T}_dep_old NEW TABLE AS {T}_dep_new
-  FOR EACH STATEMENT EXECUTE FUNCTION {T}_dependents();
-"""
+    """Both triggers and their functions; on a database that has the triggers already,
+    only the functions are replaced (no lock on jobs_job)."""
+    return (
+        wait_clear_sql()
+        + dependents_function_sql()
+        + _create_trigger_once(
+            f"{T}_dependents",
+            f"""CREATE TRIGGER {T}_dependents AFTER UPDATE ON {T}
+      REFERENCING OLD TABLE AS {T}_dep_old NEW TABLE AS {T}_dep_new
+      FOR EACH STATEMENT EXECUTE FUNCTION {T}_dependents()""",
+        )
+    )
 
 
 def drop_triggers_sql() -> str:

@@ -91,14 +91,13 @@ def _errors(ids: dict[str, int]) -> dict[str, str]:
     return {k: by_id[v] for k, v in ids.items()}
 
 
-def test_the_latest_migration_installs_the_functions_of_jobs_graph():
-    from importlib import import_module
-
+def test_the_history_trigger_joins_its_transition_tables_by_hash():
+    """Installed by 0015 with ALTER FUNCTION: a migration that re-creates the function
+    (a new guard text) must carry the setting, or this fails."""
     from jobs import graph
+    from jobs.migrations import _triggers
 
-    frozen = import_module("jobs.migrations.0014_linear_workflows_backpressure")
-    assert frozen.DEPENDENTS == graph.dependents_function_sql()
-    assert frozen.HISTORY_PLAN == graph.history_plan_sql()
+    assert _triggers.HISTORY_PLAN_0015 == graph.history_plan_sql()
     with connection.cursor() as cur:
         cur.execute("SELECT proconfig FROM pg_proc WHERE proname = 'jobs_job_history_update'")
         assert cur.fetchone()[0] == ["enable_nestloop=off"]

@@ -13,98 +13,7 @@ import django.db.models.functions.datetime
 from django.contrib.postgres.operations import AddIndexConcurrently
 from django.db import migrations, models
 
-# The triggers as this migration installs them (jobs.graph at the time), frozen here so
-# that later changes to jobs.graph (0014) do not change what 0012 does.
-TRIGGERS = """
-CREATE OR REPLACE FUNCTION jobs_job_wait_clear() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-  NEW.wait_reason := NULL;
-  NEW.wait_key := NULL;
-  RETURN NEW;
-END
-$$;
-DROP TRIGGER IF EXISTS jobs_job_wait_clear ON jobs_job;
-CREATE TRIGGER jobs_job_wait_clear BEFORE UPDATE ON jobs_job FOR EACH ROW
-  WHEN (OLD.wait_reason IS NOT NULL AND NEW.status = 'processing'
-        AND OLD.status <> 'processing')
-  EXECUTE FUNCTION jobs_job_wait_clear();
-
-CREATE OR REPLACE FUNCTION jobs_job_dependents() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-  IF NOT EXISTS (
-    SELECT 1 FROM jobs_job_dep_new n JOIN jobs_job_dep_old o ON o.id = n.id
-    JOIN jobs_workflownode wn ON wn.job_id = n.id
-    WHERE n.status IN ('done', 'failed') AND o.status <> n.status) THEN
-    RETURN NULL;
-  END IF;
-
-  WITH RECURSIVE roots AS (
-    SELECT n.id, wn.key FROM jobs_job_dep_new n JOIN jobs_job_dep_old o ON o.id = n.id
-    JOIN jobs_workflownode wn ON wn.job_id = n.id
-    JOIN jobs_workflow w ON w.id = wn.workflow_id
-    WHERE n.status = 'failed' AND o.status <> 'failed'
-      AND w.on_failure = 'fail_dependents'
-  ), descendants(id, root) AS (
-    SELECT d.child_id, r.key FROM jobs_jobdependency d JOIN roots r ON d.parent_id = r.id
-    UNION
-    SELECT d.child_id, x.root FROM jobs_jobdependency d JOIN descendants x ON d.parent_id = x.id
-  ), victims AS (
-    SELECT id, min(root) AS root FROM descendants GROUP BY id
-  )
-  UPDATE jobs_job j SET status = 'failed', error = 'dependency failed: ' || v.root,
-         finished_at = statement_timestamp(), result = NULL, wait_reason = NULL,
-         updated_by = 'api'
-  FROM victims v
-  WHERE j.id = v.id AND j.status IN ('queued', 'enqueue_failed');
-
-  WITH ended AS (
-    SELECT n.id FROM jobs_job_dep_new n JOIN jobs_job_dep_old o ON o.id = n.id
-    WHERE n.status IN ('done', 'failed') AND o.status <> n.status
-  ), settled AS (
-    UPDATE jobs_jobdependency d SET settled = true
-    WHERE d.parent_id IN (SELECT id FROM ended) AND NOT d.settled
-    RETURNING d.child_id
-  ), counted AS (
-    SELECT child_id, count(*) AS k FROM settled GROUP BY child_id
-  ), pending AS (
-    UPDATE jobs_workflownode wn SET pending_parents = greatest(wn.pending_parents - c.k, 0)
-    FROM counted c WHERE wn.job_id = c.child_id
-    RETURNING wn.job_id, wn.pending_parents
-  )
-  UPDATE jobs_job j SET run_at = now(), due_at = now(), wait_reason = NULL,
-         updated_by = 'api'
-  FROM pending p
-  WHERE j.id = p.job_id AND p.pending_parents = 0
-    AND j.status = 'queued' AND j.wait_reason = 'parents';
-
-  WITH ended AS (
-    UPDATE jobs_workflownode wn SET ended = true
-    FROM jobs_job_dep_new n JOIN jobs_job_dep_old o ON o.id = n.id
-    WHERE wn.job_id = n.id AND n.status IN ('done', 'failed') AND o.status <> n.status
-      AND NOT wn.ended
-    RETURNING wn.workflow_id
-  ), counted AS (
-    SELECT workflow_id, count(*) AS k FROM ended GROUP BY workflow_id
-  )
-  UPDATE jobs_workflow w SET unfinished = greatest(w.unfinished - c.k, 0),
-         finished_at = CASE WHEN w.unfinished - c.k <= 0 THEN statement_timestamp()
-                            ELSE w.finished_at END
-  FROM counted c WHERE w.id = c.workflow_id;
-  RETURN NULL;
-END
-$$;
-DROP TRIGGER IF EXISTS jobs_job_dependents ON jobs_job;
-CREATE TRIGGER jobs_job_dependents AFTER UPDATE ON jobs_job
-  REFERENCING OLD TABLE AS jobs_job_dep_old NEW TABLE AS jobs_job_dep_new
-  FOR EACH STATEMENT EXECUTE FUNCTION jobs_job_dependents();
-"""
-
-DROP_TRIGGERS = """
-DROP TRIGGER IF EXISTS jobs_job_dependents ON jobs_job;
-DROP FUNCTION IF EXISTS jobs_job_dependents();
-DROP TRIGGER IF EXISTS jobs_job_wait_clear ON jobs_job;
-DROP FUNCTION IF EXISTS jobs_job_wait_clear();
-"""
+from jobs.migrations._triggers import DROP_WORKFLOW_TRIGGERS_0012, WORKFLOW_TRIGGERS_0012
 
 
 class Migration(migrations.Migration):
@@ -384,5 +293,5 @@ class Migration(migrations.Migration):
                 nulls_distinct=False,
             ),
         ),
-        migrations.RunSQL(TRIGGERS, DROP_TRIGGERS),
+        migrations.RunSQL(WORKFLOW_TRIGGERS_0012, DROP_WORKFLOW_TRIGGERS_0012),
     ]
