@@ -47,6 +47,7 @@ SETTINGS: dict[str, Setting] = {
     "JOBS_SCHEDULE_CATCH_UP_MAX": Setting(100, "Most missed slots `catch_up: all` makes."),
     "JOBS_MAX_RETRIES": Setting(3, "Retry budget of a job that names none."),
     "JOBS_MAX_STEPS": Setting(1000, "Steps (checkpoints and waits) one durable job may have."),
+    "JOBS_WORKFLOW_MAX_EDGES": Setting(10_000, "Most `after` entries (edges) in one workflow."),
     "JOBS_MAX_QUEUE_DEPTH": Setting(100_000, "Queued jobs per queue past which submissions get 503."),
     "JOBS_MAX_PAYLOAD_BYTES": Setting(65_536, "Largest payload, in bytes of JSON."),
     "JOBS_RETRY_BACKOFF_BASE": Setting(1.0, "Retry backoff: base × 2^(retry-1) seconds, jittered."),

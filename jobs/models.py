@@ -668,7 +668,6 @@ class JobDependency(models.Model):
     parent = models.ForeignKey(
         Job, on_delete=models.DO_NOTHING, db_constraint=False, related_name="child_links"
     )
-    settled = models.BooleanField(default=False, db_default=False, help_text="The parent ended.")
 
     class Meta:
         db_table = "jobs_jobdependency"
@@ -770,6 +769,12 @@ class WebhookDelivery(models.Model):
         ]
         indexes = [
             models.Index(name="delivery_chain_idx", fields=["webhook", "source_job_id", "seq"]),
+            # Waiting deliveries only: what a full webhooks queue held back (D110).
+            models.Index(
+                name="delivery_waiting_idx",
+                fields=["webhook", "source_job_id", "seq", "id"],
+                condition=models.Q(job__isnull=True),
+            ),
         ]
 
     def __str__(self) -> str:
