@@ -104,8 +104,8 @@ def _install(previous: bool) -> None:
             cur.execute(frozen.WORKFLOW_TRIGGERS_0012)
             cur.execute(frozen.HISTORY_PLAN_RESET)
         else:
-            cur.execute(frozen.WORKFLOW_TRIGGERS_0015)
-            cur.execute(frozen.HISTORY_PLAN_0015)
+            cur.execute(frozen.WORKFLOW_TRIGGERS_0016)
+            cur.execute(frozen.HISTORY_PLAN_0016)
 
 
 def main(argv: list[str] | None = None) -> None:

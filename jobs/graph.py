@@ -1,7 +1,7 @@
 """The database side of durable waits and workflows: triggers on jobs_job.
 
 Generated from `jobs.lifecycle` like the guard; installed by migration 0012, the
-dependents function replaced by 0015 (each migration installs its text frozen in
+dependents function replaced by 0016 (each migration installs its text frozen in
 jobs/migrations/_triggers.py; tests/test_migrations_frozen.py holds the newest one
 equal to this module). They add to the guard and the
 history triggers; they replace neither.

@@ -92,12 +92,12 @@ def _errors(ids: dict[str, int]) -> dict[str, str]:
 
 
 def test_the_history_trigger_joins_its_transition_tables_by_hash():
-    """Installed by 0015 with ALTER FUNCTION: a migration that re-creates the function
+    """Installed by 0016 with ALTER FUNCTION: a migration that re-creates the function
     (a new guard text) must carry the setting, or this fails."""
     from jobs import graph
     from jobs.migrations import _triggers
 
-    assert _triggers.HISTORY_PLAN_0015 == graph.history_plan_sql()
+    assert _triggers.HISTORY_PLAN_0016 == graph.history_plan_sql()
     with connection.cursor() as cur:
         cur.execute("SELECT proconfig FROM pg_proc WHERE proname = 'jobs_job_history_update'")
         assert cur.fetchone()[0] == ["enable_nestloop=off"]

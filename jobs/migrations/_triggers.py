@@ -591,10 +591,10 @@ DROP TRIGGER IF EXISTS jobs_job_wait_clear ON jobs_job;
 DROP FUNCTION IF EXISTS jobs_job_wait_clear();
 """
 
-# 0015_linear_workflows_backpressure: the dependents function walks each job once and
+# 0016_linear_workflows_backpressure: the dependents function walks each job once and
 # writes no edge (D107); the triggers are created only if missing, so on a live table
 # this replaces the two functions and takes no lock on jobs_job.
-WORKFLOW_TRIGGERS_0015 = """
+WORKFLOW_TRIGGERS_0016 = """
 CREATE OR REPLACE FUNCTION jobs_job_wait_clear() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
   NEW.wait_reason := NULL;
@@ -704,7 +704,7 @@ DO $do$ BEGIN
 END $do$;
 """
 
-# 0015: the history trigger joins its transition tables by hash (D107); body untouched.
-HISTORY_PLAN_0015 = """ALTER FUNCTION jobs_job_history_update() SET enable_nestloop = off;
+# 0016: the history trigger joins its transition tables by hash (D107); body untouched.
+HISTORY_PLAN_0016 = """ALTER FUNCTION jobs_job_history_update() SET enable_nestloop = off;
 """
 HISTORY_PLAN_RESET = "ALTER FUNCTION jobs_job_history_update() RESET enable_nestloop;\n"

@@ -18,10 +18,10 @@ from django.contrib.postgres.operations import AddIndexConcurrently
 from django.db import migrations, models
 
 from jobs.migrations._triggers import (
-    HISTORY_PLAN_0015,
+    HISTORY_PLAN_0016,
     HISTORY_PLAN_RESET,
     WORKFLOW_TRIGGERS_0012,
-    WORKFLOW_TRIGGERS_0015,
+    WORKFLOW_TRIGGERS_0016,
 )
 
 
@@ -29,12 +29,12 @@ class Migration(migrations.Migration):
     atomic = False  # the index is built CONCURRENTLY
 
     dependencies = [
-        ("jobs", "0014_job_started_at"),
+        ("jobs", "0015_webhook_circuit"),
     ]
 
     operations = [
-        migrations.RunSQL(WORKFLOW_TRIGGERS_0015, WORKFLOW_TRIGGERS_0012),
-        migrations.RunSQL(HISTORY_PLAN_0015, HISTORY_PLAN_RESET),
+        migrations.RunSQL(WORKFLOW_TRIGGERS_0016, WORKFLOW_TRIGGERS_0012),
+        migrations.RunSQL(HISTORY_PLAN_0016, HISTORY_PLAN_RESET),
         migrations.SeparateDatabaseAndState(
             state_operations=[migrations.RemoveField(model_name="jobdependency", name="settled")],
         ),
