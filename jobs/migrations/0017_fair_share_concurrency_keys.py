@@ -17,7 +17,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ("jobs", "0014_job_started_at"),
+        ("jobs", "0016_linear_workflows_backpressure"),
     ]
 
     operations = [
