@@ -7,7 +7,8 @@ tick rolls back and the next one waits for the same events. So a broker that is 
 frozen delays events and never loses them, and a crash repeats a batch (at least once;
 consumers drop repeats by the `id` header or body field).
 
-Order: key = the job id, so one job's events share a partition, and the idempotent
+Order: key = the job id (a domain event's: its publisher's key, else its id), so one
+job's events share a partition, and the idempotent
 producer keeps each partition in produce order through its retries. Messages never
 time out in the producer (`message.timeout.ms` 0 unless configured): an event that has
 been produced once is waited for, never produced again behind a later one of its job by
@@ -135,7 +136,7 @@ class KafkaSink:
             log.warning("kafka delivery of %s failed: %s", event_id, err)
 
     def handle(self, events: Sequence) -> int:
-        """`events`: the outbox's events (`msg_id`, `type`, `body`, `job_id`), in order."""
+        """`events`: the outbox's events (`msg_id`, `type`, `body`, `key`), in order."""
         producer = self._get_producer()
         wanted = {e.msg_id for e in events}
         # Forget what an earlier, since committed or abandoned, batch left acknowledged.
@@ -148,7 +149,7 @@ class KafkaSink:
                 self._state[e.msg_id] = _PENDING
                 producer.produce(
                     self.topic,
-                    key=str(e.job_id).encode(),
+                    key=e.key.encode(),
                     value=e.body.encode(),
                     headers=[("id", e.msg_id.encode()), ("type", e.type.encode())],
                     on_delivery=partial(self._delivered, e.msg_id),
