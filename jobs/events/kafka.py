@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import Any
@@ -38,6 +37,9 @@ from jobs.transport import TransportError
 log = logging.getLogger(__name__)
 
 DEFAULT_TOPIC = "jobs.events"
+# Events per relay tick: one transaction, one cursor move and one wait for the broker's
+# acknowledgements each. A repeat after a crash is at most this many events.
+BATCH = 2000
 # What at-least-once in seq order needs: not overridable by JOBS_KAFKA_CONFIG.
 REQUIRED_CONFIG = {"enable.idempotence": True, "acks": "all"}
 # Overridable defaults: wait for the broker as long as it takes (the tick's own deadline
@@ -154,18 +156,13 @@ class KafkaSink:
                     headers=[("id", e.msg_id.encode()), ("type", e.type.encode())],
                     on_delivery=partial(self._delivered, e.msg_id),
                 )
-                producer.poll(0)
         except (BufferError, KafkaException) as exc:
             self._state.pop(e.msg_id, None)
             metrics.KAFKA_ERRORS.labels(reason=type(exc).__name__).inc()
             raise KafkaUnavailable(f"kafka: produce refused: {exc}") from exc
-        deadline = time.monotonic() + self.timeout
-        while True:
-            waiting = [e for e in events if self._state.get(e.msg_id) == _PENDING]
-            left = deadline - time.monotonic()
-            if not waiting or left <= 0:
-                break
-            producer.poll(min(left, 0.1))
+        # flush: sends what lingers at once and serves the delivery reports until every
+        # message in flight (this batch's, and any an abandoned one left) is settled.
+        producer.flush(self.timeout)
         unacked = [e for e in events if self._state.get(e.msg_id) != _ACKED]
         if unacked:
             metrics.KAFKA_ERRORS.labels(reason="not_acknowledged").inc()

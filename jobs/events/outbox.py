@@ -400,7 +400,7 @@ def dispatchers() -> list[Dispatcher]:
     slows the other subscribers' ticks."""
     found = [Dispatcher()]
     if kafka.configured():  # the domain events of publish() too, behind a cursor of their own
-        found.append(Dispatcher([kafka.KafkaSink()], sources=SOURCES))
+        found.append(Dispatcher([kafka.KafkaSink()], batch=kafka.BATCH, sources=SOURCES))
     return found
 
 
