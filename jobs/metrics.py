@@ -14,15 +14,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.conf import settings
 from prometheus_client import Counter, Histogram
+
+from jobs.conf import settings
 
 # Fine around the 25 s SLO so that histogram_quantile and the le="25" bucket are exact
 # there; a configured JOBS_SLO_SECONDS gets a bucket of its own.
 SLO_BUCKETS = tuple(
     sorted(
         {0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 15, 20, 22.5, 25, 27.5, 30, 45, 60, 120, 300}
-        | {600, float(getattr(settings, "JOBS_SLO_SECONDS", 25.0))}
+        | {600, float(settings.JOBS_SLO_SECONDS)}
     )
 )
 DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
@@ -81,6 +82,12 @@ RECOVERED = Counter(
 )
 FENCE_REJECTIONS = Counter(
     "jobs_fence_rejections_total", "Stale writes rejected by the fence", ["queue", "task", "op"]
+)
+ATTEMPTS_DROPPED = Counter(
+    "jobs_attempts_dropped_total",
+    "Prefetched attempts dropped before their handler was called: the lease was "
+    "revoked or the job cancelled while it waited",
+    ["queue", "reason"],
 )
 WRITEBACK_REFUSED = Counter(
     "jobs_writeback_refused_total",

@@ -20,6 +20,8 @@ PROJECT = ("jobs", "jobservice", "harness", "tests", "bench", "chaos", "demo")
 # Lowest first. A module of `jobs` may import modules of lower layers only; in the
 # entry-point layer also modules of its own package (jobs.api.*, jobs.admin.*).
 LAYERS: list[tuple[str, list[str]]] = [
+    # Every setting of the app and its default (imports nothing of the project).
+    ("settings", ["jobs.conf"]),
     # Import nothing of the project: the lifecycle's states and transitions, metric
     # definitions, the task registry, pure helpers. Empty package markers live here too.
     ("leaves", [
@@ -41,18 +43,18 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("schedule firing", ["jobs.schedules.firing"]),
     # Queue controls: the Queue rows synced from JOBS_QUEUES and a worker's view of them.
     # jobs.events: publish()/@subscriber; the webhook delivery task; the Redis stream;
-    # the Kafka sink.
+    # the Kafka sink. jobs.starts: a worker's started marks (prefetched attempts, D77).
     ("pipeline and presence", ["jobs.submission", "jobs.presence", "jobs.queuecontrol",
                                "jobs.events", "jobs.events.webhooks", "jobs.events.streams",
-                               "jobs.events.kafka"]),
+                               "jobs.events.kafka", "jobs.starts"]),
     # Schedules held to the submission rules of the jobs they make.
     ("schedule definitions", ["jobs.schedules.define"]),
     # Durable jobs (steps, waits) and workflows: built on the services and the pipeline.
     ("durable jobs and workflows", ["jobs.durable", "jobs.workflows", "jobs.signals"]),
     ("processes", ["jobs.worker", "jobs.reaper", "jobs.schedules.scheduler",
                    "jobs.events.outbox"]),
-    # Bridges to frameworks around the processes: Django Tasks, Prometheus scrapes.
-    ("adapters", ["jobs.backends", "jobs.collectors"]),
+    # Bridges to frameworks around the processes: Django Tasks, Prometheus scrapes, checks.
+    ("adapters", ["jobs.backends", "jobs.collectors", "jobs.checks"]),
     ("entry points", [
         # apps: its ready() wires the client cache's signal receivers in.
         "jobs.apps", "jobs.api", "jobs.api.*", "jobs.admin", "jobs.admin.*", "jobs.health",
@@ -79,7 +81,7 @@ FORBIDDEN = {
     "demo": ("harness", "tests", "bench", "chaos"),
 }
 # The one module of jobservice that jobs may use: `runstack` starts the embedded
-# PostgreSQL, which imports nothing of jobs. Settings are read through django.conf.
+# PostgreSQL, which imports nothing of jobs. Settings are read through jobs.conf.
 JOBS_MAY_IMPORT = {"jobservice.embedded"}
 
 
