@@ -846,6 +846,8 @@ class DomainEvent(models.Model):
     type = models.CharField(max_length=200)
     payload = models.JSONField(default=dict)
     at = models.DateTimeField(db_default=Now())
+    # The Kafka message key its publisher chose (None: the event id).
+    key = models.CharField(max_length=255, null=True, blank=True)
 
     class Meta:
         db_table = "jobs_domainevent"
