@@ -226,7 +226,7 @@ def _call(
         else:
             value = task.call(*args, **kwargs)
         value = check_result(value)  # a value jsonb cannot hold fails the task for good
-    except Exception as exc:
+    except BaseException as exc:  # SystemExit, KeyboardInterrupt: a failed attempt too
         final = isinstance(exc, registry.PermanentError) or ctx.attempt > job.max_retries
         if final:  # no retry follows: the task is finished, as FAILED
             object.__setattr__(result, "status", TaskResultStatus.FAILED)

@@ -74,6 +74,7 @@ class Lease:
     max_retries: int
     created_at: datetime
     priority: int = 0  # so a worker starts its prefetched jobs in the claim order
+    timeout: float | None = None  # the job's own attempt timeout (jobs.watchdog)
 
     def log_fields(self, **more: Any) -> dict[str, Any]:
         return job_log_fields(

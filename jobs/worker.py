@@ -50,7 +50,7 @@ from django.db import (
     transaction,
 )
 
-from jobs import durable, metrics, selectors, services, tasks
+from jobs import durable, metrics, selectors, services, tasks, watchdog
 from jobs.dispatch import QueueSpec, parse_queues, polling_order
 from jobs.errors import (
     MAX_ERROR_CHARS,
@@ -85,6 +85,7 @@ STALE_CHECK_EVERY = 0.25  # seconds between looks for prefetched jobs waiting to
 # Longest an idle worker's dispatcher waits, after handing a claim to a handler, for its
 # write-back to start before looking for more work (D74): a no-op job needs ~0.3 ms.
 IDLE_HANDOFF_WAIT = 0.002
+WATCHDOG_TICK = 0.25  # seconds between the watchdog's looks at running attempts
 
 
 # Errors that come from a row's content, not from the connection or the server:
@@ -172,6 +173,16 @@ class InFlight:
     running_since: float | None = None
     progress_saved: int = 0  # sequence number of the last progress report written
     progress_written_at: float = float("-inf")
+    # Set when a handler takes it (jobs.watchdog): the thread running it, the seconds it
+    # may run and when that is up (monotonic; None: no timeout).
+    thread: threading.Thread | None = None
+    limit: float | None = None
+    deadline: float | None = None
+    # Ended by the watchdog: whatever its handler returns later is dropped.
+    abandoned: bool = False
+
+    def handler_alive(self) -> bool:
+        return self.thread is None or self.thread.is_alive()
 
 
 def _key(lease: Lease) -> tuple[int, int]:
@@ -275,6 +286,13 @@ class Worker:
         self._found: list[str] = []  # queues with work, for a worker serving `*`
         self._found_at = float("-inf")
         self.gate = Gate()  # queue controls: pause, cap, rate, weight (jobs.queuecontrol)
+        self.timeout_grace = watchdog.grace_seconds()
+        self.max_abandoned = max(1, settings.JOBS_MAX_ABANDONED_THREADS)
+        self.abandoned = 0  # handler threads left to a stuck handler
+        # Too many abandoned threads: the worker stops gracefully and runworker starts
+        # it again in a fresh process (the stuck threads cannot be killed otherwise).
+        self.restart_requested = False
+        self._handlers: list[threading.Thread] = []
 
     # --- control ------------------------------------------------------------------
 
@@ -330,13 +348,12 @@ class Worker:
         # Registered (and, with session crash detection, locked) before the first claim.
         presence = Presence(self.worker_id, self.queues, self.concurrency)
         presence.start()
-        handlers = [
-            threading.Thread(target=self._handler_loop, name=f"job_{n}", daemon=True)
-            for n in range(self.concurrency)
-        ]
+        for _ in range(self.concurrency):
+            self._spawn_handler()
         flusher = threading.Thread(target=self._flush_loop, name="flusher", daemon=True)
         beater = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
-        for thread in (*handlers, flusher, beater):
+        watcher = threading.Thread(target=self._watch_loop, name="watchdog", daemon=True)
+        for thread in (flusher, beater, watcher):
             thread.start()
         checked = 0.0
         try:
@@ -368,7 +385,7 @@ class Worker:
             self._drain()
         finally:
             self.halt.set()
-            for _ in handlers:
+            for _ in range(self.concurrency):  # one per serving thread (abandoned ones exit)
                 self._ready.put(None)
             # A cold stop does not wait for a write-back in flight: the reaper has it.
             flusher.join(timeout=1 if self._stops.cold else 30)
@@ -481,11 +498,19 @@ class Worker:
             # loop's Python on their way to the next pop (D74).
             self._quiet.wait(IDLE_HANDOFF_WAIT)
 
+    def _spawn_handler(self) -> None:
+        thread = threading.Thread(
+            target=self._handler_loop, name=f"job_{len(self._handlers)}", daemon=True
+        )
+        self._handlers.append(thread)
+        thread.start()
+
     def _handler_loop(self) -> None:
         get = self._ready.get
         lock = self._lock
         heap = self._heap
         pop = heapq.heappop
+        me = threading.current_thread()
         while True:
             if get() is None:
                 return
@@ -494,10 +519,23 @@ class Worker:
                 if not item.waiting:  # released unrun meanwhile (shutdown, waited too long)
                     continue
                 item.waiting = False
-                item.running_since = time.monotonic()
+                item.running_since = now = time.monotonic()
+                item.thread = me
                 self._waiting -= 1
                 self._running += 1
-            self._run_one(item.lease, item.ctx)
+            spec = tasks.get(item.lease.task)
+            item.limit = watchdog.limit_seconds(
+                item.lease.timeout, spec.timeout if spec is not None else None
+            )
+            if item.limit is not None:
+                item.deadline = now + item.limit
+            try:
+                self._run_one(item.lease, item.ctx)
+            except BaseException as exc:  # the worker's own code around the handler
+                log.exception("failed around an attempt", extra=item.lease.log_fields())
+                self._settle(self._failed(item.lease, exc, False))
+            if item.abandoned:  # the watchdog ended it and gave the slot to a new thread
+                return
 
     def _run_one(self, lease: Lease, ctx: JobContext) -> None:
         started = time.monotonic()
@@ -521,6 +559,13 @@ class Worker:
                 error_class=outcome.error_class,
                 traceback=outcome.traceback,
             )
+        elif (
+            outcome.kind in (OutcomeKind.DONE, OutcomeKind.FAIL)
+            and ctx.timed_out
+            and not ctx.lost_authority
+        ):
+            # Told its time was up, it returned or raised: a timeout, retried per budget.
+            outcome = self._timed_out(lease, outcome)
         elif (
             outcome.kind == OutcomeKind.FAIL
             and ctx.stop.is_set()
@@ -560,11 +605,23 @@ class Worker:
             return self._failed(lease, exc, True, f"invalid result: {exc}")
         except PermanentError as exc:
             return self._failed(lease, exc, True)
-        except Exception as exc:
+        except BaseException as exc:  # SystemExit and KeyboardInterrupt too: the worker goes on
             return self._failed(lease, exc, False)
 
+    def _timed_out(self, lease: Lease, outcome: Outcome) -> Outcome:
+        with self._lock:
+            item = self._inflight.get(_key(lease))
+            limit = item.limit if item is not None else None
+        return Outcome(
+            lease,
+            OutcomeKind.FAIL,
+            error=watchdog.timed_out_error(limit or 0),
+            error_class=outcome.error_class or class_path(watchdog.AttemptTimeout()),
+            traceback=outcome.traceback,
+        )
+
     def _failed(
-        self, lease: Lease, exc: Exception, permanent: bool, message: str | None = None
+        self, lease: Lease, exc: BaseException, permanent: bool, message: str | None = None
     ) -> Outcome:
         """A failed attempt: storable error text, class and traceback, logged (rate-limited)."""
         err = AttemptError.of(exc, message, skip_from=__file__)
@@ -591,7 +648,8 @@ class Worker:
                 result = check_result(spec.fn(lease.payload, ctx))
                 if ctx.cancel_seen:
                     raise _Cancelled  # its writes roll back; the job fails "cancelled"
-                self._mark_finishing(lease)
+                if not self._mark_finishing(lease):  # ended by the watchdog meanwhile
+                    raise _FenceRejected
                 if lease.job_id not in services.complete([(lease, result)]):
                     raise _FenceRejected
         except _FenceRejected:
@@ -604,19 +662,24 @@ class Worker:
         self._count_finished(1)
         return Outcome(lease, OutcomeKind.SETTLED)
 
-    def _mark_finishing(self, lease: Lease) -> None:
+    def _mark_finishing(self, lease: Lease) -> bool:
+        """Stop heartbeats for the attempt; False if the watchdog ended it already."""
         with self._lock:
             item = self._inflight.get(_key(lease))
+            if item is not None and item.abandoned:
+                return False
             if item is not None and not item.finishing:
                 item.finishing = True
                 self._running -= 1
+            return True
 
     def _settle(self, outcome: Outcome) -> None:
         if outcome.kind == OutcomeKind.SETTLED:
             self._forget([outcome.lease])
             self._quiet.set()  # written by the handler itself: an idle dispatcher resumes
         else:
-            self._mark_finishing(outcome.lease)
+            if not self._mark_finishing(outcome.lease):
+                return  # the watchdog wrote this attempt off: its late outcome is dropped
             self._outcomes.put(outcome)
             # A handler thread is free again: the next claim overlaps this write-back.
             self._slot_free.set()
@@ -923,15 +986,18 @@ class Worker:
         statement. Either way the answer carries pending cancel requests."""
         tick = min(self.heartbeat_interval, self.progress_interval)
         last_full = time.monotonic()
+        grace = self.timeout_grace
+        renewable = watchdog.renewable
         while not self.halt.wait(tick):
             now = time.monotonic()
             full = now - last_full >= self.heartbeat_interval - tick / 2
             with self._lock:
                 # A lease already lost is not offered again: one rejection per lost lease.
+                # Only live handlers within their timeout are vouched for (jobs.watchdog).
                 held = [
                     i
                     for i in self._inflight.values()
-                    if not i.finishing and not i.ctx.lost_authority
+                    if not i.finishing and not i.ctx.lost_authority and renewable(i, now, grace)
                 ]
             reports = [self._due_progress(i, now) for i in held]
             if not full:
@@ -985,6 +1051,68 @@ class Worker:
         if now - item.progress_written_at < self.progress_interval - 0.01:
             return None
         return report
+
+    # --- watchdog ----------------------------------------------------------------------------
+
+    def _watch_loop(self) -> None:
+        """Four times a second: tell handlers past their timeout to stop, end attempts
+        past timeout + grace or whose handler thread is gone (jobs.watchdog)."""
+        while not self.halt.wait(WATCHDOG_TICK):
+            self._watch_once(time.monotonic())
+
+    def _watch_once(self, now: float) -> None:
+        with self._lock:
+            running = [
+                i
+                for i in self._inflight.values()
+                if i.thread is not None and not i.finishing and not i.abandoned
+            ]
+        for item, verdict in watchdog.examine(running, now, self.timeout_grace):
+            if verdict == watchdog.Verdict.SOFT:
+                log.warning(
+                    "attempt reached its %gs timeout: telling the handler to stop",
+                    item.limit,
+                    extra=item.lease.log_fields(),
+                )
+                item.ctx.time_out()
+            else:
+                self._write_off(item, verdict)
+
+    def _write_off(self, item: InFlight, verdict: watchdog.Verdict) -> None:
+        """End an attempt its handler will not end: failed (retried per budget) through
+        the fenced write-back, which bumps the lease, so nothing the handler does later
+        lands; the slot goes to a new handler thread."""
+        with self._lock:
+            if item.finishing or item.abandoned or _key(item.lease) not in self._inflight:
+                return  # its handler settled it meanwhile
+            item.abandoned = item.finishing = True
+            self._running -= 1
+        lease = item.lease
+        item.ctx.stop.set()
+        if verdict == watchdog.Verdict.TIMEOUT:
+            error = watchdog.timeout_error(item.limit or 0, self.timeout_grace)
+            exc_class = watchdog.AttemptTimeout
+        else:
+            error = watchdog.lost_error(f"handler thread {item.thread.name}")
+            exc_class = watchdog.HandlerLost
+        metrics.ATTEMPTS_ENDED_BY_WATCHDOG.labels(lease.queue, lease.task, verdict.value).inc()
+        log.error("attempt ended by the watchdog: %s", error, extra=lease.log_fields())
+        self._outcomes.put(
+            Outcome(lease, OutcomeKind.FAIL, error=error, error_class=class_path(exc_class()))
+        )
+        self._spawn_handler()  # the slot is served again at once
+        self._slot_free.set()
+        if verdict == watchdog.Verdict.TIMEOUT:
+            metrics.ABANDONED_THREADS.labels(lease.queue, lease.task).inc()
+            self.abandoned += 1
+            if self.abandoned >= self.max_abandoned and not self.restart_requested:
+                log.error(
+                    "%d handler threads abandoned to stuck handlers: restarting the worker",
+                    self.abandoned,
+                    extra={"worker_id": self.worker_id},
+                )
+                self.restart_requested = True
+                self._warm_stop()
 
     # --- shutdown ----------------------------------------------------------------------------
 

@@ -154,6 +154,14 @@ JOBS_REAPER_INTERVAL = env.float("JOBS_REAPER_INTERVAL", default=5.0)
 # Most jobs a worker holds claimed, running ones included (runworker --prefetch): short
 # jobs are claimed ahead, long jobs one per free thread (docs/performance.md#prefetch).
 JOBS_WORKER_PREFETCH = env.int("JOBS_WORKER_PREFETCH", default=128)
+# Attempt timeouts (docs/timeouts.md, D82-D84): a job's `timeout`, else its task's, else
+# this default; at the limit ctx.stop is set, after the grace the attempt is ended failed.
+# A job or task may ask for at most JOBS_MAX_TIMEOUT. A thread worker that had to
+# abandon this many stuck handler threads restarts itself gracefully.
+JOBS_DEFAULT_TIMEOUT = env.float("JOBS_DEFAULT_TIMEOUT", default=3600.0)
+JOBS_MAX_TIMEOUT = env.float("JOBS_MAX_TIMEOUT", default=86400.0)
+JOBS_TIMEOUT_GRACE = env.float("JOBS_TIMEOUT_GRACE", default=5.0)
+JOBS_MAX_ABANDONED_THREADS = env.int("JOBS_MAX_ABANDONED_THREADS", default=4)
 # Schedules (docs/schedules.md): every runreaper fires them; it looks at most this often
 # when nothing is due sooner, and `catch_up: all` makes at most this many missed slots.
 JOBS_SCHEDULER_POLL_SECONDS = env.float("JOBS_SCHEDULER_POLL_SECONDS", default=0.5)

@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         "jobs.logconfig", "jobs.queues", "jobs.tasks", "jobs.tasks_compat", "jobs.dispatch",
         "jobs.templatetags", "jobs.templatetags.*", "jobs.management",
         "jobs.management.commands", "jobs.schedules", "jobs.schedules.timing",
-        "jobs.schedules.periodic",
+        "jobs.schedules.periodic", "jobs.watchdog",
     ]),
     # Talk to the outside world; transport is the only module that imports redis.
     ("infrastructure", ["jobs.transport", "jobs.runtime", "jobs.events.signing",

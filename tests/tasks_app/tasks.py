@@ -95,3 +95,19 @@ def halfway(context: TaskContext, hold: float) -> str:
     context.progress(1, 2, "half way")
     context.stop.wait(hold)
     return "done" if not context.cancelled else "cancelled"
+
+
+@task
+@retries(0)
+def exit_task() -> None:
+    """Ends like a script: SystemExit (django-tasks' test_system_exit_task)."""
+    import sys
+
+    sys.exit(1)
+
+
+@task
+@retries(0)
+def keyboard_interrupt_task() -> None:
+    """Raises what Ctrl-C raises (django-tasks' test_keyboard_interrupt_task)."""
+    raise KeyboardInterrupt

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import sys
+
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
@@ -106,3 +109,8 @@ class Command(BaseCommand):
         finished = worker.run()
         if banners:
             self.stdout.write(f"worker {worker.worker_id} stopped after {finished} job(s)")
+        if worker.restart_requested:
+            # Threads stuck in handlers cannot be killed: a fresh process (same pid and
+            # arguments, so a supervisor sees no exit) serves in their place (D84).
+            self.stdout.flush()
+            os.execv(sys.executable, [sys.executable, *sys.argv])
