@@ -100,6 +100,8 @@ class Job(models.Model):
     error_traceback = models.TextField(null=True, blank=True)
     run_at = models.DateTimeField(db_default=Now())
     max_retries = models.IntegerField()
+    # Seconds one attempt may run (jobs.watchdog); NULL: the task's timeout or the default.
+    timeout = models.FloatField(null=True, blank=True)
     retry_count = models.IntegerField(default=0)
     lease_version = models.BigIntegerField(default=0)
     owned_by = models.CharField(max_length=200, null=True, blank=True)

@@ -217,9 +217,9 @@ def push_now_ignoring_rollback(pairs: Iterable[tuple[int, str]]) -> None:
 _JOB_FIELDS = [f.attname for f in Job._meta.concrete_fields]
 _INSERT_SQL = f"""
 INSERT INTO {T} (task, payload, queue, priority, run_at, max_retries, client_id,
-                 idempotency_key, request_hash, updated_by, unique_key, status, retry_count,
-                 lease_version)
-VALUES (%s, %s::jsonb, %s, %s, COALESCE(%s, now()), %s, %s, %s, %s, %s, %s,
+                 idempotency_key, request_hash, updated_by, unique_key, timeout, status,
+                 retry_count, lease_version)
+VALUES (%s, %s::jsonb, %s, %s, COALESCE(%s, now()), %s, %s, %s, %s, %s, %s, %s,
         '{Status.QUEUED}', 0, 0)
 ON CONFLICT DO NOTHING
 RETURNING {", ".join(_JOB_FIELDS)}, run_at <= now()
@@ -257,6 +257,7 @@ def submit(
     request_hash: str | None = None,
     unique_key: str | None = None,
     payload_json: str | None = None,
+    timeout: float | None = None,
 ) -> tuple[Job, bool]:
     """Insert a queued job inside the caller's transaction (the outbox of seed 002).
 
@@ -284,6 +285,7 @@ def submit(
         request_hash,
         actor,
         unique_key,
+        timeout,
     ]
     for _ in range(_KEY_ROUNDS):
         rows = _hot_rows(_INSERT_SQL, params)
@@ -342,6 +344,7 @@ class NewJob:
     idempotency_key: str | None = None
     request_hash: str | None = None
     payload_json: str | None = None  # the payload already serialised (saves a second dumps)
+    timeout: float | None = None  # seconds one attempt may run (jobs.watchdog)
 
 
 @dataclass(frozen=True, slots=True)
@@ -362,14 +365,15 @@ WITH input AS MATERIALIZED (
   SELECT u.*, nextval(pg_get_serial_sequence('{T}', 'id')) AS id
   FROM unnest(%(tasks)s::text[], %(payloads)s::text[], %(queues)s::text[],
               %(priorities)s::int[], %(run_ats)s::timestamptz[], %(max_retries)s::int[],
-              %(keys)s::text[], %(hashes)s::text[])
-       WITH ORDINALITY AS u(task, payload, queue, priority, run_at, max_retries, key, hash, ord)
+              %(keys)s::text[], %(hashes)s::text[], %(timeouts)s::float8[])
+       WITH ORDINALITY
+       AS u(task, payload, queue, priority, run_at, max_retries, key, hash, timeout, ord)
 ), ins AS (
   INSERT INTO {T} (id, task, payload, queue, priority, run_at, max_retries, client_id,
-                   idempotency_key, request_hash, updated_by, status, retry_count,
+                   idempotency_key, request_hash, updated_by, timeout, status, retry_count,
                    lease_version)
   SELECT id, task, payload::jsonb, queue, priority, COALESCE(run_at, now()), max_retries,
-         %(client)s, key, hash, %(actor)s, '{Status.QUEUED}', 0, 0
+         %(client)s, key, hash, %(actor)s, timeout, '{Status.QUEUED}', 0, 0
   FROM input ORDER BY ord
   ON CONFLICT DO NOTHING
   RETURNING id, created_at, run_at
@@ -413,6 +417,7 @@ def submit_many(
         "max_retries": [default_retries if i.max_retries is None else i.max_retries for i in items],
         "keys": [i.idempotency_key for i in items],
         "hashes": [i.request_hash for i in items],
+        "timeouts": [i.timeout for i in items],
         "client": client_id,
         "actor": actor,
     }
@@ -482,10 +487,10 @@ UPDATE {T} j SET status = '{Status.PROCESSING}', lease_version = j.lease_version
        updated_by = %(actor)s
 WHERE j.id = ANY(ARRAY(SELECT id FROM c))
 RETURNING j.id, j.lease_version, j.task, j.payload, j.queue, j.retry_count,
-          j.max_retries, j.created_at, j.priority, j.run_at
+          j.max_retries, j.created_at, j.priority, j.run_at, j.timeout
 )
 SELECT id, lease_version, task, payload, queue, retry_count, max_retries, created_at,
-       priority
+       priority, timeout
 FROM u ORDER BY priority DESC, run_at, id
 """
 QT = Queue._meta.db_table
@@ -531,7 +536,9 @@ def _leases(rows: list[tuple], worker_id: str) -> list[Lease]:
     loads = json.loads
     for r in rows:
         payload = loads(r[3]) if isinstance(r[3], str) else r[3]
-        leases.append(Lease(r[0], r[1], worker_id, r[2], payload, r[4], r[5], r[6], r[7], r[8]))
+        leases.append(
+            Lease(r[0], r[1], worker_id, r[2], payload, r[4], r[5], r[6], r[7], r[8], r[9])
+        )
         per_queue[r[4]] += 1
     for queue, n in per_queue.items():
         metrics.child(metrics.CLAIMED, queue).inc(n)
@@ -576,7 +583,7 @@ FROM {QT} WHERE name = %(queue)s"""
 _QUEUE_STARTS_SQL = f"UPDATE {QT} SET rate_starts = %s WHERE name = %s"
 # The limited claim also returns its statement_timestamp(): the history's `at`.
 _CLAIM_LIMITED_SQL = _CLAIM_LIMITED_SQL.replace(
-    "priority\nFROM u", "priority, statement_timestamp()\nFROM u"
+    "timeout\nFROM u", "timeout, statement_timestamp()\nFROM u"
 )
 assert "statement_timestamp()" in _CLAIM_LIMITED_SQL
 CAP_RECHECK_SECONDS = 0.2  # when a slot frees is not known: how soon to look again

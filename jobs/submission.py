@@ -146,9 +146,11 @@ def request_hash(
     run_at: datetime | None,
     max_retries: int,
     unique_key: str | None = None,
+    timeout: float | None = None,
 ) -> str:
     """SHA-256 of the normalised request, canonical JSON: what an idempotent replay must match.
-    A unique_key counts only when given, so hashes of requests without one are unchanged."""
+    A unique_key or timeout counts only when given, so hashes of requests without one are
+    unchanged."""
     doc = {
         "task": task,
         "payload": payload,
@@ -159,6 +161,8 @@ def request_hash(
     }
     if unique_key is not None:
         doc["unique_key"] = unique_key
+    if timeout is not None:
+        doc["timeout"] = timeout
     canonical = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
@@ -219,6 +223,7 @@ def submit(
     max_retries: int | None = None,
     idempotency_key: str | None = None,
     unique_key: str | None = None,
+    timeout: float | None = None,
 ) -> tuple[Job, bool]:
     """Validate and enqueue a job inside the caller's transaction.
 
@@ -244,6 +249,7 @@ def submit(
             idempotency_key=idempotency_key,
             client=client,
             unique_key=unique_key,
+            timeout=timeout,
         )
     except SubmissionError as exc:
         metrics.SUBMISSIONS_REJECTED.labels(metric_queue, exc.code).inc()
@@ -262,9 +268,11 @@ def _submit(
     idempotency_key: str | None,
     client: Client | None,
     unique_key: str | None = None,
+    timeout: float | None = None,
 ) -> tuple[Job, bool]:
+    timeout = check_timeout(timeout)
     run_at, max_retries, digest, payload_json = _validate(
-        task, payload, queue, priority, run_at, max_retries, idempotency_key, unique_key
+        task, payload, queue, priority, run_at, max_retries, idempotency_key, unique_key, timeout
     )
     return _submit_checked(
         {
@@ -278,6 +286,7 @@ def _submit(
             "request_hash": digest,
             "payload_json": payload_json,
             "unique_key": unique_key,
+            "timeout": timeout,
         },
         client,
     )
@@ -314,6 +323,7 @@ def _submit_checked(item: dict[str, Any], client: Client | None) -> tuple[Job, b
         actor=f"client:{client.name}" if client is not None else "app",
         payload_json=item["payload_json"],
         unique_key=item.get("unique_key"),
+        timeout=item.get("timeout"),
     )
     if created:
         _count_accepted(queue)
@@ -376,6 +386,7 @@ def _validate(
     max_retries: Any,
     idempotency_key: Any,
     unique_key: Any = None,
+    timeout: Any = None,
 ) -> tuple[datetime | None, int, str | None, str]:
     """Every rule one submission must pass; returns (run_at in UTC, max_retries,
     request hash or None, the payload as compact JSON).
@@ -419,6 +430,7 @@ def _validate(
             field="unique_key",
             code="invalid_unique_key",
         )
+    check_timeout(timeout)
     payload_json = serialise_payload(payload).decode("utf-8")
     try:
         tasks.validate_payload(task, payload)
@@ -427,8 +439,29 @@ def _validate(
 
     digest = None
     if idempotency_key is not None:
-        digest = request_hash(task, payload, queue, priority, run_at, max_retries, unique_key)
+        digest = request_hash(
+            task, payload, queue, priority, run_at, max_retries, unique_key, timeout
+        )
     return run_at, max_retries, digest, payload_json
+
+
+def check_timeout(value: Any) -> float | None:
+    """A job's own attempt timeout in seconds: None, or a number > 0 and at most
+    JOBS_MAX_TIMEOUT (jobs.watchdog)."""
+    if value is None:
+        return None
+    limit = float(settings.JOBS_MAX_TIMEOUT)
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not 0 < value <= limit  # NaN fails this too
+    ):
+        raise InvalidSubmission(
+            f"timeout must be a number of seconds > 0 and at most {limit:g} (JOBS_MAX_TIMEOUT)",
+            field="timeout",
+            code="invalid_timeout",
+        )
+    return float(value)
 
 
 def _existing(client: Client | None, idempotency_key: str | None) -> Job | None:
@@ -441,7 +474,7 @@ def _existing(client: Client | None, idempotency_key: str | None) -> Job | None:
 
 # --- requests as JSON (both API endpoints) -------------------------------------------
 
-JOB_FIELDS = ("task", "payload", "queue", "priority", "run_at", "max_retries")
+JOB_FIELDS = ("task", "payload", "queue", "priority", "run_at", "max_retries", "timeout")
 REQUEST_FIELDS = (*JOB_FIELDS, "unique_key")
 BATCH_FIELDS = (*JOB_FIELDS, "idempotency_key")  # unique keys: single submissions only
 
@@ -476,6 +509,7 @@ def _request_item(
         "max_retries": raw.get("max_retries"),
         "idempotency_key": raw.get("idempotency_key", idempotency_key),
         "unique_key": raw.get("unique_key"),
+        "timeout": raw.get("timeout"),
     }
     if item["payload"] is None:
         errors.append(
@@ -484,6 +518,7 @@ def _request_item(
         return {}, errors
     try:
         item["run_at"] = parse_run_at(item["run_at"], text=True)
+        item["timeout"] = check_timeout(item["timeout"])
         item["run_at"], item["max_retries"], item["request_hash"], item["payload_json"] = _validate(
             **item
         )
@@ -605,6 +640,7 @@ def submit_many(raw_items: Sequence[Any], *, client: Client | None = None) -> li
             i["idempotency_key"],
             i["request_hash"],
             i["payload_json"],
+            i["timeout"],
         )
         for i in items
     ]

@@ -126,3 +126,14 @@ def test_too_many_abandoned_threads_restart_the_worker_in_a_fresh_process(stack)
     pid = str(w.pid)
     assert f":{pid}:" in first and f":{pid}:" in second
     assert first != second  # a new worker id: a fresh process image
+
+
+def test_a_jobs_own_timeout_wins_over_its_tasks(stack):
+    job_id = services.submit_many([services.NewJob("contain.hang", {}, max_retries=0, timeout=1)])[
+        0
+    ].job_id
+    worker(stack)
+    wait_until(lambda: job_row(job_id)["status"] == "failed", 15, message="timed out")
+    (end,) = attempts(job_id)
+    assert "1s timeout" in end.error
+    assert (end.at - claimed_at(job_id)[0]).total_seconds() < 1 + GRACE + 2

@@ -275,3 +275,12 @@ def test_base_exceptions_fail_the_task_and_the_worker_doesnt_exit(
     after = app.add.enqueue(1, 2)
     wait_until(lambda: finished(after), 10, message="the next task ran")
     assert after.return_value == 3 and w.alive()
+
+
+def test_timeout_marker_bounds_the_task_and_sets_its_stop(stack, signal_log):
+    worker(stack, signal_log, JOBS_TIMEOUT_GRACE="1")
+    result = app.overruns.enqueue()
+    assert Job.objects.get(pk=int(result.id)).timeout == 1.0
+    wait_until(lambda: finished(result), 15, message="the task timed out")
+    assert result.status == TaskResultStatus.FAILED
+    assert Job.objects.get(pk=int(result.id)).error.startswith("timeout:")

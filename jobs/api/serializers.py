@@ -50,6 +50,15 @@ class JobSubmitSerializer(serializers.Serializer):
         max_value=submission.MAX_RETRIES_LIMIT,
         help_text="Retries after the first attempt; default JOBS_MAX_RETRIES (3).",
     )
+    timeout = serializers.FloatField(
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="Seconds one attempt may run, at most JOBS_MAX_TIMEOUT (86400); default "
+        "the task's timeout, else JOBS_DEFAULT_TIMEOUT (3600). At the limit the handler's "
+        "ctx.stop is set; JOBS_TIMEOUT_GRACE (5) seconds later the attempt ends failed "
+        "with a `timeout:` error and is retried per max_retries.",
+    )
     unique_key = serializers.RegexField(
         r"^[\x21-\x7e]{1,200}$",
         required=False,
@@ -156,6 +165,7 @@ class JobSerializer(serializers.ModelSerializer):
             "error",
             "retry_count",
             "max_retries",
+            "timeout",
             "lease_version",
             "idempotency_key",
             "run_at",

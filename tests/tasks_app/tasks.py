@@ -8,7 +8,7 @@ import os
 import time
 from pathlib import Path
 
-from jobs.backends import retries
+from jobs.backends import retries, timeout
 from jobs.tasks import PermanentError
 from jobs.tasks_compat import TaskContext, task
 from tests.tasks_app import signals  # noqa: F401  (the receivers)
@@ -111,3 +111,12 @@ def exit_task() -> None:
 def keyboard_interrupt_task() -> None:
     """Raises what Ctrl-C raises (django-tasks' test_keyboard_interrupt_task)."""
     raise KeyboardInterrupt
+
+
+@task(takes_context=True)
+@retries(0)
+@timeout(1)
+def overruns(context: TaskContext) -> str:
+    """Waits on the context's stop, which its 1 s timeout sets."""
+    context.stop.wait(60)
+    return "stopped"

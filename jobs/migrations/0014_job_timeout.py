@@ -1,0 +1,19 @@
+"""A job's own attempt timeout (issue 27): one nullable column without a default, so
+PostgreSQL adds it to the catalog only (no rewrite of jobs_job, a brief lock). NULL
+means the task's timeout or JOBS_DEFAULT_TIMEOUT; the range is checked at submission."""
+
+from django.db import migrations, models
+
+
+class Migration(migrations.Migration):
+    dependencies = [
+        ("jobs", "0013_event_outbox"),
+    ]
+
+    operations = [
+        migrations.AddField(
+            model_name="job",
+            name="timeout",
+            field=models.FloatField(blank=True, null=True),
+        ),
+    ]
