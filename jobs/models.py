@@ -445,6 +445,8 @@ class Schedule(models.Model):
     queue = models.CharField(max_length=100, default="default")
     priority = models.SmallIntegerField(default=0)
     max_retries = models.IntegerField(null=True, blank=True)
+    # The attempt timeout of the jobs it makes (seconds); NULL: the task's or the default.
+    timeout = models.FloatField(null=True, blank=True)
     enabled = models.BooleanField(default=True)
     catch_up = models.CharField(max_length=10, choices=CatchUp.choices, default=CatchUp.SKIP)
     overlap = models.CharField(max_length=10, choices=Overlap.choices, default=Overlap.ALLOW)

@@ -1535,14 +1535,15 @@ _WORKFLOW_IDS_SQL = (
 )
 _WORKFLOW_JOBS_SQL = f"""
 INSERT INTO {T} (id, task, payload, queue, priority, run_at, max_retries, client_id,
-                 updated_by, status, retry_count, lease_version, wait_reason)
+                 updated_by, status, retry_count, lease_version, wait_reason, timeout)
 SELECT u.id, u.task, u.payload::jsonb, u.queue, u.priority,
        CASE WHEN u.blocked THEN %(blocked)s::timestamptz ELSE now() END,
        u.max_retries, %(client)s, %(actor)s, '{Status.QUEUED}', 0, 0,
-       CASE WHEN u.blocked THEN '{WaitReason.PARENTS}' END
+       CASE WHEN u.blocked THEN '{WaitReason.PARENTS}' END, u.timeout
 FROM unnest(%(ids)s::bigint[], %(tasks)s::text[], %(payloads)s::text[], %(queues)s::text[],
-            %(priorities)s::int[], %(max_retries)s::int[], %(blocked_flags)s::boolean[])
-     AS u(id, task, payload, queue, priority, max_retries, blocked)"""
+            %(priorities)s::int[], %(max_retries)s::int[], %(blocked_flags)s::boolean[],
+            %(timeouts)s::float8[])
+     AS u(id, task, payload, queue, priority, max_retries, blocked, timeout)"""
 _WORKFLOW_NODES_SQL = """
 INSERT INTO jobs_workflownode (job_id, workflow_id, key, pending_parents, ended)
 SELECT u.id, %(workflow)s, u.key, u.pending, false
@@ -1598,6 +1599,7 @@ def create_workflow(
                     default_retries if j["max_retries"] is None else j["max_retries"] for j in jobs
                 ],
                 "blocked_flags": [bool(after) for _, after, _ in steps],
+                "timeouts": [j.get("timeout") for j in jobs],
                 "blocked": BLOCKED_RUN_AT,
                 "client": client_id,
                 "actor": actor,

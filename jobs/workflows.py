@@ -24,9 +24,11 @@ from jobs.models import Client, OnFailure
 MAX_STEPS = 1000
 MAX_NAME = 200
 MAX_STEP_ID = 100
-STEP_FIELDS = ("id", "task", "payload", "queue", "priority", "max_retries", "after")
+STEP_FIELDS = ("id", "task", "payload", "queue", "priority", "max_retries", "timeout", "after")
 WORKFLOW_FIELDS = ("name", "steps", "on_failure")
-_JOB_FIELDS = ("task", "payload", "queue", "priority", "max_retries")
+_JOB_FIELDS = ("task", "payload", "queue", "priority", "max_retries", "timeout")
+# Hashed only when given, so requests from before steps had a timeout keep their hash.
+_HASHED_WHEN_GIVEN = frozenset({"timeout"})
 
 
 @dataclass(frozen=True)
@@ -123,7 +125,9 @@ def build(body: Any) -> Graph:
     canonical = {
         "name": name,
         "on_failure": on_failure,
-        "steps": [{"id": st.id, "after": list(st.after), **{k: st.job[k] for k in _JOB_FIELDS}}
+        "steps": [{"id": st.id, "after": list(st.after),
+                   **{k: st.job[k] for k in _JOB_FIELDS
+                      if st.job[k] is not None or k not in _HASHED_WHEN_GIVEN}}
                   for st in steps],
     }  # fmt: skip
     digest = hashlib.sha256(
@@ -203,6 +207,7 @@ class Workflow:
         queue: str = "default",
         priority: int = 0,
         max_retries: int | None = None,
+        timeout: float | None = None,
     ) -> Workflow:
         raw: dict[str, Any] = {
             "id": id,
@@ -214,6 +219,8 @@ class Workflow:
         }
         if max_retries is not None:
             raw["max_retries"] = max_retries
+        if timeout is not None:
+            raw["timeout"] = timeout
         self.steps.append(raw)
         return self
 

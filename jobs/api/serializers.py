@@ -286,6 +286,11 @@ class ScheduleWriteSerializer(serializers.Serializer):
     max_retries = serializers.IntegerField(
         required=False, allow_null=True, min_value=0, max_value=submission.MAX_RETRIES_LIMIT
     )
+    timeout = serializers.FloatField(
+        required=False,
+        allow_null=True,
+        help_text="Attempt timeout of the jobs it makes, seconds (see POST /api/v1/jobs/).",
+    )
     enabled = serializers.BooleanField(required=False, default=True)
     catch_up = serializers.ChoiceField(
         choices=Schedule.CatchUp.choices,
@@ -307,7 +312,8 @@ class ScheduleSerializer(serializers.ModelSerializer):
         model = Schedule
         fields = [
             "id", "name", "cron", "interval_seconds", "timezone", "task", "payload", "queue",
-            "priority", "max_retries", "enabled", "catch_up", "overlap", "next_fire_at",
+            "priority", "max_retries", "timeout", "enabled", "catch_up", "overlap",
+            "next_fire_at",
             "last_fire_at", "created_at", "updated_at",
         ]  # fmt: skip
         read_only_fields = fields

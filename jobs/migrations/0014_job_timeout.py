@@ -1,6 +1,7 @@
-"""A job's own attempt timeout (issue 27): one nullable column without a default, so
-PostgreSQL adds it to the catalog only (no rewrite of jobs_job, a brief lock). NULL
-means the task's timeout or JOBS_DEFAULT_TIMEOUT; the range is checked at submission."""
+"""A job's own attempt timeout (issue 27), and a schedule's for the jobs it makes:
+nullable columns without a default, so PostgreSQL adds them to the catalog only (no
+rewrite of jobs_job, a brief lock). NULL means the task's timeout or
+JOBS_DEFAULT_TIMEOUT; the range is checked at submission."""
 
 from django.db import migrations, models
 
@@ -13,6 +14,11 @@ class Migration(migrations.Migration):
     operations = [
         migrations.AddField(
             model_name="job",
+            name="timeout",
+            field=models.FloatField(blank=True, null=True),
+        ),
+        migrations.AddField(
+            model_name="schedule",
             name="timeout",
             field=models.FloatField(blank=True, null=True),
         ),

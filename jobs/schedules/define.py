@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 NAME_MAX = 200
 FIELDS = (
     "name", "cron", "interval_seconds", "timezone", "task", "payload", "queue", "priority",
-    "max_retries", "enabled", "catch_up", "overlap",
+    "max_retries", "enabled", "catch_up", "overlap", "timeout",
 )  # fmt: skip
 TIMING_FIELDS = frozenset({"cron", "interval_seconds", "timezone"})
 
@@ -96,6 +96,8 @@ def check(values: dict[str, Any]) -> dict[str, Any]:
             None,
             values.get("max_retries"),
             None,
+            None,
+            values.get("timeout"),
         )
     if len(problems) == 1:
         raise problems[0]
@@ -115,6 +117,7 @@ DEFAULTS = {
     "queue": "default",
     "priority": 0,
     "max_retries": None,
+    "timeout": None,
     "enabled": True,
     "catch_up": Schedule.CatchUp.SKIP.value,
     "overlap": Schedule.Overlap.ALLOW.value,

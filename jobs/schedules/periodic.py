@@ -29,6 +29,7 @@ def periodic(
     queue: str = "default",
     priority: int = 0,
     max_retries: int | None = None,
+    timeout: float | None = None,
     catch_up: str = "skip",
     overlap: str = "allow",
     task: str | None = None,
@@ -48,6 +49,7 @@ def periodic(
             "queue": queue,
             "priority": priority,
             "max_retries": max_retries,
+            "timeout": timeout,
             "catch_up": catch_up,
             "overlap": overlap,
         })  # fmt: skip

@@ -62,3 +62,35 @@ def test_the_timeout_is_part_of_an_idempotent_request(api):
     assert (first.status_code, again.status_code) == (201, 200)
     other = post(api, "/api/v1/jobs/", {**body, "timeout": 6}, HTTP_IDEMPOTENCY_KEY="k-timeout")
     assert other.status_code == 409, other.content
+
+
+def test_a_schedules_timeout_goes_to_the_jobs_it_makes(api):
+    from django.db import transaction
+
+    from jobs.schedules import firing
+
+    body = {"name": "t", "interval_seconds": 60, "task": "echo", "payload": {}, "timeout": 9}
+    r = api.post("/api/v1/schedules/", body, format="json")
+    assert r.status_code == 201, r.content
+    assert r.json()["timeout"] == 9.0
+    with transaction.atomic():
+        fired = firing.run_now(r.json()["id"], "staff:ann")
+    assert Job.objects.get(pk=fired.job_id).timeout == 9.0
+    bad = api.post("/api/v1/schedules/", {**body, "name": "u", "timeout": 0}, format="json")
+    assert bad.status_code == 400 and bad.json()["code"] == "invalid_timeout"
+
+
+def test_a_workflow_steps_timeout_goes_to_its_job(api):
+    steps = [
+        {"id": "a", "task": "echo", "payload": {}, "timeout": 4},
+        {"id": "b", "task": "echo", "payload": {}, "after": ["a"]},
+    ]
+    r = api.post("/api/v1/workflows/", {"name": "w", "steps": steps}, format="json")
+    assert r.status_code == 201, r.content
+    jobs = Job.objects.filter(workflow_node__workflow_id=r.json()["id"]).order_by("id")
+    assert [j.timeout for j in jobs] == [4.0, None]
+    before = counts()
+    bad = [{"id": "a", "task": "echo", "payload": {}, "timeout": -1}]
+    r = api.post("/api/v1/workflows/", {"name": "x", "steps": bad}, format="json")
+    assert r.status_code == 400 and "invalid_timeout" in r.content.decode()
+    assert counts() == before
