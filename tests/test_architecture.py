@@ -47,6 +47,10 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("schedule definitions", ["jobs.schedules.define"]),
     # Durable jobs (steps, waits) and workflows: built on the services and the pipeline.
     ("durable jobs and workflows", ["jobs.durable", "jobs.workflows", "jobs.signals"]),
+    # The worker's rooms (issue 27): what they share, then one concern each, as mixins
+    # of jobs.worker.Worker.
+    ("worker attempts", ["jobs.worker.attempts"]),
+    ("worker rooms", ["jobs.worker.*"]),
     ("processes", ["jobs.worker", "jobs.reaper", "jobs.schedules.scheduler",
                    "jobs.events.outbox"]),
     # Bridges to frameworks around the processes: Django Tasks, Prometheus scrapes.

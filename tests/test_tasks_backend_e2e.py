@@ -264,7 +264,7 @@ def test_base_exceptions_fail_the_task_and_the_worker_doesnt_exit(
 ):
     w = worker(stack, signal_log, "--concurrency", "1")
     result = task.enqueue()
-    wait_until(lambda: finished(result), 10, message="the task failed")
+    wait_until(lambda: finished(result), 30, message="the task failed")  # with start-up
     assert result.status == TaskResultStatus.FAILED
     assert [e.exception_class for e in result.errors] == [exception]
     assert exception.__name__ in result.errors[0].traceback
