@@ -40,9 +40,11 @@ LAYERS: list[tuple[str, list[str]]] = [
     # A schedule's slots: the scheduler_runs row and the job it makes, in one statement.
     ("schedule firing", ["jobs.schedules.firing"]),
     # Queue controls: the Queue rows synced from JOBS_QUEUES and a worker's view of them.
-    # jobs.events: publish()/@subscriber; the webhook delivery task; the Redis stream.
+    # jobs.events: publish()/@subscriber; the webhook delivery task; the Redis stream;
+    # the Kafka sink.
     ("pipeline and presence", ["jobs.submission", "jobs.presence", "jobs.queuecontrol",
-                               "jobs.events", "jobs.events.webhooks", "jobs.events.streams"]),
+                               "jobs.events", "jobs.events.webhooks", "jobs.events.streams",
+                               "jobs.events.kafka"]),
     # Schedules held to the submission rules of the jobs they make.
     ("schedule definitions", ["jobs.schedules.define"]),
     # Durable jobs (steps, waits) and workflows: built on the services and the pipeline.
@@ -69,7 +71,7 @@ KNOWN_EXCEPTIONS: set[tuple[str, str]] = set()
 
 # Third-party modules only one module of the product (jobs, jobservice) may import; the
 # harness, tests, bench and chaos drive them directly.
-OWNED_IMPORTS = {"redis": {"jobs.transport"}}
+OWNED_IMPORTS = {"redis": {"jobs.transport"}, "confluent_kafka": {"jobs.events.kafka"}}
 
 # What the packages around `jobs` must never import.
 FORBIDDEN = {
