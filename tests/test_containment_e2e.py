@@ -118,6 +118,7 @@ def test_too_many_abandoned_threads_restart_the_worker_in_a_fresh_process(stack)
     hang = submit("contain.hang")
     wait_until(lambda: job_row(hang)["status"] == "failed", 20, message="hang timed out")
     first = job_row(hang)["updated_by"]
+    wait_until(lambda: w.output().count("worker started") == 2, 30, message="started again")
     echo = submit("echo", {"after": "restart"})
     wait_until(lambda: job_row(echo)["status"] == "done", 30, message="echo ran after restart")
     second = job_row(echo)["updated_by"]
