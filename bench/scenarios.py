@@ -247,6 +247,15 @@ def drain(ctx: Context, workers: int, *, tuned: bool = True) -> Iterator[dict]:
                       (SELECT count(DISTINCT (updated_by, finished_at)) FROM jobs_job)
                FROM jobs_jobevent e WHERE e.to_status = 'processing'"""
         )[0]
+        # Started marks (D77): by the claim itself (started_at is the claim's time) or by
+        # the starter's statements (each its own time). 0 and 0 for code without them.
+        start_tx, by_claim = sql(
+            """SELECT count(DISTINCT j.started_at) FILTER (WHERE e.job_id IS NULL),
+                      count(*) FILTER (WHERE e.job_id IS NOT NULL)
+               FROM jobs_job j LEFT JOIN jobs_jobevent e ON e.job_id = j.id
+                    AND e.to_status = 'processing' AND e.at = j.started_at
+               WHERE j.started_at IS NOT NULL"""
+        )[0]
         seconds = (last_finish - first_claim).total_seconds()
         for p in procs:
             p.stop()
@@ -264,6 +273,7 @@ def drain(ctx: Context, workers: int, *, tuned: bool = True) -> Iterator[dict]:
             "summary": (
                 f"first claim -> last finish {seconds:.3f}s, {claims} claims in "
                 f"{claim_tx} statements, completions in {done_tx} statements, "
+                f"starts marked by the claim {by_claim}, by {start_tx} start statements, "
                 f"statuses {status}, --concurrency {concurrency or 'default'}, "
                 f"preload {load_s:.2f}s; "
                 f"CPU per job: workers {cpu_workers / n * 1e6:.0f} us, "
@@ -278,6 +288,8 @@ def drain(ctx: Context, workers: int, *, tuned: bool = True) -> Iterator[dict]:
                 "claims": claims,
                 "claim_statements": claim_tx,
                 "complete_statements": done_tx,
+                "start_statements": start_tx,
+                "started_by_claim": by_claim,
                 "statuses": status,
                 "cpu_workers_s": cpu_workers,
                 "cpu_postgres_s": cpu_pg,

@@ -93,6 +93,12 @@ RECOVERED = Counter(
 FENCE_REJECTIONS = Counter(
     "jobs_fence_rejections_total", "Stale writes rejected by the fence", ["queue", "task", "op"]
 )
+ATTEMPTS_DROPPED = Counter(
+    "jobs_attempts_dropped_total",
+    "Prefetched attempts dropped before their handler was called: the lease was "
+    "revoked or the job cancelled while it waited",
+    ["queue", "reason"],
+)
 WRITEBACK_REFUSED = Counter(
     "jobs_writeback_refused_total",
     "Rows of a worker's batched write-back that PostgreSQL refused (a data error), "

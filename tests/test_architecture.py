@@ -41,10 +41,10 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("schedule firing", ["jobs.schedules.firing"]),
     # Queue controls: the Queue rows synced from JOBS_QUEUES and a worker's view of them.
     # jobs.events: publish()/@subscriber; the webhook delivery task; the Redis stream;
-    # the Kafka sink.
+    # the Kafka sink. jobs.starts: a worker's started marks (prefetched attempts, D77).
     ("pipeline and presence", ["jobs.submission", "jobs.presence", "jobs.queuecontrol",
                                "jobs.events", "jobs.events.webhooks", "jobs.events.streams",
-                               "jobs.events.kafka"]),
+                               "jobs.events.kafka", "jobs.starts"]),
     # Schedules held to the submission rules of the jobs they make.
     ("schedule definitions", ["jobs.schedules.define"]),
     # Durable jobs (steps, waits) and workflows: built on the services and the pipeline.

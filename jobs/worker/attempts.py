@@ -126,6 +126,7 @@ class InFlight:
     # waited too long; `running_since` is set when a handler takes it.
     waiting: bool = False
     running_since: float | None = None
+    marked: bool = False  # its claim marked it started (D77); else jobs.starts does
     progress_saved: int = 0  # sequence number of the last progress report written
     progress_written_at: float = float("-inf")
     # Set when a handler takes it (jobs.watchdog): the thread running it, the seconds it

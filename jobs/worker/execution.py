@@ -7,6 +7,7 @@ import threading
 import time
 
 from django.db import (
+    close_old_connections,
     connection,
     transaction,
 )
@@ -20,8 +21,10 @@ from jobs.errors import (
 )
 from jobs.lifecycle import CANCELLED
 from jobs.services import Lease
+from jobs.starts import Verdict
 from jobs.tasks import InvalidPayload, JobContext, PermanentError
 from jobs.worker.attempts import (
+    InFlight,
     InvalidResult,
     Outcome,
     OutcomeKind,
@@ -61,6 +64,11 @@ class Execution:
                 item.thread = me
                 self._waiting -= 1
                 self._running += 1
+            # A session the server ended while this thread was idle or in its last job
+            # is replaced before its next handler's ORM calls meet it.
+            close_old_connections()
+            if not self._admit(item):
+                continue
             spec = tasks.get(item.lease.task)
             item.limit = watchdog.limit_seconds(
                 item.lease.timeout, spec.timeout if spec is not None else None
@@ -74,6 +82,16 @@ class Execution:
                 self._settle(self._failed(item.lease, exc, False))
             if item.abandoned:  # the watchdog ended it and gave the slot to a new thread
                 return
+
+    def _admit(self, item: InFlight) -> bool:
+        """Record a prefetched attempt's start (before its handler runs where a crash
+        charge would decide, D77); a revoked or cancelled one is dropped unrun (D78)."""
+        verdict = self.starter.admit(item.lease, item.ctx, item.marked)
+        if verdict == Verdict.CANCELLED:
+            self._settle(Outcome(item.lease, OutcomeKind.FAIL, error=CANCELLED, permanent=True))
+        elif verdict != Verdict.RUN:
+            self._forget([item.lease])
+        return verdict == Verdict.RUN
 
     def _run_one(self, lease: Lease, ctx: JobContext) -> None:
         started = time.monotonic()
@@ -212,6 +230,7 @@ class Execution:
             return True
 
     def _settle(self, outcome: Outcome) -> None:
+        self.starter.ended(outcome.lease)
         if outcome.kind == OutcomeKind.SETTLED:
             self._forget([outcome.lease])
             self._quiet.set()  # written by the handler itself: an idle dispatcher resumes

@@ -54,6 +54,7 @@ class Watch:
             item.abandoned = item.finishing = True
             self._running -= 1
         lease = item.lease
+        self.starter.ended(lease)
         item.ctx.stop.set()
         if verdict == watchdog.Verdict.TIMEOUT:
             error = watchdog.timeout_error(item.limit or 0, self.timeout_grace)
