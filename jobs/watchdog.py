@@ -21,7 +21,7 @@ import enum
 from collections.abc import Iterable
 from typing import Any, Protocol
 
-from django.conf import settings
+from jobs.conf import settings
 
 TIMEOUT_PREFIX = "timeout:"
 

@@ -149,7 +149,7 @@ def create(values: dict[str, Any], *, client: Client | None, origin: str) -> Sch
     """A new schedule from `values` (FIELDS; missing ones take DEFAULTS)."""
     checked = check({**DEFAULTS, **values})
     schedule = Schedule(client=client, origin=origin, **{k: checked[k] for k in FIELDS})
-    schedule.next_fire_at = first_slot(checked)
+    schedule.next_fire_at = first_slot(checked) if checked["enabled"] else None
     return _save(schedule)
 
 
@@ -172,7 +172,9 @@ def update(schedule: Schedule, changes: dict[str, Any]) -> Schedule:
     )
     for k in FIELDS:
         setattr(schedule, k, checked[k])
-    if restart or schedule.next_fire_at is None:
+    if not checked["enabled"]:
+        schedule.next_fire_at = None  # a paused schedule has no next run to show
+    elif restart or schedule.next_fire_at is None:
         schedule.next_fire_at = first_slot(checked)
     schedule.updated_at = db_now()
     return _save(schedule)

@@ -38,7 +38,6 @@ import queue as queue_mod
 import threading
 import time
 
-from django.conf import settings
 from django.db import (
     DatabaseError,
     InterfaceError,
@@ -47,6 +46,7 @@ from django.db import (
 )
 
 from jobs import durable, metrics, selectors, tasks, watchdog
+from jobs.conf import settings
 from jobs.dispatch import QueueSpec, parse_queues, polling_order
 from jobs.errors import PerKeyRateLimit
 from jobs.presence import Presence
