@@ -100,6 +100,8 @@ class Job(models.Model):
     error_traceback = models.TextField(null=True, blank=True)
     run_at = models.DateTimeField(db_default=Now())
     max_retries = models.IntegerField()
+    # Seconds one attempt may run (jobs.watchdog); NULL: the task's timeout or the default.
+    timeout = models.FloatField(null=True, blank=True)
     retry_count = models.IntegerField(default=0)
     lease_version = models.BigIntegerField(default=0)
     owned_by = models.CharField(max_length=200, null=True, blank=True)
@@ -483,6 +485,8 @@ class Schedule(models.Model):
     priority = models.SmallIntegerField(default=0)
     max_retries = models.IntegerField(null=True, blank=True)
     concurrency_key = models.CharField(max_length=200, null=True, blank=True)
+    # The attempt timeout of the jobs it makes (seconds); NULL: the task's or the default.
+    timeout = models.FloatField(null=True, blank=True)
     enabled = models.BooleanField(default=True)
     catch_up = models.CharField(max_length=10, choices=CatchUp.choices, default=CatchUp.SKIP)
     overlap = models.CharField(max_length=10, choices=Overlap.choices, default=Overlap.ALLOW)

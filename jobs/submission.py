@@ -148,10 +148,11 @@ def request_hash(
     max_retries: int,
     unique_key: str | None = None,
     concurrency_key: str | None = None,
+    timeout: float | None = None,
 ) -> str:
     """SHA-256 of the normalised request, canonical JSON: what an idempotent replay must match.
-    A unique_key or concurrency_key counts only when given, so hashes of requests without
-    one are unchanged."""
+    A unique_key, concurrency_key or timeout counts only when given, so hashes of requests
+    without one are unchanged."""
     doc = {
         "task": task,
         "payload": payload,
@@ -164,6 +165,8 @@ def request_hash(
         doc["unique_key"] = unique_key
     if concurrency_key is not None:
         doc["concurrency_key"] = concurrency_key
+    if timeout is not None:
+        doc["timeout"] = timeout
     canonical = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
@@ -249,6 +252,7 @@ def submit(
     idempotency_key: str | None = None,
     unique_key: str | None = None,
     concurrency_key: str | None = None,
+    timeout: float | None = None,
 ) -> tuple[Job, bool]:
     """Validate and enqueue a job inside the caller's transaction.
 
@@ -276,6 +280,7 @@ def submit(
             client=client,
             unique_key=unique_key,
             concurrency_key=concurrency_key,
+            timeout=timeout,
         )
     except SubmissionError as exc:
         metrics.SUBMISSIONS_REJECTED.labels(metric_queue, exc.code).inc()
@@ -295,7 +300,9 @@ def _submit(
     client: Client | None,
     unique_key: str | None = None,
     concurrency_key: str | None = None,
+    timeout: float | None = None,
 ) -> tuple[Job, bool]:
+    timeout = check_timeout(timeout)
     run_at, max_retries, digest, payload_json = _validate(
         task,
         payload,
@@ -306,6 +313,7 @@ def _submit(
         idempotency_key,
         unique_key,
         concurrency_key,
+        timeout,
     )
     return _submit_checked(
         {
@@ -320,6 +328,7 @@ def _submit(
             "payload_json": payload_json,
             "unique_key": unique_key,
             "concurrency_key": concurrency_key,
+            "timeout": timeout,
         },
         client,
     )
@@ -357,6 +366,7 @@ def _submit_checked(item: dict[str, Any], client: Client | None) -> tuple[Job, b
         payload_json=item["payload_json"],
         unique_key=item.get("unique_key"),
         concurrency_key=item.get("concurrency_key"),
+        timeout=item.get("timeout"),
     )
     if created:
         _count_accepted(queue)
@@ -420,6 +430,7 @@ def _validate(
     idempotency_key: Any,
     unique_key: Any = None,
     concurrency_key: Any = None,
+    timeout: Any = None,
 ) -> tuple[datetime | None, int, str | None, str]:
     """Every rule one submission must pass; returns (run_at in UTC, max_retries,
     request hash or None, the payload as compact JSON).
@@ -464,6 +475,7 @@ def _validate(
                 field=field,
                 code=codes[field],
             )
+    check_timeout(timeout)
     payload_json = serialise_payload(payload).decode("utf-8")
     try:
         tasks.validate_payload(task, payload)
@@ -473,9 +485,36 @@ def _validate(
     digest = None
     if idempotency_key is not None:
         digest = request_hash(
-            task, payload, queue, priority, run_at, max_retries, unique_key, concurrency_key
+            task,
+            payload,
+            queue,
+            priority,
+            run_at,
+            max_retries,
+            unique_key,
+            concurrency_key,
+            timeout,
         )
     return run_at, max_retries, digest, payload_json
+
+
+def check_timeout(value: Any) -> float | None:
+    """A job's own attempt timeout in seconds: None, or a number > 0 and at most
+    JOBS_MAX_TIMEOUT (jobs.watchdog)."""
+    if value is None:
+        return None
+    limit = float(settings.JOBS_MAX_TIMEOUT)
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not 0 < value <= limit  # NaN fails this too
+    ):
+        raise InvalidSubmission(
+            f"timeout must be a number of seconds > 0 and at most {limit:g} (JOBS_MAX_TIMEOUT)",
+            field="timeout",
+            code="invalid_timeout",
+        )
+    return float(value)
 
 
 def _existing(client: Client | None, idempotency_key: str | None) -> Job | None:
@@ -488,7 +527,7 @@ def _existing(client: Client | None, idempotency_key: str | None) -> Job | None:
 
 # --- requests as JSON (both API endpoints) -------------------------------------------
 
-JOB_FIELDS = ("task", "payload", "queue", "priority", "run_at", "max_retries")
+JOB_FIELDS = ("task", "payload", "queue", "priority", "run_at", "max_retries", "timeout")
 REQUEST_FIELDS = (*JOB_FIELDS, "unique_key", "concurrency_key")
 # Unique keys: single submissions only.
 BATCH_FIELDS = (*JOB_FIELDS, "idempotency_key", "concurrency_key")
@@ -525,6 +564,7 @@ def _request_item(
         "idempotency_key": raw.get("idempotency_key", idempotency_key),
         "unique_key": raw.get("unique_key"),
         "concurrency_key": raw.get("concurrency_key"),
+        "timeout": raw.get("timeout"),
     }
     if item["payload"] is None:
         errors.append(
@@ -533,6 +573,7 @@ def _request_item(
         return {}, errors
     try:
         item["run_at"] = parse_run_at(item["run_at"], text=True)
+        item["timeout"] = check_timeout(item["timeout"])
         item["run_at"], item["max_retries"], item["request_hash"], item["payload_json"] = _validate(
             **item
         )
@@ -645,6 +686,7 @@ def submit_many(raw_items: Sequence[Any], *, client: Client | None = None) -> li
             i["request_hash"],
             i["payload_json"],
             i["concurrency_key"],
+            i["timeout"],
         )
         for i in items
     ]

@@ -28,10 +28,13 @@ MAX_STEPS = 1000
 MAX_NAME = 200
 MAX_STEP_ID = 100
 STEP_FIELDS = (
-    "id", "task", "payload", "queue", "priority", "max_retries", "concurrency_key", "after",
+    "id", "task", "payload", "queue", "priority", "max_retries", "concurrency_key", "timeout",
+    "after",
 )  # fmt: skip
 WORKFLOW_FIELDS = ("name", "steps", "on_failure")
-_JOB_FIELDS = ("task", "payload", "queue", "priority", "max_retries", "concurrency_key")
+_JOB_FIELDS = ("task", "payload", "queue", "priority", "max_retries", "concurrency_key", "timeout")
+# Hashed only when given, so requests from before these fields existed keep their hash.
+_HASHED_WHEN_GIVEN = frozenset({"concurrency_key", "timeout"})
 
 
 @dataclass(frozen=True)
@@ -134,10 +137,9 @@ def build(body: Any) -> Graph:
     canonical = {
         "name": name,
         "on_failure": on_failure,
-        # A field left out (null) is not hashed: requests from before it existed match.
         "steps": [{"id": st.id, "after": list(st.after),
                    **{k: st.job[k] for k in _JOB_FIELDS
-                      if k != "concurrency_key" or st.job[k] is not None}}
+                      if st.job[k] is not None or k not in _HASHED_WHEN_GIVEN}}
                   for st in steps],
     }  # fmt: skip
     digest = hashlib.sha256(
@@ -231,6 +233,7 @@ class Workflow:
         priority: int = 0,
         max_retries: int | None = None,
         concurrency_key: str | None = None,
+        timeout: float | None = None,
     ) -> Workflow:
         raw: dict[str, Any] = {
             "id": id,
@@ -244,6 +247,8 @@ class Workflow:
             raw["max_retries"] = max_retries
         if concurrency_key is not None:
             raw["concurrency_key"] = concurrency_key
+        if timeout is not None:
+            raw["timeout"] = timeout
         self.steps.append(raw)
         return self
 

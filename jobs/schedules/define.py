@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 NAME_MAX = 200
 FIELDS = (
     "name", "cron", "interval_seconds", "timezone", "task", "payload", "queue", "priority",
-    "max_retries", "enabled", "catch_up", "overlap", "concurrency_key",
+    "max_retries", "enabled", "catch_up", "overlap", "concurrency_key", "timeout",
 )  # fmt: skip
 TIMING_FIELDS = frozenset({"cron", "interval_seconds", "timezone"})
 
@@ -98,6 +98,7 @@ def check(values: dict[str, Any]) -> dict[str, Any]:
             None,
             None,
             values.get("concurrency_key"),
+            values.get("timeout"),
         )
     if len(problems) == 1:
         raise problems[0]
@@ -117,6 +118,7 @@ DEFAULTS = {
     "queue": "default",
     "priority": 0,
     "max_retries": None,
+    "timeout": None,
     "enabled": True,
     "catch_up": Schedule.CatchUp.SKIP.value,
     "overlap": Schedule.Overlap.ALLOW.value,
