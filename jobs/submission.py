@@ -264,8 +264,9 @@ def _submit(
     unique_key: str | None = None,
 ) -> tuple[Job, bool]:
     run_at, max_retries, digest, payload_json = _validate(
-        task, payload, queue, priority, run_at, max_retries, idempotency_key, unique_key
-    )
+        task, payload, queue, priority, run_at, max_retries, idempotency_key, unique_key,
+        for_client=client is not None,
+    )  # fmt: skip
     return _submit_checked(
         {
             "task": task,
@@ -376,17 +377,27 @@ def _validate(
     max_retries: Any,
     idempotency_key: Any,
     unique_key: Any = None,
+    *,
+    for_client: bool = False,
 ) -> tuple[datetime | None, int, str | None, str]:
     """Every rule one submission must pass; returns (run_at in UTC, max_retries,
     request hash or None, the payload as compact JSON).
 
     Raises a SubmissionError naming the field. Shared by submit and submit_many (and
     so by both API endpoints): a job in a batch is held to exactly the rules of a
-    single one.
+    single one. `for_client`: the job belongs to an API client, which may run public
+    tasks only (an internal one is refused exactly like a name that does not exist).
     """
-    if not isinstance(task, str) or len(task) > TASK_NAME_MAX or tasks.get(task) is None:
+    if (
+        not isinstance(task, str)
+        or len(task) > TASK_NAME_MAX
+        or tasks.get(task) is None
+        or (for_client and not tasks.is_public(task))
+    ):
         shown = repr(task) if len(repr(task)) <= 210 else repr(task)[:200] + "…"
-        raise UnknownTask(f"unknown task {shown}; known: {', '.join(tasks.names())}", field="task")
+        raise UnknownTask(
+            f"unknown task {shown}; known: {', '.join(tasks.public_names())}", field="task"
+        )
     if not queues.valid_name(queue):
         raise InvalidSubmission(
             "queue must be 1-100 characters of letters, digits, '_', '.', ':' or '-'",
@@ -447,7 +458,7 @@ BATCH_FIELDS = (*JOB_FIELDS, "idempotency_key")  # unique keys: single submissio
 
 
 def _request_item(
-    raw: Any, allowed: Sequence[str], idempotency_key: Any = None
+    raw: Any, allowed: Sequence[str], idempotency_key: Any = None, *, for_client: bool = False
 ) -> tuple[dict[str, Any], list[SubmissionError]]:
     """One job as the API received it (decoded JSON) → the checked arguments of a
     submission, or every reason it is refused (unknown fields, missing ones, and the
@@ -485,7 +496,7 @@ def _request_item(
     try:
         item["run_at"] = parse_run_at(item["run_at"], text=True)
         item["run_at"], item["max_retries"], item["request_hash"], item["payload_json"] = _validate(
-            **item
+            **item, for_client=for_client
         )
     except SubmissionError as exc:
         errors.append(exc)
@@ -504,7 +515,9 @@ def submit_request(
 
     One broken rule raises its own SubmissionError; several raise RequestInvalid.
     """
-    item, problems = _request_item(raw, REQUEST_FIELDS, idempotency_key)
+    item, problems = _request_item(
+        raw, REQUEST_FIELDS, idempotency_key, for_client=client is not None
+    )
     if problems:
         queue = raw.get("queue", "default") if isinstance(raw, dict) else None
         for exc in problems:
@@ -568,7 +581,7 @@ def submit_many(raw_items: Sequence[Any], *, client: Client | None = None) -> li
     errors: dict[str, list[dict[str, str]]] = {}
     refused = 0
     for n, raw in enumerate(raw_items):
-        item, problems = _request_item(raw, BATCH_FIELDS)
+        item, problems = _request_item(raw, BATCH_FIELDS, for_client=client is not None)
         if problems:
             refused += 1
             queue = raw.get("queue", "default") if isinstance(raw, dict) else None

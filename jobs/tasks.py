@@ -164,6 +164,7 @@ class TaskSpec:
     transactional: bool = False
     validate: Validator | None = None
     durable: bool = False
+    public: bool = True
 
 
 _registry: dict[str, TaskSpec] = {}
@@ -177,6 +178,7 @@ def task(
     transactional: bool = False,
     validate: Validator | None = None,
     durable: bool = False,
+    public: bool = True,
 ) -> Callable[[Handler], Handler]:
     """Register a handler `fn(payload, ctx)`.
 
@@ -189,6 +191,8 @@ def task(
     durable=True makes `ctx.sleep()` park the job instead of holding the worker
     (jobs.durable); `ctx.step()` and `ctx.wait_for_signal()` work in any
     non-transactional handler.
+    public=False keeps the task off the API: a client cannot submit it (it answers
+    `unknown_task` like a name that does not exist) unless JOBS_PUBLIC_TASKS names it.
     """
     if durable and transactional:
         raise ValueError("a durable task cannot be transactional: its checkpoints commit alone")
@@ -198,7 +202,7 @@ def task(
         existing = _registry.get(key)
         if existing is not None and existing.fn is not fn:
             raise ValueError(f"task {key!r} is already registered")
-        _registry[key] = TaskSpec(key, fn, transactional, validate, durable)
+        _registry[key] = TaskSpec(key, fn, transactional, validate, durable, public)
         return fn
 
     return register
@@ -222,6 +226,17 @@ def get(name: str) -> TaskSpec | None:
 
 def names() -> list[str]:
     return sorted(load())
+
+
+def is_public(name: str) -> bool:
+    """A client may submit it: registered public, or made so by JOBS_PUBLIC_TASKS."""
+    spec = get(name)
+    return spec is not None and (spec.public or name in getattr(settings, "JOBS_PUBLIC_TASKS", ()))
+
+
+def public_names() -> list[str]:
+    """What an `unknown_task` error may list: internal names never appear."""
+    return [name for name in names() if is_public(name)]
 
 
 def validate_payload(name: str, payload: Any) -> None:

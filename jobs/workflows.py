@@ -50,7 +50,7 @@ def _err(errors: dict, where: str, message: str, code: str = "invalid") -> None:
     errors.setdefault(where, []).append({"message": message, "code": code})
 
 
-def _steps(raw_steps: list, errors: dict) -> list[Step]:
+def _steps(raw_steps: list, errors: dict, for_client: bool) -> list[Step]:
     steps: list[Step] = []
     for n, raw in enumerate(raw_steps):
         where = f"steps[{n}]"
@@ -69,7 +69,7 @@ def _steps(raw_steps: list, errors: dict) -> list[Step]:
             _err(errors, f"{where}.after", "after must be a list of step ids")
             continue
         item, refusals = submission._request_item(
-            {k: v for k, v in raw.items() if k in _JOB_FIELDS}, _JOB_FIELDS
+            {k: v for k, v in raw.items() if k in _JOB_FIELDS}, _JOB_FIELDS, for_client=for_client
         )
         for exc in refusals:
             _err(errors, f"{where}.{exc.field or 'step'}", exc.message, exc.code)
@@ -78,9 +78,10 @@ def _steps(raw_steps: list, errors: dict) -> list[Step]:
     return steps
 
 
-def build(body: Any) -> Graph:
+def build(body: Any, *, for_client: bool = False) -> Graph:
     """Check a workflow request (decoded JSON); raises RequestInvalid naming each
-    broken rule, SubmissionError for a refusal of the request as a whole."""
+    broken rule, SubmissionError for a refusal of the request as a whole. A client's
+    workflow runs public tasks only (`for_client`)."""
     if not isinstance(body, dict):
         raise InvalidSubmission("the request must be a JSON object", code="invalid")
     errors: dict[str, list[dict[str, str]]] = {}
@@ -101,7 +102,7 @@ def build(body: Any) -> Graph:
         _err(errors, "steps", f"a workflow has at most {MAX_STEPS} steps, not {len(raw_steps)}",
              "too_many_steps")  # fmt: skip
         raise RequestInvalid(errors)
-    steps = _steps(raw_steps, errors)
+    steps = _steps(raw_steps, errors, for_client)
     ids = [s.id for s in steps]
     seen: set[str] = set()
     for n, step_id in enumerate(ids):
@@ -173,7 +174,8 @@ def submit_request(
     actor: str = "app",
     idempotency_key: str | None = None,
 ) -> tuple[int, bool]:
-    return create(build(body), client=client, actor=actor, idempotency_key=idempotency_key)
+    graph = build(body, for_client=client is not None)
+    return create(graph, client=client, actor=actor, idempotency_key=idempotency_key)
 
 
 @dataclass

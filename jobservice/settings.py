@@ -180,6 +180,9 @@ JOBS_SESSION_CRASH_DETECTION = env.bool("JOBS_SESSION_CRASH_DETECTION", default=
 JOBS_METRICS_CACHE_SECONDS = env.float("JOBS_METRICS_CACHE_SECONDS", default=5.0)
 # The built-in webhook delivery task is always known; applications add their modules.
 JOBS_TASK_MODULES = ["jobs.events.webhooks", *env.list("JOBS_TASK_MODULES", default=[])]
+# Internal tasks (webhook delivery, @subscriber, Django Tasks, @task(public=False)) that
+# clients may submit all the same; none by default.
+JOBS_PUBLIC_TASKS = env.list("JOBS_PUBLIC_TASKS", default=[])
 # The queues that accept jobs, with their settings: a JSON object (jobs/queues.py parses
 # it), plus the built-in queues (webhook deliveries) unless it declares them itself.
 JOBS_QUEUES = queues.with_builtin(

@@ -39,15 +39,16 @@ def _choice(name: str, value: Any, choices: list[str]) -> str:
     return value
 
 
-def check(values: dict[str, Any]) -> dict[str, Any]:
+def check(values: dict[str, Any], *, for_client: bool = False) -> dict[str, Any]:
     """A complete definition → the values to store; raises RequestInvalid listing every
-    refused field (or the one SubmissionError when only one is)."""
+    refused field (or the one SubmissionError when only one is). A client's schedule
+    runs public tasks only (`for_client`)."""
     problems: list[SubmissionError] = []
     out = dict(values)
 
-    def attempt(fn, *args):
+    def attempt(fn, *args, **kwargs):
         try:
-            return fn(*args)
+            return fn(*args, **kwargs)
         except timing.InvalidTiming as exc:
             problems.append(_refuse(exc))
         except SubmissionError as exc:
@@ -96,6 +97,7 @@ def check(values: dict[str, Any]) -> dict[str, Any]:
             None,
             values.get("max_retries"),
             None,
+            for_client=for_client,
         )
     if len(problems) == 1:
         raise problems[0]
@@ -144,7 +146,7 @@ def _save(schedule: Schedule) -> Schedule:
 
 def create(values: dict[str, Any], *, client: Client | None, origin: str) -> Schedule:
     """A new schedule from `values` (FIELDS; missing ones take DEFAULTS)."""
-    checked = check({**DEFAULTS, **values})
+    checked = check({**DEFAULTS, **values}, for_client=client is not None)
     schedule = Schedule(client=client, origin=origin, **{k: checked[k] for k in FIELDS})
     schedule.next_fire_at = first_slot(checked)
     return _save(schedule)
@@ -163,7 +165,7 @@ def update(schedule: Schedule, changes: dict[str, Any]) -> Schedule:
         and ("cron" not in changes)
     ):
         merged["cron"] = None
-    checked = check(merged)
+    checked = check(merged, for_client=schedule.client_id is not None)
     restart = any(checked[k] != current[k] for k in TIMING_FIELDS) or (
         checked["enabled"] and not current["enabled"]
     )
