@@ -64,6 +64,9 @@ def _steps(raw_steps: list, errors: dict, for_client: bool) -> list[Step]:
         if not isinstance(step_id, str) or not 1 <= len(step_id) <= MAX_STEP_ID:
             _err(errors, f"{where}.id", f"id must be a string of 1-{MAX_STEP_ID} characters")
             continue
+        if why := submission._storable_text(step_id):
+            _err(errors, f"{where}.id", f"id may not contain {why}")
+            continue
         after = raw.get("after", [])
         if not isinstance(after, list) or not all(isinstance(a, str) for a in after):
             _err(errors, f"{where}.after", "after must be a list of step ids")
@@ -89,8 +92,10 @@ def build(body: Any, *, for_client: bool = False) -> Graph:
         _err(errors, submission._shown_name(name),
              f"Unknown field; allowed: {', '.join(WORKFLOW_FIELDS)}.", "unknown_field")  # fmt: skip
     name = body.get("name")
-    if not isinstance(name, str) or not 1 <= len(name) <= MAX_NAME or "\x00" in name:
+    if not isinstance(name, str) or not 1 <= len(name) <= MAX_NAME:
         _err(errors, "name", f"name must be a string of 1-{MAX_NAME} characters", "required")
+    elif why := submission._storable_text(name):
+        _err(errors, "name", f"name may not contain {why}")
     on_failure = body.get("on_failure", OnFailure.FAIL_DEPENDENTS.value)
     if on_failure not in OnFailure.values:
         _err(errors, "on_failure", f"on_failure must be one of {', '.join(OnFailure.values)}")

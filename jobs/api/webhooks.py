@@ -192,6 +192,7 @@ class DeliveryViewSet(viewsets.GenericViewSet):
 
     serializer_class = DeliverySerializer
     pagination_class = DeliveryPagination
+    parser_classes = [BoundedJSONParser]
     filter_backends: list[Any] = []
 
     def get_exception_handler(self) -> Any:

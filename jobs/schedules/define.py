@@ -62,6 +62,10 @@ def check(values: dict[str, Any], *, for_client: bool = False) -> dict[str, Any]
                 f"name must be 1-{NAME_MAX} characters", field="name", code="invalid_name"
             )
         )
+    elif why := submission._storable_text(name):
+        problems.append(
+            InvalidSubmission(f"name may not contain {why}", field="name", code="invalid_name")
+        )
     cron, interval = values.get("cron"), values.get("interval_seconds")
     if (cron is None) == (interval is None):
         problems.append(
