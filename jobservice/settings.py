@@ -183,6 +183,10 @@ JOBS_TASK_MODULES = ["jobs.events.webhooks", *env.list("JOBS_TASK_MODULES", defa
 # Internal tasks (webhook delivery, @subscriber, Django Tasks, @task(public=False)) that
 # clients may submit all the same; none by default.
 JOBS_PUBLIC_TASKS = env.list("JOBS_PUBLIC_TASKS", default=[])
+# Per-client quotas (jobs/quotas.py); staff raise one client's limit in the admin.
+JOBS_MAX_SCHEDULES = env.int("JOBS_MAX_SCHEDULES", default=100)
+JOBS_MAX_WEBHOOKS = env.int("JOBS_MAX_WEBHOOKS", default=10)
+JOBS_MAX_SIGNALS_PER_JOB = env.int("JOBS_MAX_SIGNALS_PER_JOB", default=20)
 # The queues that accept jobs, with their settings: a JSON object (jobs/queues.py parses
 # it), plus the built-in queues (webhook deliveries) unless it declares them itself.
 JOBS_QUEUES = queues.with_builtin(

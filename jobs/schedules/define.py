@@ -11,7 +11,7 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 
-from jobs import submission, tasks
+from jobs import quotas, submission, tasks
 from jobs.exceptions import InvalidSubmission, RequestInvalid, SubmissionError
 from jobs.models import Client, Schedule
 from jobs.schedules import periodic, timing
@@ -153,7 +153,10 @@ def create(values: dict[str, Any], *, client: Client | None, origin: str) -> Sch
     checked = check({**DEFAULTS, **values}, for_client=client is not None)
     schedule = Schedule(client=client, origin=origin, **{k: checked[k] for k in FIELDS})
     schedule.next_fire_at = first_slot(checked)
-    return _save(schedule)
+    with transaction.atomic():
+        if client is not None:
+            quotas.check_room(quotas.SCHEDULES, client.pk)
+        return _save(schedule)
 
 
 def update(schedule: Schedule, changes: dict[str, Any]) -> Schedule:
