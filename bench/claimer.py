@@ -33,6 +33,7 @@ def main() -> None:
         "limit": batch,
         "worker": worker,
         "actor": services.worker_actor(worker),
+        "start": None,
     }
     timings: list[float] = []
     server: list[float] = []

@@ -247,6 +247,15 @@ def drain(ctx: Context, workers: int, *, tuned: bool = True) -> Iterator[dict]:
                       (SELECT count(DISTINCT (updated_by, finished_at)) FROM jobs_job)
                FROM jobs_jobevent e WHERE e.to_status = 'processing'"""
         )[0]
+        # Started marks (D77): by the claim itself (started_at is the claim's time) or by
+        # the starter's statements (each its own time). 0 and 0 for code without them.
+        start_tx, by_claim = sql(
+            """SELECT count(DISTINCT j.started_at) FILTER (WHERE e.job_id IS NULL),
+                      count(*) FILTER (WHERE e.job_id IS NOT NULL)
+               FROM jobs_job j LEFT JOIN jobs_jobevent e ON e.job_id = j.id
+                    AND e.to_status = 'processing' AND e.at = j.started_at
+               WHERE j.started_at IS NOT NULL"""
+        )[0]
         seconds = (last_finish - first_claim).total_seconds()
         for p in procs:
             p.stop()
@@ -264,6 +273,7 @@ def drain(ctx: Context, workers: int, *, tuned: bool = True) -> Iterator[dict]:
             "summary": (
                 f"first claim -> last finish {seconds:.3f}s, {claims} claims in "
                 f"{claim_tx} statements, completions in {done_tx} statements, "
+                f"starts marked by the claim {by_claim}, by {start_tx} start statements, "
                 f"statuses {status}, --concurrency {concurrency or 'default'}, "
                 f"preload {load_s:.2f}s; "
                 f"CPU per job: workers {cpu_workers / n * 1e6:.0f} us, "
@@ -278,6 +288,8 @@ def drain(ctx: Context, workers: int, *, tuned: bool = True) -> Iterator[dict]:
                 "claims": claims,
                 "claim_statements": claim_tx,
                 "complete_statements": done_tx,
+                "start_statements": start_tx,
+                "started_by_claim": by_claim,
                 "statuses": status,
                 "cpu_workers_s": cpu_workers,
                 "cpu_postgres_s": cpu_pg,
@@ -544,3 +556,107 @@ def http_single_wrk(ctx: Context) -> Iterator[dict]:
 @scenario("http-bulk")
 def http_bulk(ctx: Context) -> Iterator[dict]:
     yield from _http(ctx, "http-bulk", http_load.bulk)
+
+
+# --- completion events to Kafka -----------------------------------------------------------------
+
+
+def _kafka_env(bootstrap: str, topic: str) -> dict[str, str]:
+    return {"JOBS_KAFKA_BOOTSTRAP_SERVERS": bootstrap, "JOBS_KAFKA_TOPIC": topic,
+            "JOBS_KAFKA_CONFIG": '{"linger.ms": 5}'}  # fmt: skip
+
+
+def _kafka_cursor() -> int | None:
+    rows = sql("SELECT last_id FROM jobs_outboxcursor WHERE name = 'kafka'")
+    return rows[0][0] if rows else None
+
+
+def _last_event() -> int:
+    return sql("SELECT COALESCE(max(id), 0) FROM jobs_jobevent")[0][0]
+
+
+@scenario("kafka")
+def kafka_sink(ctx: Context) -> Iterator[dict]:
+    """The outbox's Kafka sink against a local broker (Tansu, memory storage): how fast a
+    runreaper relays a backlog of finished jobs' events, then the drain rate of two
+    workers beside a reaper with the sink off and on, side by side."""
+    from harness import KafkaBroker
+
+    n = ctx.args.jobs or (300 if ctx.quick else 10000)
+    concurrency = ctx.args.concurrency or 128
+    broker = KafkaBroker(ctx.logdir / "tansu.log").start()
+    try:
+        # 1. A backlog: n jobs finished with no relay, then one runreaper relays them all.
+        broker.create_topic("bench.backlog", partitions=12)
+        sql("DELETE FROM jobs_outboxcursor WHERE name = 'kafka'")
+        workers = [ctx.procs.worker(*worker_args(ctx, concurrency), ready=True)
+                   for _ in range(2)]  # fmt: skip
+        preload(n)
+        wait_terminal(n, timeout=max(60, n / 200))
+        for p in workers:
+            p.stop()
+        last = _last_event()
+        sql("INSERT INTO jobs_outboxcursor (name, last_id, updated_at) VALUES ('kafka', 0, now())")
+        env = _kafka_env(broker.bootstrap, "bench.backlog")
+        reaper = ctx.procs.reaper("--interval", "5", **env)
+        wait_until(lambda: (_kafka_cursor() or 0) > 0, 60, "the relay's first batch", interval=0.01)
+        started, first = time.perf_counter(), _kafka_cursor()
+        wait_until(lambda: _kafka_cursor() >= last, max(60, n / 100), "the backlog relayed",
+                   interval=0.01)  # fmt: skip
+        seconds = time.perf_counter() - started
+        reaper.stop()
+        events = sql("SELECT count(*) FROM jobs_jobevent WHERE kind = 'transition' "
+                     "AND id > %s AND id <= %s", [first, last])[0][0]  # fmt: skip
+        on_topic = len(broker.read("bench.backlog", expect=3 * n, timeout=60))
+        yield {
+            "scenario": "kafka",
+            "figure": "Kafka sink: a backlog relayed by one runreaper (12 partitions, acks=all)",
+            "value": events / seconds,
+            "unit": "events/s",
+            "summary": f"{events} events after the first batch in {seconds:.2f}s; "
+            f"{on_topic} messages on the topic for {3 * n} events",
+            "details": {"jobs": n, "events": events, "seconds": seconds, "on_topic": on_topic},
+        }
+        # 2. Two workers draining n jobs beside a runreaper: the sink off, then on.
+        broker.create_topic("bench.drain", partitions=12)
+        for label, env in (("off", {}), ("on", _kafka_env(broker.bootstrap, "bench.drain"))):
+            reset(ctx)
+            sql("DELETE FROM jobs_outboxcursor WHERE name = 'kafka'")
+            reaper = ctx.procs.reaper("--interval", "5", **env)
+            if env:
+                wait_until(lambda: _kafka_cursor() is not None, 60, "the relay's first tick")
+            procs = [ctx.procs.worker(*worker_args(ctx, concurrency), ready=True)
+                     for _ in range(2)]  # fmt: skip
+            cpu_before = cpu_seconds([reaper.pid])
+            preload(n)
+            wait_terminal(n, timeout=max(60, n / 200))
+            finished = time.perf_counter()
+            first_claim, last_finish = sql(
+                "SELECT min(at), (SELECT max(finished_at) FROM jobs_job) FROM jobs_jobevent "
+                "WHERE to_status = 'processing'"
+            )[0]
+            drain_s = (last_finish - first_claim).total_seconds()
+            behind = 0.0
+            if env:
+                upto = _last_event()
+                wait_until(lambda upto=upto: _kafka_cursor() >= upto, max(60, n / 100),
+                           "relay caught up", interval=0.01)  # fmt: skip
+                behind = time.perf_counter() - finished
+            cpu_reaper = cpu_seconds([reaper.pid]) - cpu_before
+            for p in [*procs, reaper]:
+                p.stop()
+            yield {
+                "scenario": "kafka",
+                "code": f"sink {label}",
+                "figure": f"drain {n} no-op jobs with 2 runworker processes and a runreaper, "
+                f"Kafka sink {label}",
+                "value": n / drain_s,
+                "unit": "jobs/s",
+                "summary": f"first claim -> last finish {drain_s:.3f}s; reaper CPU "
+                f"{cpu_reaper:.2f}s"
+                + (f"; relay caught up {behind:.2f}s after the last finish" if env else ""),
+                "details": {"jobs": n, "seconds": drain_s, "sink": label,
+                            "reaper_cpu_s": cpu_reaper, "caught_up_after_s": behind},
+            }  # fmt: skip
+    finally:
+        broker.stop()

@@ -21,7 +21,7 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from jobs.lifecycle import LEASE_BUMPING, TERMINAL, Status, is_legal
+from jobs.lifecycle import LEASE_BUMPING, NOT_STARTED, TERMINAL, Role, Status, is_legal
 
 TERMINAL_STATES = frozenset(str(s) for s in TERMINAL)
 # Tasks that can never end as done: their handler always fails.
@@ -353,6 +353,45 @@ def failures_justified(conn: Any, accepted: Collection[int]) -> list[Violation]:
     return out
 
 
+# --- 7. crash charges only started attempts ------------------------------------------------
+
+
+def crash_charges_started(conn: Any, accepted: Collection[int]) -> list[Violation]:
+    """Crash recovery (the reaper: worker gone, lease expired) spends a retry only of an
+    attempt whose handler was called (D77): a job it failed has `started_at` set at or
+    after its last claim, and a requeue it marked as not started spent no retry."""
+    name = "crash_charges_started"
+    out: list[Violation] = []
+    reaper, processing = Role.REAPER.value, Status.PROCESSING.value
+    for job_id, started, claimed in _rows(
+        conn,
+        """SELECT j.id, j.started_at,
+                  (SELECT max(c.at) FROM jobs_jobevent c
+                   WHERE c.job_id = j.id AND c.to_status = %s)
+           FROM jobs_job j
+           WHERE j.status = %s AND EXISTS (
+             SELECT FROM jobs_jobevent e WHERE e.job_id = j.id AND e.actor = %s
+               AND e.from_status = %s AND e.to_status = %s)""",
+        [processing, Status.FAILED.value, reaper, processing, Status.FAILED.value],
+    ):
+        if started is None or (claimed is not None and started < claimed):
+            detail = f"failed by crash recovery; its last attempt ({claimed}) never started"
+            out.append(Violation(name, job_id, detail))
+    for job_id, spent, before in _rows(
+        conn,
+        """SELECT e.job_id, e.retry_count,
+                  (SELECT c.retry_count FROM jobs_jobevent c WHERE c.job_id = e.job_id
+                   AND c.id < e.id AND c.to_status = %s ORDER BY c.id DESC LIMIT 1)
+           FROM jobs_jobevent e
+           WHERE e.actor = %s AND e.from_status = %s AND e.error LIKE %s""",
+        [processing, reaper, processing, f"%{NOT_STARTED}"],
+    ):
+        if before is not None and spent != before:
+            out.append(Violation(name, job_id, f"requeued unstarted by crash recovery with a "
+                                 f"retry spent ({before} -> {spent})"))  # fmt: skip
+    return out
+
+
 # --- 8. durable steps and workflows -------------------------------------------------------
 
 
@@ -431,6 +470,7 @@ CHECKS: dict[str, Check] = {
     "lease_never_decreases": lease_never_decreases,
     "transitions_legal": transitions_legal,
     "failures_justified": failures_justified,
+    "crash_charges_started": crash_charges_started,
     "steps_under_held_lease": steps_under_held_lease,
     "children_after_parents": children_after_parents,
 }

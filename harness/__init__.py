@@ -5,6 +5,7 @@ signalling and killing services, a private redis-server, scratch databases and t
 polling helpers, so the three users cannot drift apart.
 """
 
+from harness.kafka_broker import KafkaBroker
 from harness.procs import (
     ROOT,
     Processes,
@@ -22,6 +23,7 @@ from harness.scratch import DEFAULT_ADMIN_URL, ScratchDatabase, checkout_tag, da
 
 __all__ = [
     "DEFAULT_ADMIN_URL",
+    "KafkaBroker",
     "ROOT",
     "Processes",
     "RedisServer",

@@ -48,6 +48,9 @@ LEASE_BUMPING: frozenset[tuple[Status, Status]] = frozenset(
 INITIAL: Status = Status.QUEUED
 # The error of a job that ended because someone cancelled it.
 CANCELLED = "cancelled"
+# What crash recovery adds to its error when no start of the attempt is on record (its
+# handler was not called, D77): it is requeued without spending a retry.
+NOT_STARTED = "no start on record: requeued, no retry spent"
 
 
 class Move(NamedTuple):

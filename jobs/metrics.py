@@ -82,6 +82,12 @@ RECOVERED = Counter(
 FENCE_REJECTIONS = Counter(
     "jobs_fence_rejections_total", "Stale writes rejected by the fence", ["queue", "task", "op"]
 )
+ATTEMPTS_DROPPED = Counter(
+    "jobs_attempts_dropped_total",
+    "Prefetched attempts dropped before their handler was called: the lease was "
+    "revoked or the job cancelled while it waited",
+    ["queue", "reason"],
+)
 WRITEBACK_REFUSED = Counter(
     "jobs_writeback_refused_total",
     "Rows of a worker's batched write-back that PostgreSQL refused (a data error), "
@@ -156,8 +162,18 @@ def observe_terminal(
 # Completion events (jobs.events): counted by the dispatcher and the delivery task.
 EVENTS_DISPATCHED = Counter(
     "jobs_events_dispatched_total",
-    "Outbox events handed to a subscriber (webhooks, stream), committed with its cursor",
+    "Outbox events handed to a subscriber (webhooks, stream, kafka), committed with its cursor",
     ["subscriber"],
+)
+# The Kafka sink of the outbox (jobs/events/kafka.py), counted in runreaper.
+KAFKA_PRODUCED = Counter(
+    "jobs_kafka_produced_total",
+    "Outbox events the Kafka broker acknowledged (repeats after a failure count again)",
+)
+KAFKA_ERRORS = Counter(
+    "jobs_kafka_errors_total",
+    "Kafka sink errors by librdkafka reason (or not_acknowledged: a batch timed out)",
+    ["reason"],
 )
 WEBHOOK_DELIVERIES = Counter(
     "jobs_webhook_deliveries_total",

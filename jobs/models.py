@@ -118,6 +118,10 @@ class Job(models.Model):
     owned_by = models.CharField(max_length=200, null=True, blank=True)
     claimed_at = models.DateTimeField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
+    # When the handler of the latest attempt was called: set before the call (by the
+    # claim, or the worker's batched start mark), cleared by every claim. Crash
+    # recovery spends a retry only when it is set (D77).
+    started_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(db_default=Now())
     # Where the latency SLO starts (SPEC §6): the later of creation and run_at, set by
     # the insert trigger; a staff retry restarts it. NULL on rows older than the

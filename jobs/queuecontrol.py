@@ -104,6 +104,10 @@ def set_paused(name: str, paused: bool, *, durable: bool = True) -> bool:
     return bool(changed)
 
 
+def _less(start: int | None, claimed: int) -> int | None:
+    return None if start is None else max(0, start - claimed)
+
+
 class Gate:
     """A worker's view of the controls: which queues to skip now, which claim to make.
 
@@ -169,22 +173,31 @@ class Gate:
         """The queue's last claim was cut short by its controls (its jobs wait for it)."""
         return queue in self._pending
 
-    def claim_pending(self, worker_id: str, order: list[str], limit: int) -> list[Lease]:
+    def claim_pending(
+        self, worker_id: str, order: list[str], limit: int, *, start: int | None = None
+    ) -> list[Lease]:
         """Claim from the open queues of `order` known to hold work the controls held back."""
         pending = [q for q in order if q in self._pending]
-        return self.claim_next(worker_id, pending, limit) if pending else []
+        return self.claim_next(worker_id, pending, limit, start=start) if pending else []
 
-    def claim_next(self, worker_id: str, order: Iterable[str], limit: int) -> list[Lease]:
-        """Like services.claim_next, with a limited queue claimed under its lock."""
+    def claim_next(
+        self, worker_id: str, order: Iterable[str], limit: int, *, start: int | None = None
+    ) -> list[Lease]:
+        """Like services.claim_next, with a limited queue claimed under its lock; the
+        first `start` claimed (all when None) are marked started (D77)."""
         leases: list[Lease] = []
         for queue in order:
             if len(leases) >= limit:
                 break
             control = self._controls.get(queue)
             if control is None or not control.limited:
-                leases += services.claim_next(worker_id, [queue], limit - len(leases))
+                leases += services.claim_next(
+                    worker_id, [queue], limit - len(leases), start=_less(start, len(leases))
+                )
                 continue
-            got = services.claim_limited_under_queue_lock(worker_id, queue, limit - len(leases))
+            got = services.claim_limited_under_queue_lock(
+                worker_id, queue, limit - len(leases), start=_less(start, len(leases))
+            )
             leases += got.leases
             with self._lock:
                 if got.blocked_for is None:

@@ -36,6 +36,7 @@ from jobs.lifecycle import (
     BLOCKED_RUN_AT,
     CANCELLED,
     NON_TERMINAL,
+    NOT_STARTED,
     TERMINAL,
     Role,
     Status,
@@ -74,6 +75,9 @@ class Lease:
     max_retries: int
     created_at: datetime
     priority: int = 0  # so a worker starts its prefetched jobs in the claim order
+    # The previous attempt was requeued by crash recovery with no start on record: this
+    # one's start is recorded before its handler is called (jobs.starts, D77).
+    rerun: bool = False
 
     def log_fields(self, **more: Any) -> dict[str, Any]:
         return job_log_fields(
@@ -473,18 +477,23 @@ def mark_enqueue_failed(job_ids: Sequence[int], reason: str = "") -> list[int]:
 
 # --- claiming -------------------------------------------------------------------
 
-# The claimed rows come back in claim order, so a batch starts best-first too.
+# The claimed rows come back in claim order, so a batch starts best-first too. The
+# `start` best of them (all when NULL) go straight to idle handler threads and are
+# marked started here; the others by `mark_started` when a thread takes them (D77).
 _CLAIM_SET = f"""
 , u AS (
 UPDATE {T} j SET status = '{Status.PROCESSING}', lease_version = j.lease_version + 1,
        owned_by = %(worker)s, claimed_at = now(), heartbeat_at = now(),
+       started_at = CASE WHEN j.id = ANY(ARRAY(SELECT id FROM c LIMIT %(start)s))
+                    THEN statement_timestamp() END,
        updated_by = %(actor)s
 WHERE j.id = ANY(ARRAY(SELECT id FROM c))
 RETURNING j.id, j.lease_version, j.task, j.payload, j.queue, j.retry_count,
-          j.max_retries, j.created_at, j.priority, j.run_at
+          j.max_retries, j.created_at, j.priority, j.run_at,
+          coalesce(j.error LIKE '%%{NOT_STARTED}', false) AS rerun
 )
 SELECT id, lease_version, task, payload, queue, retry_count, max_retries, created_at,
-       priority
+       priority, rerun
 FROM u ORDER BY priority DESC, run_at, id
 """
 QT = Queue._meta.db_table
@@ -530,16 +539,22 @@ def _leases(rows: list[tuple], worker_id: str) -> list[Lease]:
     loads = json.loads
     for r in rows:
         payload = loads(r[3]) if isinstance(r[3], str) else r[3]
-        leases.append(Lease(r[0], r[1], worker_id, r[2], payload, r[4], r[5], r[6], r[7], r[8]))
+        leases.append(
+            Lease(r[0], r[1], worker_id, r[2], payload, r[4], r[5], r[6], r[7], r[8], r[9])
+        )
         per_queue[r[4]] += 1
     for queue, n in per_queue.items():
         metrics.child(metrics.CLAIMED, queue).inc(n)
     return leases
 
 
-def claim_next(worker_id: str, queues: Sequence[str], limit: int) -> list[Lease]:
+def claim_next(
+    worker_id: str, queues: Sequence[str], limit: int, *, start: int | None = None
+) -> list[Lease]:
     """queued → processing for up to `limit` due jobs, in the order `queues` are given,
-    each queue in PostgreSQL's claim order (priority DESC, run_at, id).
+    each queue in PostgreSQL's claim order (priority DESC, run_at, id). The first
+    `start` of them (all when None) have their handlers called now: their attempts
+    are marked started (D77).
 
     FOR UPDATE SKIP LOCKED lets many workers claim at once without waiting on
     each other; the partial index job_claim_idx serves the scan.
@@ -555,6 +570,7 @@ def claim_next(worker_id: str, queues: Sequence[str], limit: int) -> list[Lease]
                 "limit": limit - len(leases),
                 "worker": worker_id,
                 "actor": worker_actor(worker_id),
+                "start": None if start is None else max(0, start - len(leases)),
             },
         )
         leases.extend(_leases(rows, worker_id))
@@ -575,9 +591,9 @@ FROM {QT} WHERE name = %(queue)s"""
 _QUEUE_STARTS_SQL = f"UPDATE {QT} SET rate_starts = %s WHERE name = %s"
 # The limited claim also returns its statement_timestamp(): the history's `at`.
 _CLAIM_LIMITED_SQL = _CLAIM_LIMITED_SQL.replace(
-    "priority\nFROM u", "priority, statement_timestamp()\nFROM u"
+    "rerun\nFROM u", "rerun, statement_timestamp()\nFROM u"
 )
-assert "statement_timestamp()" in _CLAIM_LIMITED_SQL
+assert "rerun, statement_timestamp()\nFROM u" in _CLAIM_LIMITED_SQL
 CAP_RECHECK_SECONDS = 0.2  # when a slot frees is not known: how soon to look again
 
 
@@ -594,7 +610,9 @@ class Gated:
     blocked_for: float | None = None
 
 
-def claim_limited_under_queue_lock(worker_id: str, queue: str, limit: int) -> Gated:
+def claim_limited_under_queue_lock(
+    worker_id: str, queue: str, limit: int, *, start: int | None = None
+) -> Gated:
     """queued → processing for up to `limit` due jobs of a queue with controls, never
     more than its concurrency cap processing at once nor more than its rate's starts
     in any window of its period, however many workers claim at once.
@@ -609,7 +627,7 @@ def claim_limited_under_queue_lock(worker_id: str, queue: str, limit: int) -> Ga
     with transaction.atomic(durable=True):
         rows = _rows(_QUEUE_LOCK_SQL, [queue])
         if not rows:  # no controls row (not synced yet): an open queue
-            return Gated(claim_next(worker_id, [queue], limit))
+            return Gated(claim_next(worker_id, [queue], limit, start=start))
         paused, cap, rate, period = rows[0]
         if paused:
             return Gated([], float("inf"))
@@ -632,14 +650,14 @@ def claim_limited_under_queue_lock(worker_id: str, queue: str, limit: int) -> Ga
         rows = _hot_rows(
             _CLAIM_LIMITED_SQL,
             {"queue": queue, "limit": allowed, "worker": worker_id,
-             "actor": worker_actor(worker_id)},
+             "actor": worker_actor(worker_id), "start": start},
         )  # fmt: skip
         if rate is not None and rows:
             _rows(_QUEUE_STARTS_SQL, [[r[-1] for r in rows] + window, queue])
         return Gated(_leases(rows, worker_id), blocked_for)
 
 
-def claim_ids(worker_id: str, job_ids: Sequence[int]) -> list[Lease]:
+def claim_ids(worker_id: str, job_ids: Sequence[int], *, start: int | None = None) -> list[Lease]:
     """queued → processing for the given ids that are still claimable.
 
     An id not returned was a duplicate delivery (already claimed, finished,
@@ -651,7 +669,12 @@ def claim_ids(worker_id: str, job_ids: Sequence[int]) -> list[Lease]:
         return []
     rows = _hot_rows(
         _CLAIM_IDS_SQL,
-        {"ids": list(job_ids), "worker": worker_id, "actor": worker_actor(worker_id)},
+        {
+            "ids": list(job_ids),
+            "worker": worker_id,
+            "actor": worker_actor(worker_id),
+            "start": start,
+        },
     )
     return _leases(rows, worker_id)
 
@@ -726,9 +749,47 @@ def heartbeat(
         per_queue[row[2]] += 1
     for queue, n in per_queue.items():
         metrics.child(metrics.HEARTBEATS, queue).inc(n)
+    return _held([(r[0], r[1], r[3]) for r in rows])
+
+
+_MARK_STARTED_SQL = f"""
+UPDATE {T} j SET heartbeat_at = now(),
+       started_at = CASE WHEN j.cancel_requested_at IS NULL THEN statement_timestamp() END
+FROM unnest(%(ids)s::bigint[], %(lvs)s::bigint[], %(owners)s::text[]) AS f(id, lv, owner)
+WHERE j.id = ANY(%(ids)s::bigint[]) AND {_FENCE}
+RETURNING j.id, j.lease_version, j.cancel_requested_at IS NOT NULL
+"""
+
+
+_STILL_HELD_SQL = f"""
+SELECT j.id, j.lease_version, j.cancel_requested_at IS NOT NULL
+FROM {T} j JOIN unnest(%(ids)s::bigint[], %(lvs)s::bigint[], %(owners)s::text[])
+     AS f(id, lv, owner) ON {_FENCE}
+WHERE j.id = ANY(%(ids)s::bigint[])
+"""
+
+
+def _held(rows: list[tuple]) -> Held:
     held = Held((r[0], r[1]) for r in rows)
-    held.cancel_requested = frozenset((r[0], r[1]) for r in rows if r[3])
+    held.cancel_requested = frozenset((r[0], r[1]) for r in rows if r[2])
     return held
+
+
+def still_held(leases: Sequence[Lease]) -> Held:
+    """Which leases still hold, and which of those have a cancel request: the fence of
+    `heartbeat` read without writing (a worker's look at its prefetched jobs)."""
+    return _held(_hot_rows(_STILL_HELD_SQL, _fence_params(leases))) if leases else Held()
+
+
+def mark_started(leases: Sequence[Lease]) -> Held:
+    """Mark attempts started before their handlers are called, fenced, in one statement
+    for the batch; returns the leases still held, like `heartbeat` (with
+    `cancel_requested`: not marked, they end cancelled unrun). A lease missing from
+    the answer was revoked or reaped while its job waited in the worker's prefetch
+    buffer: its handler must not be called."""
+    if not leases:
+        return Held()
+    return _held(_hot_rows(_MARK_STARTED_SQL, _fence_params(leases)))
 
 
 def _finished(rows: list[tuple]) -> dict[int, Finished]:
@@ -915,17 +976,23 @@ def record_fence_rejections(leases: Sequence[Lease], op: str) -> None:
 
 
 def _reap(candidates: str, error: str, params: dict[str, Any]) -> list[tuple]:
-    """Requeue (retry spent, lease bumped) or fail the processing rows `candidates`
-    selects as (id, owned_by), FOR UPDATE SKIP LOCKED: the one recovery statement
-    shared by lease expiry and dead-owner detection."""
-    retry = "j.retry_count + 1 <= j.max_retries"
+    """Requeue or fail the processing rows `candidates` selects as (id, owned_by),
+    FOR UPDATE SKIP LOCKED, lease bumped: the one recovery statement shared by lease
+    expiry and dead-owner detection. A started attempt spends a retry (failed once the
+    budget is spent); one whose handler was never called (prefetched) goes back to
+    queued with no retry spent and its run_at kept, and its history says so (D77)."""
+    started = "j.started_at IS NOT NULL"
+    retry = f"(NOT {started} OR j.retry_count + 1 <= j.max_retries)"
     return _rows(
         f"""WITH {candidates}
-            UPDATE {T} j SET retry_count = j.retry_count + 1, result = NULL,
-                   error = {error},
+            UPDATE {T} j SET
+                   retry_count = j.retry_count + CASE WHEN {started} THEN 1 ELSE 0 END,
+                   result = NULL,
+                   error = CASE WHEN {started} THEN {error}
+                                ELSE {error} || '; {NOT_STARTED}' END,
                    status = CASE WHEN {retry} THEN '{Status.QUEUED}' ELSE '{Status.FAILED}' END,
                    lease_version = j.lease_version + 1,
-                   run_at = CASE WHEN {retry} THEN now() ELSE j.run_at END,
+                   run_at = CASE WHEN {started} AND {retry} THEN now() ELSE j.run_at END,
                    finished_at = CASE WHEN {retry} THEN NULL ELSE now() END,
                    {_UNOWN}, updated_by = '{Role.REAPER}'
             FROM c WHERE j.id = c.id

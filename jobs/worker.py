@@ -2,8 +2,9 @@
 
 One process runs one dispatcher (this module's `Worker.run`, on the main
 thread), `concurrency` handler threads fed from one queue, a flusher that writes
-finished attempts back in batches, and a heartbeat thread that extends every
-held lease in one statement. Redis ids are hints: a popped id says only "queue q
+finished attempts back in batches, a heartbeat thread that extends every
+held lease in one statement, and a starter that records prefetched attempts' starts
+(jobs.starts, D77). Redis ids are hints: a popped id says only "queue q
 has work", and the dispatcher claims the best due rows of q in PostgreSQL's order
 (priority DESC, run_at, id), one per id popped. It falls back to claiming
 straight from Postgres whenever Redis is silent, down or not configured. Queues
@@ -66,6 +67,7 @@ from jobs.queuecontrol import Gate
 from jobs.queues import BUILTIN as BUILTIN_QUEUES
 from jobs.runtime import Backoff, StopRequests
 from jobs.services import Lease
+from jobs.starts import Starter, Verdict
 from jobs.tasks import InvalidPayload, JobContext, PermanentError
 from jobs.transport import TransportError, get_transport
 
@@ -170,6 +172,7 @@ class InFlight:
     # waited too long; `running_since` is set when a handler takes it.
     waiting: bool = False
     running_since: float | None = None
+    marked: bool = False  # its claim marked it started (D77); else jobs.starts does
     progress_saved: int = 0  # sequence number of the last progress report written
     progress_written_at: float = float("-inf")
 
@@ -275,6 +278,10 @@ class Worker:
         self._found: list[str] = []  # queues with work, for a worker serving `*`
         self._found_at = float("-inf")
         self.gate = Gate()  # queue controls: pause, cap, rate, weight (jobs.queuecontrol)
+        # Start marks, and a look at the prefetched leases (jobs.starts).
+        self.starter = Starter(
+            self.worker_id, self.halt, self._prefetched, self.prefetch_window / 2
+        )
 
     # --- control ------------------------------------------------------------------
 
@@ -338,6 +345,7 @@ class Worker:
         beater = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
         for thread in (*handlers, flusher, beater):
             thread.start()
+        self.starter.start()
         checked = 0.0
         try:
             while not self.stopping.is_set():
@@ -359,12 +367,15 @@ class Worker:
                 if free <= 0:
                     self._slot_free.wait(0.1)
                     continue
-                leases = self._discover(free)
+                # The jobs this claim hands straight to idle threads are marked started by
+                # the claim; prefetched ones when a thread takes them (D77).
+                start = self._idle_threads()
+                leases = self._discover(free, start)
                 if leases is None:
                     continue
                 if not leases and self.burst and self.inflight == 0 and self._outcomes.empty():
                     break
-                self._start(leases)
+                self._start(leases, marked=start)
             self._drain()
         finally:
             self.halt.set()
@@ -373,6 +384,7 @@ class Worker:
             # A cold stop does not wait for a write-back in flight: the reaper has it.
             flusher.join(timeout=1 if self._stops.cold else 30)
             beater.join(timeout=1 if self._stops.cold else 5)
+            self.starter.join(timeout=1)
             presence.stop()
             connection.close()
         log.info("worker stopped", extra={"worker_id": self.worker_id, "finished": self.finished})
@@ -385,7 +397,7 @@ class Worker:
             self._found_at = time.monotonic()
         return self.spec.with_queues(self._found, self.gate.weights())
 
-    def _discover(self, free: int) -> list[Lease] | None:
+    def _discover(self, free: int, start: int | None = None) -> list[Lease] | None:
         """Claim up to `free` jobs. None means "nothing, loop again at once".
 
         A pop of k ids from queue q claims the k best due rows of q (not those ids):
@@ -394,7 +406,7 @@ class Worker:
         """
         try:
             order = self.gate.open(polling_order(self._weights()))
-            leases = self.gate.claim_pending(self.worker_id, order, free)
+            leases = self.gate.claim_pending(self.worker_id, order, free, start=start)
             if leases:
                 return leases
             order = self.gate.open(order)  # less any queue that claim found blocked again
@@ -421,7 +433,7 @@ class Worker:
                     )
                     ids = []
                 if ids:
-                    leases = self.gate.claim_next(self.worker_id, [queue], len(ids))
+                    leases = self.gate.claim_next(self.worker_id, [queue], len(ids), start=start)
                     dupes = len(ids) - len(leases)
                     if dupes and not self.gate.held_back(queue):  # held back: not duplicates
                         metrics.child(metrics.DUPLICATE_DELIVERIES, queue).inc(dupes)
@@ -429,7 +441,7 @@ class Worker:
                     if leases:
                         return leases
                     return None
-            leases = self.gate.claim_next(self.worker_id, order, free)
+            leases = self.gate.claim_next(self.worker_id, order, free, start=start)
             self._db_backoff.reset()
             self._pg_had_work = len(leases) == free
             if not leases and (not self.transport.enabled or self._redis_down()):
@@ -453,12 +465,23 @@ class Worker:
 
     # --- running a job ------------------------------------------------------------------
 
-    def _start(self, leases: list[Lease]) -> None:
-        """Hand a claimed batch to the handler threads (one lock round for the batch)."""
+    def _prefetched(self) -> list[tuple[Lease, JobContext]]:
+        with self._lock:
+            return [(i.lease, i.ctx) for i in self._inflight.values() if i.waiting]
+
+    def _idle_threads(self) -> int:
+        """How many of a claim's best jobs idle threads take at once (none while
+        prefetched jobs wait: they go first)."""
+        with self._lock:
+            return 0 if self._waiting else max(0, self.concurrency - self._running)
+
+    def _start(self, leases: list[Lease], marked: int = 0) -> None:
+        """Hand a claimed batch to the handler threads (one lock round for the batch);
+        the first `marked` were marked started by their claim."""
         claimed = []
-        for lease in leases:
+        for n, lease in enumerate(leases):
             ctx = durable.context(lease)  # a JobContext with steps and waits (issue 17)
-            claimed.append(InFlight(lease, ctx, waiting=True))
+            claimed.append(InFlight(lease, ctx, waiting=True, marked=n < marked))
         seq = self._seq
         with self._lock:
             # Nothing else claimed, running or awaiting write-back.
@@ -497,7 +520,21 @@ class Worker:
                 item.running_since = time.monotonic()
                 self._waiting -= 1
                 self._running += 1
-            self._run_one(item.lease, item.ctx)
+            # A session the server ended while this thread was idle or in its last job
+            # is replaced before its next handler's ORM calls meet it.
+            close_old_connections()
+            if self._admit(item):
+                self._run_one(item.lease, item.ctx)
+
+    def _admit(self, item: InFlight) -> bool:
+        """Record a prefetched attempt's start (before its handler runs where a crash
+        charge would decide, D77); a revoked or cancelled one is dropped unrun (D78)."""
+        verdict = self.starter.admit(item.lease, item.ctx, item.marked)
+        if verdict == Verdict.CANCELLED:
+            self._settle(Outcome(item.lease, OutcomeKind.FAIL, error=CANCELLED, permanent=True))
+        elif verdict != Verdict.RUN:
+            self._forget([item.lease])
+        return verdict == Verdict.RUN
 
     def _run_one(self, lease: Lease, ctx: JobContext) -> None:
         started = time.monotonic()
@@ -612,6 +649,7 @@ class Worker:
                 self._running -= 1
 
     def _settle(self, outcome: Outcome) -> None:
+        self.starter.ended(outcome.lease)
         if outcome.kind == OutcomeKind.SETTLED:
             self._forget([outcome.lease])
             self._quiet.set()  # written by the handler itself: an idle dispatcher resumes

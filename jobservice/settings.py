@@ -195,6 +195,12 @@ JOBS_QUEUES = queues.with_builtin(
 # Completion events (docs/events.md).
 JOBS_OUTBOX_INTERVAL = env.float("JOBS_OUTBOX_INTERVAL", default=0.5)
 JOBS_EVENTS_STREAM_MAXLEN = env.int("JOBS_EVENTS_STREAM_MAXLEN", default=100_000)
+# The Kafka sink (off unless bootstrap servers are set); JOBS_KAFKA_CONFIG: a JSON object
+# of librdkafka settings (security, compression, linger) for the producer.
+JOBS_KAFKA_BOOTSTRAP_SERVERS = env.str("JOBS_KAFKA_BOOTSTRAP_SERVERS", default="")
+JOBS_KAFKA_TOPIC = env.str("JOBS_KAFKA_TOPIC", default="jobs.events")
+JOBS_KAFKA_CONFIG = env.str("JOBS_KAFKA_CONFIG", default="")
+JOBS_KAFKA_ACK_TIMEOUT = env.float("JOBS_KAFKA_ACK_TIMEOUT", default=5.0)
 JOBS_WEBHOOK_ALLOW_PRIVATE = env.bool("JOBS_WEBHOOK_ALLOW_PRIVATE", default=False)
 JOBS_WEBHOOK_CONNECT_TIMEOUT = env.float("JOBS_WEBHOOK_CONNECT_TIMEOUT", default=3.0)
 JOBS_WEBHOOK_READ_TIMEOUT = env.float("JOBS_WEBHOOK_READ_TIMEOUT", default=10.0)

@@ -56,6 +56,16 @@ def private_redis():
     server.stop()
 
 
+@pytest.fixture(scope="module")
+def broker():
+    """A Kafka-protocol broker (Tansu) of this module's own on a free loopback port."""
+    from tests.harness import KafkaBroker
+
+    server = KafkaBroker().start()
+    yield server
+    server.stop()
+
+
 @pytest.fixture
 def stack(transactional_db, tmp_path, request):
     """Start runworker/runreaper subprocesses against the test database.

@@ -119,3 +119,15 @@ def tx_then_wait(payload: Any, ctx: JobContext) -> Any:
                           worker_id=ctx.worker_id)  # fmt: skip
     ctx.sleep(float(payload["seconds"]))
     return {"cancelled": ctx.cancelled}
+
+
+@task("e2e.record_call")
+def record_call(payload: Any, ctx: JobContext) -> Any:
+    """Not transactional: records each call of its handler (an Effect row, through the
+    ORM on the handler thread's own connection), then works `seconds`."""
+    from demo.models import Effect
+
+    Effect.objects.create(job_id=ctx.job_id, lease_version=ctx.lease_version,
+                          worker_id=ctx.worker_id)  # fmt: skip
+    time.sleep(float(payload.get("seconds", 0)))
+    return {"recorded": ctx.lease_version}

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from harness import (
     ROOT,
+    KafkaBroker,
     Processes,
     RedisServer,
     Service,
@@ -21,7 +22,16 @@ from harness import (
 
 Proc = Service
 
-__all__ = ["ROOT", "Proc", "RedisServer", "Stack", "database_url", "free_port", "wait_until"]
+__all__ = [
+    "ROOT",
+    "KafkaBroker",
+    "Proc",
+    "RedisServer",
+    "Stack",
+    "database_url",
+    "free_port",
+    "wait_until",
+]
 
 
 class Stack(Processes):

@@ -172,3 +172,20 @@ def test_duration_filter(seconds, shown):
     from jobs.templatetags.jobs_admin import duration
 
     assert duration(seconds) == shown
+
+
+def test_dashboard_shows_the_kafka_sinks_state(client, staff, settings):
+    html = client.get(reverse("admin:jobs_job_dashboard")).content.decode()
+    assert 'id="kafka-sink"' not in html  # off: nothing to show
+    settings.JOBS_KAFKA_BOOTSTRAP_SERVERS = "kafka-1:9092"
+    settings.JOBS_KAFKA_TOPIC = "jobs.events"
+    html = client.get(reverse("admin:jobs_job_dashboard")).content.decode()
+    assert 'id="kafka-sink"' in html and "kafka-1:9092" in html and "not relaying" in html
+    services.submit("echo", {})
+    raw("INSERT INTO jobs_outboxcursor (name, last_id, updated_at) VALUES ('kafka', 0, now())")
+    raw("UPDATE jobs_jobevent SET at = now() - interval '90 seconds'")
+    html = client.get(reverse("admin:jobs_job_dashboard")).content.decode()
+    assert "behind" in html and "1 event<" in html and "90.0 s" in html
+    raw("UPDATE jobs_outboxcursor SET last_id = (SELECT max(id) FROM jobs_jobevent)")
+    html = client.get(reverse("admin:jobs_job_dashboard")).content.decode()
+    assert "caught up" in html and "0 events" in html

@@ -41,9 +41,11 @@ LAYERS: list[tuple[str, list[str]]] = [
     # A schedule's slots: the scheduler_runs row and the job it makes, in one statement.
     ("schedule firing", ["jobs.schedules.firing"]),
     # Queue controls: the Queue rows synced from JOBS_QUEUES and a worker's view of them.
-    # jobs.events: publish()/@subscriber; the webhook delivery task; the Redis stream.
+    # jobs.events: publish()/@subscriber; the webhook delivery task; the Redis stream;
+    # the Kafka sink. jobs.starts: a worker's started marks (prefetched attempts, D77).
     ("pipeline and presence", ["jobs.submission", "jobs.presence", "jobs.queuecontrol",
-                               "jobs.events", "jobs.events.webhooks", "jobs.events.streams"]),
+                               "jobs.events", "jobs.events.webhooks", "jobs.events.streams",
+                               "jobs.events.kafka", "jobs.starts"]),
     # Schedules held to the submission rules of the jobs they make.
     ("schedule definitions", ["jobs.schedules.define"]),
     # Durable jobs (steps, waits) and workflows: built on the services and the pipeline.
@@ -66,7 +68,7 @@ KNOWN_EXCEPTIONS: set[tuple[str, str]] = set()
 
 # Third-party modules only one module of the product (jobs, jobservice) may import; the
 # harness, tests, bench and chaos drive them directly.
-OWNED_IMPORTS = {"redis": {"jobs.transport"}}
+OWNED_IMPORTS = {"redis": {"jobs.transport"}, "confluent_kafka": {"jobs.events.kafka"}}
 
 # What the packages around `jobs` must never import.
 FORBIDDEN = {

@@ -16,6 +16,7 @@ from django.db import connection, transaction
 from chaos import checks
 from demo.models import Effect
 from jobs import services
+from jobs.models import Job
 from tests.factories import JobFactory, raw
 
 pytestmark = pytest.mark.django_db
@@ -363,6 +364,48 @@ def test_permanent_error_from_a_task_that_cannot_raise_it_is_reported():
 
 
 # --- latency -------------------------------------------------------------------------------------
+
+
+# --- 7. crash charges only started attempts -----------------------------------------------
+
+
+def _charge_like_the_old_reaper(job_id: int, status: str, error: str) -> None:
+    """D68's recovery: a retry spent whether or not the attempt started."""
+    raw(
+        """UPDATE jobs_job SET retry_count = retry_count + 1, status = %s,
+               lease_version = lease_version + 1, error = %s, owned_by = NULL,
+               claimed_at = NULL, heartbeat_at = NULL, updated_by = 'reaper',
+               finished_at = CASE WHEN %s = 'failed' THEN now() END
+           WHERE id = %s""",
+        [status, error, status, job_id],
+    )
+
+
+def test_crash_recovery_of_real_services_charges_only_started_attempts():
+    job = JobFactory.create(task="echo", max_retries=0)
+    services.claim_next(A, [job.queue], 1, start=0)  # prefetched: never started
+    expire(job.pk)
+    services.claim_next(B, [job.queue], 1)  # started by its claim
+    expire(job.pk)
+    row = Job.objects.get(pk=job.pk)
+    assert (row.status, row.retry_count) == ("failed", 1)
+    assert run(checks.crash_charges_started) == []
+
+
+def test_failing_an_attempt_that_never_started_on_a_crash_is_reported():
+    job = JobFactory.create(task="echo", max_retries=0)
+    services.claim_next(A, [job.queue], 1, start=0)
+    _charge_like_the_old_reaper(job.pk, "failed", "worker gone: the session of w-stale ended")
+    found = run(checks.crash_charges_started)
+    assert [(v.check, v.job_id) for v in found] == [("crash_charges_started", job.pk)]
+
+
+def test_a_retry_spent_on_a_requeue_marked_not_started_is_reported():
+    job = JobFactory.create(task="echo", max_retries=3)
+    services.claim_next(A, [job.queue], 1, start=0)
+    _charge_like_the_old_reaper(job.pk, "queued", f"lease expired; {checks.NOT_STARTED}")
+    found = run(checks.crash_charges_started)
+    assert [(v.check, v.job_id) for v in found] == [("crash_charges_started", job.pk)]
 
 
 def test_latency_percentiles_and_share_within_the_slo():

@@ -134,6 +134,16 @@ def test_two_reapers(services):
     assert option(cmd, "--metrics-port") == "9102"
 
 
+def test_reapers_relay_to_kafka_when_configured_and_the_topic_is_created_apart(services):
+    env = services["reaper"]["environment"]
+    for name in ("JOBS_KAFKA_BOOTSTRAP_SERVERS", "JOBS_KAFKA_TOPIC", "JOBS_KAFKA_CONFIG"):
+        assert env[name].startswith(f"${{{name}:-"), name  # from the operator's .env
+    topic = services["kafka-topic"]
+    assert command_of(topic)[:4] == ["python", "manage.py", "kafka", "create-topic"]
+    assert topic["restart"] == "no" and topic["profiles"] == ["kafka"]
+    assert topic["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
+
+
 def test_no_fixed_container_names(services):
     assert [n for n, s in services.items() if "container_name" in s] == []
 

@@ -55,6 +55,7 @@ def test_claim_by_queue_takes_postgres_order_and_the_claim_index():
             .replace("%(limit)s", "2")
             .replace("%(worker)s", "'w'")
             .replace("%(actor)s", "'w'")
+            .replace("%(start)s", "0")
         )
         plan = "\n".join(r[0] for r in cur.fetchall())
     assert "job_claim_idx" in plan, plan

@@ -243,7 +243,7 @@ def test_every_manage_command_help_runs():
 
 
 # runreaper still says some defaults in prose; left to its own change.
-DEFAULTS_SHOWN = ("runworker", "runstack", "prunejobs", "slo", "ensuredb")
+DEFAULTS_SHOWN = ("runworker", "runstack", "prunejobs", "slo", "ensuredb", "kafka")
 
 
 @pytest.mark.parametrize("command", DEFAULTS_SHOWN)
@@ -435,6 +435,7 @@ README_COMMANDS = [
     (r"^python manage\.py (runworker|runreaper) .*--metrics-port", "run here on free ports"),
     (r"^python manage\.py (runreaper --once|slo --window)", "run here"),
     (r"^python manage\.py queue (pause|resume|list)\b", "run here"),
+    (r"^python manage\.py kafka (create-topic|status)\b", "run here against a broker"),
     (r"^manage\.py prunejobs ", "a synopsis: run here without brackets, --dry-run"),
     (r"^docker compose|^cp \.env\.example", "needs docker: tests/test_deploy_files.py"),
     (r"^python -m bench --quick", "tests/test_bench.py"),
@@ -489,7 +490,7 @@ def test_readme_make_commands_parse(command):
 @pytest.mark.parametrize(
     "command", [c for c in readme_commands() if re.match(r"^(python )?manage\.py ", c)]
 )
-def test_readme_manage_commands_run(command):
+def test_readme_manage_commands_run(command, request):
     args = shlex.split(re.sub(r"[\[\]]", "", command.removeprefix("python ")))
     ports = {}
     for i, arg in enumerate(args):
@@ -498,6 +499,9 @@ def test_readme_manage_commands_run(command):
     if args[1] == "prunejobs":
         assert "--dry-run" in args
     env = {**os.environ, "DATABASE_URL": database_url()}
+    if args[1] == "kafka":  # against a broker of its own
+        broker = request.getfixturevalue("broker")
+        env["JOBS_KAFKA_BOOTSTRAP_SERVERS"] = broker.bootstrap
     proc = subprocess.Popen(
         [PY, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True,

@@ -213,12 +213,14 @@ def test_lag_gauge_shows_the_oldest_unhandled_event(client, hook):
     raw("UPDATE jobs_jobevent SET at = now() - interval '5 minutes' WHERE job_id = %s", [job.pk])
 
     def lag() -> dict[str, float]:
-        (family,) = OutboxLagCollector().collect()
-        return {s.labels["subscriber"]: s.value for s in family.samples}
+        seconds, events = OutboxLagCollector().collect()
+        return {s.labels["subscriber"]: (s.value, n.value)
+                for s, n in zip(seconds.samples, events.samples, strict=True)}  # fmt: skip
 
-    assert 299 < lag()["webhooks"] < 400
+    age, behind = lag()["webhooks"]
+    assert 299 < age < 400 and behind == 1
     drain(d)
-    assert lag() == {"webhooks": 0.0}
+    assert lag() == {"webhooks": (0.0, 0.0)}
 
 
 def test_pruning_a_delivery_job_takes_its_delivery_row(client, hook):

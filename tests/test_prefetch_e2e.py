@@ -1,6 +1,7 @@
 """Prefetch with real worker processes: jobs claimed ahead of the handler threads are
-given back unrun on SIGTERM and when a long job holds the threads, lose nothing in a
-kill -9, and long jobs are claimed one thread at a time."""
+given back unrun on SIGTERM and when a long job holds the threads, are not charged a
+retry by a kill -9 (only a started attempt is, D77), never call their handler once
+revoked or cancelled (D78), and long jobs are claimed one thread at a time."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from django.db import transaction
 
 from jobs import selectors, services
+from jobs.lifecycle import NOT_STARTED
 from jobs.models import Job, JobEvent, WorkerProcess
 from tests.conftest import job_row
 from tests.harness import wait_until
@@ -18,6 +20,8 @@ from tests.harness import wait_until
 pytestmark = pytest.mark.slow
 
 PREFETCHED = 20
+ON_LAST_ATTEMPT = 8
+TASKS = "demo.tasks,tests.e2e_tasks"
 
 
 def _registered(pid: int) -> bool:
@@ -44,6 +48,13 @@ def _held_by(owner_pid: int, ids: list[int]) -> int:
     return Job.objects.filter(
         pk__in=ids, status="processing", owned_by__contains=f":{owner_pid}:"
     ).count()
+
+
+def _calls(job_id: int) -> list[int]:
+    """The lease versions under which the job's handler was called."""
+    from demo.models import Effect
+
+    return sorted(Effect.objects.filter(job_id=job_id).values_list("lease_version", flat=True))
 
 
 def test_sigterm_releases_prefetched_jobs_at_once_and_lets_the_running_one_finish(stack):
@@ -116,34 +127,89 @@ def test_jobs_waiting_behind_a_long_job_are_released_to_another_worker(stack):
     wait_until(lambda: job_row(long_id)["status"] == "done", 20, message="long job done")
 
 
-def test_kill_9_with_prefetched_jobs_loses_none(stack):
-    """Crash detection (jobs.presence) requeues every lease the dead worker held,
-    prefetched or running, within seconds; each then runs to done."""
+def test_kill_9_charges_only_the_started_attempt(stack):
+    """One worker thread runs a job while 8 more wait in its prefetch buffer, every one
+    on its last attempt (max_retries 0). kill -9: crash detection fails the running
+    one (`worker gone`) and puts the 8 back unrun with no retry spent; they end done."""
     stack.reaper()
     a = stack.worker("--concurrency", "1", "--queues", "pf-kill", JOBS_LEASE_SECONDS="60")
     wait_until(lambda: _registered(a.pid), 20, message="registered")
     _warm_up("pf-kill")
-    long_id, short = _long_then_short("pf-kill", 2)
-    ids = [long_id, *short]
+    with transaction.atomic():
+        running, _ = services.submit(
+            "sleep", {"seconds": 30}, queue="pf-kill", priority=10, max_retries=0
+        )
+        waiting = [
+            services.submit("echo", {"n": n}, queue="pf-kill", max_retries=0)[0].pk
+            for n in range(ON_LAST_ATTEMPT)
+        ]
+    ids = [running.pk, *waiting]
     wait_until(lambda: _held_by(a.pid, ids) == len(ids), 15, interval=0.05, message="claimed")
+    wait_until(lambda: job_row(running.pk)["started_at"] is not None, 10, message="started")
+    assert Job.objects.filter(pk__in=waiting, started_at__isnull=False).count() == 0
     a.kill()
     killed_at = selectors.db_now()
     b = stack.worker("--concurrency", "4", "--queues", "pf-kill")
     wait_until(
-        lambda: Job.objects.filter(pk__in=ids, status="done").count() == len(ids),
+        lambda: Job.objects.filter(pk__in=waiting, status="done").count() == ON_LAST_ATTEMPT,
         30,
         interval=0.1,
-        message="every job done after the kill",
+        message="the prefetched jobs done after the kill",
     )
-    jobs = list(Job.objects.filter(pk__in=ids))
-    assert {(j.retry_count, j.lease_version) for j in jobs} == {(1, 3)}
-    assert all(f":{b.pid}:" in j.updated_by for j in jobs)
-    reaped = JobEvent.objects.filter(job_id__in=ids, actor="reaper")
-    assert reaped.count() == len(ids)
-    assert all(e.error.startswith("worker gone") for e in reaped)
+    wait_until(lambda: job_row(running.pk)["status"] == "failed", 10, message="charged")
+    charged = job_row(running.pk)
+    assert charged["retry_count"] == 1
+    assert charged["error"].startswith("worker gone")
+    assert NOT_STARTED not in charged["error"]
+    for job in Job.objects.filter(pk__in=waiting):
+        # Requeued by the reaper (lease 1 -> 2), claimed and run by b (lease 3).
+        assert (job.retry_count, job.lease_version) == (0, 3)
+        assert f":{b.pid}:" in job.updated_by
+    reaped = JobEvent.objects.filter(job_id__in=waiting, actor="reaper")
+    assert reaped.count() == ON_LAST_ATTEMPT
+    assert {(e.from_status, e.to_status, e.retry_count) for e in reaped} == {
+        ("processing", "queued", 0)
+    }
+    assert all(e.error.startswith("worker gone") and NOT_STARTED in e.error for e in reaped)
+    jobs = Job.objects.filter(pk__in=ids)
     recovered = (max(j.finished_at for j in jobs) - killed_at).total_seconds()
-    print(f"kill -9 with {len(ids)} leases held: all done {recovered:.2f}s after the kill")
+    print(f"kill -9 with {len(ids)} leases held: all ended {recovered:.2f}s after the kill")
     assert recovered < 25  # the SLO budget (SPEC §6)
+
+
+@pytest.mark.parametrize("action", ["revoke", "cancel"])
+def test_a_prefetched_attempt_revoked_or_cancelled_never_calls_its_handler(stack, action):
+    """Default prefetch: a job waits behind a running one in the worker's buffer; staff
+    revoke it (or cancel it). Its handler is never called under that lease: a revoked
+    job runs once, under the newer lease of its next claim; a cancelled one never."""
+    w = stack.worker("--concurrency", "1", "--queues", f"pf-{action}", JOBS_TASK_MODULES=TASKS)
+    wait_until(lambda: _registered(w.pid), 20, message="registered")
+    _warm_up(f"pf-{action}")
+    with transaction.atomic():
+        running, _ = services.submit("sleep", {"seconds": 1.5}, queue=f"pf-{action}", priority=10)
+        job, _ = services.submit("e2e.record_call", {}, queue=f"pf-{action}")
+    wait_until(lambda: _held_by(w.pid, [running.pk, job.pk]) == 2, 15, interval=0.02,
+               message="both claimed by one worker")  # fmt: skip
+    assert job_row(job.pk)["started_at"] is None
+    held_lease = job_row(job.pk)["lease_version"]
+    if action == "revoke":
+        assert services.revoke([job.pk], "staff:test") == [job.pk]
+    else:
+        assert services.staff_cancel_running([job.pk], "staff:test") == [job.pk]
+    wait_until(lambda: job_row(job.pk)["status"] in ("done", "failed"), 20, message="ended")
+    wait_until(lambda: job_row(running.pk)["status"] == "done", 20, message="long job done")
+    assert held_lease not in _calls(job.pk)
+    row = job_row(job.pk)
+    if action == "revoke":
+        assert row["status"] == "done"
+        assert _calls(job.pk) == [row["lease_version"]]  # one call, under the new lease
+        assert row["retry_count"] == 0
+    else:
+        assert (row["status"], row["error"]) == ("failed", "cancelled")
+        assert _calls(job.pk) == []
+    assert f"{action}d while prefetched: not started" in w.output() or (
+        action == "cancel" and "cancelled while prefetched: not started" in w.output()
+    )
 
 
 def test_long_jobs_are_claimed_one_thread_at_a_time(stack):

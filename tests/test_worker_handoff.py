@@ -30,9 +30,9 @@ def _recording(w: Worker, monkeypatch) -> list[tuple]:
         events.append(("pop", time.monotonic(), []))
         return pop(*args, **kwargs)
 
-    def recording_start(leases):
+    def recording_start(leases, **kwargs):
         events.append(("start", time.monotonic(), [lease.job_id for lease in leases]))
-        return start(leases)
+        return start(leases, **kwargs)
 
     def recording_write_back(batch):
         events.append(("write", time.monotonic(), [o.lease.job_id for o in batch]))

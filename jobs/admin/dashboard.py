@@ -24,7 +24,7 @@ from django.utils.translation import gettext as _
 
 from jobs import selectors
 from jobs.admin.display import percent
-from jobs.events import webhooks
+from jobs.events import kafka, outbox, webhooks
 from jobs.lifecycle import Status
 from jobs.models import Job
 
@@ -295,6 +295,23 @@ def throughput_chart(board: Dashboard, width: int = 720, height: int = 140) -> d
     return {"width": width, "height": height, "bars": bars, "max": top}
 
 
+def kafka_sink() -> dict[str, Any] | None:
+    """The Kafka sink's state (None when it is off): where it produces, whether a reaper
+    relays yet, and how far behind the broker's acknowledgements are."""
+    if not kafka.configured():
+        return None
+    row = next((r for r in outbox.lag() if r.subscriber == kafka.KafkaSink.name), None)
+    return {
+        "topic": kafka.topic(),
+        "servers": settings.JOBS_KAFKA_BOOTSTRAP_SERVERS,
+        "relaying": row is not None,
+        "behind": row.events if row else None,
+        "oldest_seconds": row.seconds if row else None,
+        "last_id": row.last_id if row else None,
+        "updated_at": row.updated_at if row else None,
+    }
+
+
 def dashboard_view(modeladmin: admin.ModelAdmin, request: HttpRequest) -> TemplateResponse:
     """The page: cached figures, bars and chart, for staff who may view jobs."""
     if not modeladmin.has_view_permission(request):
@@ -313,6 +330,7 @@ def dashboard_view(modeladmin: admin.ModelAdmin, request: HttpRequest) -> Templa
         "success_percent": percent(board.success_rate),
         "changelist_url": reverse("admin:jobs_job_changelist"),
         "webhooks": webhooks.failure_rates(),
+        "kafka": kafka_sink(),
         "deliveries_url": reverse("admin:jobs_webhookdelivery_changelist"),
     }
     return TemplateResponse(request, "admin/jobs/job/dashboard.html", context)

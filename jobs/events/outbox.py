@@ -1,4 +1,4 @@
-"""The outbox dispatcher: history rows → webhook deliveries and the Redis stream.
+"""The outbox dispatcher: history rows → webhook deliveries, the Redis stream, Kafka.
 
 The history (`jobs_jobevent`, written by the jobs table's trigger in the
 transaction of each change) is the outbox. Each subscriber keeps a cursor row
@@ -33,7 +33,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from jobs import metrics, services
-from jobs.events import signing
+from jobs.events import kafka, signing
 from jobs.events.streams import StreamPublisher
 from jobs.lifecycle import TERMINAL, sql_list
 from jobs.runtime import Backoff
@@ -41,12 +41,16 @@ from jobs.transport import TransportError
 
 log = logging.getLogger(__name__)
 
+# One tick per subscriber at a time across every reaper. An advisory lock rather than a
+# row lock: a tick waiting on an outside system (the Kafka broker) then holds no
+# transaction id, so it never holds the other subscribers' horizon back.
+_LOCK_SQL = "SELECT pg_advisory_xact_lock(hashtext('jobs_outboxcursor'), hashtext(%s))"
 _CURSOR_SQL = """
 SELECT c.last_id, c.horizon_id, c.horizon_snapshot,
        c.horizon_snapshot IS NOT NULL AND NOT EXISTS (
          SELECT 1 FROM unnest(c.horizon_snapshot::xid8[]) AS x(xid)
          WHERE pg_xact_status(x.xid) IS NOT DISTINCT FROM 'in progress')
-FROM jobs_outboxcursor c WHERE c.name = %s FOR UPDATE
+FROM jobs_outboxcursor c WHERE c.name = %s
 """
 # A new subscriber starts at the present: history written before it is not replayed.
 _START_SQL = """
@@ -251,6 +255,7 @@ class Dispatcher:
 
     def _tick_one(self, subscriber) -> int:
         with transaction.atomic(durable=True), connection.cursor() as cur:
+            cur.execute(_LOCK_SQL, [subscriber.name])
             cur.execute(_CURSOR_SQL, [subscriber.name])
             row = cur.fetchone()
             if row is None:
@@ -288,7 +293,8 @@ class Dispatcher:
     def run(self, stop: threading.Event) -> None:
         """Tick every `interval` until `stop` is set (at once again after a full batch)."""
         backoff = Backoff(max(self.interval, 0.1), 30.0)
-        log.info("outbox dispatcher started: interval %.2fs", self.interval)
+        names = ", ".join(s.name for s in self.subscribers)
+        log.info("outbox dispatcher started: %s, interval %.2fs", names, self.interval)
         try:
             while not stop.is_set():
                 close_old_connections()
@@ -303,43 +309,85 @@ class Dispatcher:
                     wait = backoff.next()
                 stop.wait(wait)
         finally:
+            for subscriber in self.subscribers:
+                if hasattr(subscriber, "close"):  # hand what is in flight over first
+                    subscriber.close()
             connection.close()
+
+
+def dispatchers() -> list[Dispatcher]:
+    """The dispatchers a runreaper runs, each in a thread: webhooks and the stream in one;
+    the Kafka sink, when configured, in its own, so a broker that is slow or away never
+    slows the other subscribers' ticks."""
+    found = [Dispatcher()]
+    if kafka.configured():
+        found.append(Dispatcher([kafka.KafkaSink()]))
+    return found
 
 
 # --- how far behind -------------------------------------------------------------------------
 
+# The count stops at LAG_EVENTS_CAP so a scrape stays cheap however far behind.
 _LAG_SQL = """
 SELECT c.name, COALESCE(extract(epoch FROM now() - (
          SELECT e.at FROM jobs_jobevent e
-         WHERE e.id > c.last_id AND e.kind = 'transition' ORDER BY e.id LIMIT 1)), 0)
+         WHERE e.id > c.last_id AND e.kind = 'transition' ORDER BY e.id LIMIT 1)), 0),
+       (SELECT count(*) FROM (
+          SELECT 1 FROM jobs_jobevent e WHERE e.id > c.last_id AND e.kind = 'transition'
+          LIMIT %s) AS behind),
+       c.last_id, c.updated_at
 FROM jobs_outboxcursor c ORDER BY c.name
 """
+LAG_EVENTS_CAP = 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class Lag:
+    subscriber: str
+    seconds: float  # age of the oldest event not handled yet; 0: caught up
+    events: int  # how many (up to LAG_EVENTS_CAP)
+    last_id: int  # the cursor: the last history id handled
+    updated_at: datetime
+
+
+def lag() -> list[Lag]:
+    """Each subscriber's cursor and how far behind it is (metrics, admin dashboard)."""
+    with connection.cursor() as cur:
+        cur.execute(_LAG_SQL, [LAG_EVENTS_CAP])
+        return [Lag(name, float(seconds), count, last_id, updated)
+                for name, seconds, count, last_id, updated in cur.fetchall()]  # fmt: skip
 
 
 class OutboxLagCollector(Collector):
     """jobs_outbox_lag_seconds{subscriber}: the age of the oldest event a subscriber has
-    not handled yet (0 when it is caught up). Grows when the dispatcher is stuck, a
-    transaction holds the horizon back or Redis is down for the stream. Scraped from
-    runreaper; a failed read leaves the gauge out of that scrape."""
+    not handled yet (0 when it is caught up), and jobs_outbox_lag_events{subscriber}: how
+    many there are (for kafka: not yet acknowledged by the broker). Grows when the
+    dispatcher is stuck, a transaction holds the horizon back, Redis is down for the
+    stream or the broker for kafka. Scraped from runreaper; a failed read leaves the
+    gauges out of that scrape."""
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         yield GaugeMetricFamily(LAG_NAME, LAG_HELP, labels=["subscriber"])
+        yield GaugeMetricFamily(LAG_EVENTS_NAME, LAG_EVENTS_HELP, labels=["subscriber"])
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         family = GaugeMetricFamily(LAG_NAME, LAG_HELP, labels=["subscriber"])
+        behind = GaugeMetricFamily(LAG_EVENTS_NAME, LAG_EVENTS_HELP, labels=["subscriber"])
         try:
-            with connection.cursor() as cur:
-                cur.execute(_LAG_SQL)
-                rows = cur.fetchall()
+            rows = lag()
         except (DatabaseError, InterfaceError) as exc:
             metrics.DB_ERRORS.labels(op="outbox").inc()
             log.warning("outbox lag read failed: %s", exc)
             connection.close()
             return
-        for name, seconds in rows:
-            family.add_metric([name], float(seconds))
+        for row in rows:
+            family.add_metric([row.subscriber], row.seconds)
+            behind.add_metric([row.subscriber], float(row.events))
         yield family
+        yield behind
 
 
 LAG_NAME = "jobs_outbox_lag_seconds"
 LAG_HELP = "Age of the oldest outbox event a subscriber has not handled yet (0: caught up)"
+LAG_EVENTS_NAME = "jobs_outbox_lag_events"
+LAG_EVENTS_HELP = "Outbox events a subscriber has not handled yet (counted up to a million)"

@@ -1,8 +1,9 @@
-"""The database-side lifecycle guard and history trigger, generated from jobs.lifecycle."""
+"""The database-side lifecycle guard and history trigger, as jobs.lifecycle generated
+them then (frozen in jobs.migrations._triggers)."""
 
 from django.db import migrations
 
-from jobs.lifecycle import drop_trigger_sql, guard_trigger_sql
+from jobs.migrations._triggers import DROP_GUARD, GUARD_0002
 
 
 class Migration(migrations.Migration):
@@ -10,7 +11,7 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.RunSQL(
-            guard_trigger_sql("jobs_job", "jobs_jobevent"),
-            reverse_sql=drop_trigger_sql("jobs_job"),
+            GUARD_0002,
+            reverse_sql=DROP_GUARD,
         ),
     ]

@@ -13,7 +13,7 @@ import django.db.models.functions.datetime
 from django.contrib.postgres.operations import AddIndexConcurrently
 from django.db import migrations, models
 
-from jobs.graph import drop_triggers_sql, triggers_sql
+from jobs.migrations._triggers import DROP_WORKFLOW_TRIGGERS_0012, WORKFLOW_TRIGGERS_0012
 
 
 class Migration(migrations.Migration):
@@ -293,5 +293,5 @@ class Migration(migrations.Migration):
                 nulls_distinct=False,
             ),
         ),
-        migrations.RunSQL(triggers_sql(), drop_triggers_sql()),
+        migrations.RunSQL(WORKFLOW_TRIGGERS_0012, DROP_WORKFLOW_TRIGGERS_0012),
     ]

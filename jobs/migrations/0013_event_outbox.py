@@ -13,109 +13,7 @@ import django.db.models.deletion
 import django.db.models.functions.datetime
 from django.db import migrations, models
 
-from jobs.lifecycle import guard_trigger_sql
-
-# The trigger as 0009 installed it (0010-0012 left it alone), frozen here so that unapplying restores it.
-PREVIOUS_TRIGGER = """
-CREATE OR REPLACE FUNCTION jobs_job_guard() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-  IF TG_OP = 'INSERT' THEN
-    IF NEW.status <> 'queued' OR NEW.lease_version <> 0 THEN
-      RAISE EXCEPTION 'illegal job insert: status % lease_version %', NEW.status, NEW.lease_version
-        USING ERRCODE = 'check_violation', CONSTRAINT = 'jobs_job_legal_insert';
-    END IF;
-    NEW.due_at := greatest(NEW.created_at, NEW.run_at);
-    RETURN NEW;
-  END IF;
-  IF TG_OP = 'DELETE' THEN
-    IF OLD.status NOT IN ('done', 'failed') THEN
-      RAISE EXCEPTION 'illegal job delete: job % is %', OLD.id, OLD.status
-        USING ERRCODE = 'check_violation', CONSTRAINT = 'jobs_job_delete_terminal_only';
-    END IF;
-    RETURN OLD;
-  END IF;
-  IF NEW.lease_version < OLD.lease_version THEN
-    RAISE EXCEPTION 'illegal lease_version decrease on job %: % -> %',
-      OLD.id, OLD.lease_version, NEW.lease_version
-      USING ERRCODE = 'check_violation', CONSTRAINT = 'jobs_job_lease_monotonic';
-  END IF;
-  IF OLD.status = 'processing' AND NEW.status = 'queued'
-     AND NEW.cancel_requested_at IS NOT NULL THEN
-    NEW.status := 'failed';
-    NEW.error := 'cancelled';
-    NEW.finished_at := statement_timestamp();
-  END IF;
-  IF NEW.status <> OLD.status THEN
-    IF (OLD.status || '>' || NEW.status) NOT IN ('enqueue_failed>failed', 'enqueue_failed>queued', 'failed>queued', 'processing>done', 'processing>failed', 'processing>queued', 'queued>enqueue_failed', 'queued>failed', 'queued>processing') THEN
-      RAISE EXCEPTION 'illegal job transition on job %: % -> %', OLD.id, OLD.status, NEW.status
-        USING ERRCODE = 'check_violation', CONSTRAINT = 'jobs_job_legal_transition';
-    END IF;
-    IF (OLD.status || '>' || NEW.status) IN ('processing>queued', 'queued>processing')
-       AND NEW.lease_version <= OLD.lease_version THEN
-      RAISE EXCEPTION 'job % changed hands (% -> %) without a lease bump',
-        OLD.id, OLD.status, NEW.status
-        USING ERRCODE = 'check_violation', CONSTRAINT = 'jobs_job_lease_bump';
-    END IF;
-    IF NEW.status = 'processing' THEN
-      -- A new attempt starts without the last one's error detail or progress.
-      NEW.error_class := NULL;
-      NEW.error_traceback := NULL;
-      NEW.progress := NULL;
-    END IF;
-  ELSIF NEW.status = 'processing'
-        AND NEW.owned_by IS NOT NULL AND NEW.owned_by IS DISTINCT FROM OLD.owned_by
-        AND NEW.lease_version <= OLD.lease_version THEN
-    RAISE EXCEPTION 'job % changed owner without a lease bump', OLD.id
-      USING ERRCODE = 'check_violation', CONSTRAINT = 'jobs_job_lease_bump';
-  END IF;
-  NEW.updated_at := statement_timestamp();
-  RETURN NEW;
-END
-$$;
-
--- History, one statement per write: the rows a statement changed are read from its
--- transition tables, so a batch of N transitions costs one INSERT, not N trigger calls.
-CREATE OR REPLACE FUNCTION jobs_job_history_insert() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-  INSERT INTO jobs_jobevent
-    (job_id, at, from_status, to_status, actor, lease_version, retry_count, error)
-  SELECT n.id, statement_timestamp(), NULL, n.status, COALESCE(n.updated_by, ''), n.lease_version,
-         n.retry_count, CASE WHEN n.status = 'done' THEN NULL ELSE n.error END
-  FROM jobs_job_new n;
-  RETURN NULL;
-END
-$$;
-
-CREATE OR REPLACE FUNCTION jobs_job_history_update() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-  INSERT INTO jobs_jobevent
-    (job_id, at, from_status, to_status, actor, lease_version, retry_count, error,
-     error_class, error_traceback)
-  SELECT n.id, statement_timestamp(), o.status, n.status, COALESCE(n.updated_by, ''),
-         n.lease_version, n.retry_count,
-         CASE WHEN n.status = 'done' THEN NULL ELSE n.error END,
-         CASE WHEN o.status = 'processing' THEN n.error_class END,
-         CASE WHEN o.status = 'processing' THEN n.error_traceback END
-  FROM jobs_job_new n JOIN jobs_job_old o ON o.id = n.id
-  WHERE n.status <> o.status;
-  RETURN NULL;
-END
-$$;
-
-DROP TRIGGER IF EXISTS jobs_job_guard ON jobs_job;
-CREATE TRIGGER jobs_job_guard BEFORE INSERT OR UPDATE OR DELETE ON jobs_job
-  FOR EACH ROW EXECUTE FUNCTION jobs_job_guard();
-DROP TRIGGER IF EXISTS jobs_job_history ON jobs_job;
-DROP FUNCTION IF EXISTS jobs_job_history();
-DROP TRIGGER IF EXISTS jobs_job_history_insert ON jobs_job;
-CREATE TRIGGER jobs_job_history_insert AFTER INSERT ON jobs_job
-  REFERENCING NEW TABLE AS jobs_job_new
-  FOR EACH STATEMENT EXECUTE FUNCTION jobs_job_history_insert();
-DROP TRIGGER IF EXISTS jobs_job_history_update ON jobs_job;
-CREATE TRIGGER jobs_job_history_update AFTER UPDATE ON jobs_job
-  REFERENCING OLD TABLE AS jobs_job_old NEW TABLE AS jobs_job_new
-  FOR EACH STATEMENT EXECUTE FUNCTION jobs_job_history_update();
-"""
+from jobs.migrations._triggers import GUARD_0009, GUARD_0013
 
 
 class Migration(migrations.Migration):
@@ -275,7 +173,5 @@ class Migration(migrations.Migration):
                 fields=("webhook", "event_id"), name="delivery_once_per_event"
             ),
         ),
-        migrations.RunSQL(
-            guard_trigger_sql("jobs_job", "jobs_jobevent"), reverse_sql=PREVIOUS_TRIGGER
-        ),
+        migrations.RunSQL(GUARD_0013, reverse_sql=GUARD_0009),
     ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
 from jobs import metrics
@@ -16,7 +17,7 @@ from jobs.collectors import (
     reaper_gauges,
     scheduler_gauges,
 )
-from jobs.events.outbox import Dispatcher, OutboxLagCollector
+from jobs.events.outbox import OutboxLagCollector, dispatchers
 from jobs.lifecycle import Status
 from jobs.reaper import Reaper
 from jobs.runtime import add_metrics_arguments, start_metrics_server
@@ -63,6 +64,10 @@ class Command(BaseCommand):
         if opts["batch"] < 1:
             raise CommandError("--batch must be at least 1")
         reaper = Reaper(interval=opts["interval"], lease=opts["lease"], batch=opts["batch"])
+        try:
+            outbox_dispatchers = dispatchers()
+        except ImproperlyConfigured as exc:  # JOBS_KAFKA_CONFIG
+            raise CommandError(str(exc)) from exc
         sync_periodic()
         scheduler = Scheduler()  # every reaper fires schedules (docs/schedules.md)
         if opts["once"]:
@@ -95,8 +100,9 @@ class Command(BaseCommand):
         reaper.install_signal_handlers()
         start_metrics_server(opts["metrics_port"], opts["metrics_host"])
         scheduler.start(reaper.stop)
-        # The outbox dispatcher (completion events, docs/events.md) ticks beside the sweeps.
-        threading.Thread(target=Dispatcher().run, args=(reaper.stop,), daemon=True).start()
+        # The outbox dispatchers (completion events, docs/events.md) tick beside the sweeps.
+        for dispatcher in outbox_dispatchers:
+            threading.Thread(target=dispatcher.run, args=(reaper.stop,), daemon=True).start()
         if settings.LOG_FORMAT != "json":  # else "reaper started" is logged as JSON
             self.stdout.write(f"reaper: lease {reaper.lease}s, interval {reaper.interval}s")
         reaper.run()

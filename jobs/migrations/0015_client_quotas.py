@@ -6,7 +6,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("jobs", "0013_event_outbox"),
+        ("jobs", "0014_job_started_at"),
     ]
 
     operations = [

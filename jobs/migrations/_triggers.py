@@ -1,0 +1,592 @@
+"""Trigger SQL as each migration installed it, frozen (issue 34).
+
+`jobs.lifecycle.guard_trigger_sql` and `jobs.graph.triggers_sql` generate the triggers
+from today's rules; a migration that called them would install a later version than
+the one it was written for, and a change to the rules would silently change what an
+old migration does. So each migration installs (and its reverse restores) a text kept
+here, and a change to the rules ships as a new migration with a new text here:
+`tests/test_migrations_frozen.py` fails while the newest text differs from what the
+modules generate, or while a migration imports them. The leading underscore keeps
+Django's migration loader from reading this module as a migration.
+"""
+
+# 0002_lifecycle_guard: the guard, and a history trigger per row.
+GUARD_0002 = """
+CREATE OR REPLACE FUNCTION jobs_job_guard() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF TG_OP = 'INSERT' THEN
+    IF NEW.status <> 'queued' OR NEW.lease_version <> 0 THEN
+      RAISE EXCEPTION 'illegal job insert: status % lease_version %', NEW.status, NEW.lease_version
+        USING ERRCODE = 'check_violation', CONSTRAINT = 'jobs_job_legal_insert';
+    END IF;
+    RETURN NEW;
+  END IF;
+  IF TG_OP = 'DELETE' THEN
+    IF OLD.status NOT IN ('done', 'failed') THEN
+      RAISE EXCEPTION 'illegal job delete: job % is %', OLD.id, OLD.status
+        USING ERRCODE = 'check_violation', CONSTRAINT = 'jobs_job_delete_terminal_only';
+    END IF;
+    RETURN OLD;
+  END IF;
+  IF NEW.lease_version < OLD.lease_version THEN
+    RAISE EXCEPTION 'illegal lease_version decrease on job %: % -> %',
+      OLD.id, OLD.lease_version, NEW.lease_version
+      USING ERRCODE = 'check_violation', CONSTRAINT = 'jobs_job_lease_monotonic';
+  END IF;
+  IF NEW.status <> OLD.status THEN
+    IF (OLD.status || '>' || NEW.status) NOT IN ('enqueue_failed>failed', 'enqueue_failed>queued', 'failed>queued', 'processing>done', 'processing>failed', 'processing>queued', 'queued>enqueue_failed', 'queued>failed', 'queued>processing') THEN
+      RAISE EXCEPTION 'illegal job transition on job %: % -> %', OLD.id, OLD.status, NEW.status
+        USING ERRCODE = 'check_violation', CONSTRAINT = 'jobs_job_legal_transition';
+    END IF;
+    IF (OLD.status || '>' || NEW.status) IN ('processing>queued', 'queued>processing')
+       AND NEW.lease_version <= OLD.lease_version THEN
+      RAISE EXCEPTION 'job % changed hands (% -> %) without a lease bump',
+        OLD.id, OLD.status, NEW.status
+        USING ERRCODE = 'check_violation', CONSTRAINT = 'jobs_job_lease_bump';
+    END IF;
+  ELSIF NEW.status = 'processing'
+        AND NEW.owned_by IS NOT NULL AND NEW.owned_by IS DISTINCT FROM OLD.owned_by
+        AND NEW.lease_version <= OLD.lease_version THEN
+    RAISE EXCEPTION 'job % changed owner without a lease bump', OLD.id
+      USING ERRCODE = 'check_violation', CONSTRAINT = 'jobs_job_lease_bump';
+  END IF;
+  NEW.updated_at := now();
+  RETURN NEW;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION jobs_job_history() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF TG_OP = 'INSERT' OR NEW.status <> OLD.status THEN
+    INSERT INTO jobs_jobevent
+      (job_id, at, from_status, to_status, actor, lease_version, retry_count, error)
+    VALUES (NEW.id, now(), CASE WHEN TG_OP = 'INSERT' THEN NULL ELSE OLD.status END,
+            NEW.status, COALESCE(NEW.updated_by, ''), NEW.lease_version, NEW.retry_count,
+            CASE WHEN NEW.status = 'done' THEN NULL ELSE NEW.error END);
+  END IF;
+  RETURN NULL;
+END
+$$;
+
+DROP TRIGGER IF EXISTS jobs_job_guard ON jobs_job;
+CREATE TRIGGER jobs_job_guard BEFORE INSERT OR UPDATE OR DELETE ON jobs_job
+  FOR EACH ROW EXECUTE FUNCTION jobs_job_guard();
+DROP TRIGGER IF EXISTS jobs_job_history ON jobs_job;
+CREATE TRIGGER jobs_job_history AFTER INSERT OR UPDATE ON jobs_job
+  FOR EACH ROW EXECUTE FUNCTION jobs_job_history();
+"""
+
+# Unapplying 0002: every trigger and function any version installed.
+DROP_GUARD = """
+DROP TRIGGER IF EXISTS jobs_job_history ON jobs_job;
+DROP TRIGGER IF EXISTS jobs_job_history_insert ON jobs_job;
+DROP TRIGGER IF EXISTS jobs_job_history_update ON jobs_job;
+DROP TRIGGER IF EXISTS jobs_job_guard ON jobs_job;
+DROP FUNCTION IF EXISTS jobs_job_history();
+DROP FUNCTION IF EXISTS jobs_job_history_insert();
+DROP FUNCTION IF EXISTS jobs_job_history_update();
+DROP FUNCTION IF EXISTS jobs_job_guard();
+"""
+
+# Unapplying 0006: back to 0002's history trigger per row.
+HISTORY_PER_ROW = """
+DROP TRIGGER IF EXISTS jobs_job_history_insert ON jobs_job;
+DROP TRIGGER IF EXISTS jobs_job_history_update ON jobs_job;
+DROP FUNCTION IF EXISTS jobs_job_history_insert();
+DROP FUNCTION IF EXISTS jobs_job_history_update();
+CREATE OR REPLACE FUNCTION jobs_job_history() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF TG_OP = 'INSERT' OR NEW.status <> OLD.status THEN
+    INSERT INTO jobs_jobevent
+      (job_id, at, from_status, to_status, actor, lease_version, retry_count, error)
+    VALUES (NEW.id, now(), CASE WHEN TG_OP = 'INSERT' THEN NULL ELSE OLD.status END,
+            NEW.status, COALESCE(NEW.updated_by, ''), NEW.lease_version, NEW.retry_count,
+            CASE WHEN NEW.status = 'done' THEN NULL ELSE NEW.error END);
+  END IF;
+  RETURN NULL;
+END
+$$;
+CREATE TRIGGER jobs_job_history AFTER INSERT OR UPDATE ON jobs_job
+  FOR EACH ROW EXECUTE FUNCTION jobs_job_history();
+"""
+
+# 0006_history_per_statement: history once per statement (transition tables).
+GUARD_0006 = """
+CREATE OR REPLACE FUNCTION jobs_job_guard() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF TG_OP = 'INSERT' THEN
+    IF NEW.status <> 'queued' OR NEW.lease_version <> 0 THEN
+      RAISE EXCEPTION 'illegal job insert: status % lease_version %', NEW.status, NEW.lease_version
+        USING ERRCODE = 'check_violation', CONSTRAINT = 'jobs_job_legal_insert';
+    END IF;
+    RETURN NEW;
+  END IF;
+  IF TG_OP = 'DELETE' THEN
+    IF OLD.status NOT IN ('done', 'failed') THEN
+      RAISE EXCEPTION 'illegal job delete: job % is %', OLD.id, OLD.status
+        USING ERRCODE = 'check_violation', CONSTRAINT = 'jobs_job_delete_terminal_only';
+    END IF;
+    RETURN OLD;
+  END IF;
+  IF NEW.lease_version < OLD.lease_version THEN
+    RAISE EXCEPTION 'illegal lease_version decrease on job %: % -> %',
+      OLD.id, OLD.lease_version, NEW.lease_version
+      USING ERRCODE = 'check_violation', CONSTRAINT = 'jobs_job_lease_monotonic';
+  END IF;
+  IF NEW.status <> OLD.status THEN
+    IF (OLD.status || '>' || NEW.status) NOT IN ('enqueue_failed>failed', 'enqueue_failed>queued', 'failed>queued', 'processing>done', 'processing>failed', 'processing>queued', 'queued>enqueue_failed', 'queued>failed', 'queued>processing') THEN
+      RAISE EXCEPTION 'illegal job transition on job %: % -> %', OLD.id, OLD.status, NEW.status
+        USING ERRCODE = 'check_violation', CONSTRAINT = 'jobs_job_legal_transition';
+    END IF;
+    IF (OLD.status || '>' || NEW.status) IN ('processing>queued', 'queued>processing')
+       AND NEW.lease_version <= OLD.lease_version THEN
+      RAISE EXCEPTION 'job % changed hands (% -> %) without a lease bump',
+        OLD.id, OLD.status, NEW.status
+        USING ERRCODE = 'check_violation', CONSTRAINT = 'jobs_job_lease_bump';
+    END IF;
+  ELSIF NEW.status = 'processing'
+        AND NEW.owned_by IS NOT NULL AND NEW.owned_by IS DISTINCT FROM OLD.owned_by
+        AND NEW.lease_version <= OLD.lease_version THEN
+    RAISE EXCEPTION 'job % changed owner without a lease bump', OLD.id
+      USING ERRCODE = 'check_violation', CONSTRAINT = 'jobs_job_lease_bump';
+  END IF;
+  NEW.updated_at := now();
+  RETURN NEW;
+END
+$$;
+
+-- History, one statement per write: the rows a statement changed are read from its
+-- transition tables, so a batch of N transitions costs one INSERT, not N trigger calls.
+CREATE OR REPLACE FUNCTION jobs_job_history_insert() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO jobs_jobevent
+    (job_id, at, from_status, to_status, actor, lease_version, retry_count, error)
+  SELECT n.id, now(), NULL, n.status, COALESCE(n.updated_by, ''), n.lease_version,
+         n.retry_count, CASE WHEN n.status = 'done' THEN NULL ELSE n.error END
+  FROM jobs_job_new n;
+  RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION jobs_job_history_update() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO jobs_jobevent
+    (job_id, at, from_status, to_status, actor, lease_version, retry_count, error)
+  SELECT n.id, now(), o.status, n.status, COALESCE(n.updated_by, ''), n.lease_version,
+         n.retry_count, CASE WHEN n.status = 'done' THEN NULL ELSE n.error END
+  FROM jobs_job_new n JOIN jobs_job_old o ON o.id = n.id
+  WHERE n.status <> o.status;
+  RETURN NULL;
+END
+$$;
+
+DROP TRIGGER IF EXISTS jobs_job_guard ON jobs_job;
+CREATE TRIGGER jobs_job_guard BEFORE INSERT OR UPDATE OR DELETE ON jobs_job
+  FOR EACH ROW EXECUTE FUNCTION jobs_job_guard();
+DROP TRIGGER IF EXISTS jobs_job_history ON jobs_job;
+DROP FUNCTION IF EXISTS jobs_job_history();
+DROP TRIGGER IF EXISTS jobs_job_history_insert ON jobs_job;
+CREATE TRIGGER jobs_job_history_insert AFTER INSERT ON jobs_job
+  REFERENCING NEW TABLE AS jobs_job_new
+  FOR EACH STATEMENT EXECUTE FUNCTION jobs_job_history_insert();
+DROP TRIGGER IF EXISTS jobs_job_history_update ON jobs_job;
+CREATE TRIGGER jobs_job_history_update AFTER UPDATE ON jobs_job
+  REFERENCING OLD TABLE AS jobs_job_old NEW TABLE AS jobs_job_new
+  FOR EACH STATEMENT EXECUTE FUNCTION jobs_job_history_update();
+"""
+
+# 0007_error_detail_and_due_at: the attempt's error class and traceback, due_at.
+GUARD_0007 = """
+CREATE OR REPLACE FUNCTION jobs_job_guard() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF TG_OP = 'INSERT' THEN
+    IF NEW.status <> 'queued' OR NEW.lease_version <> 0 THEN
+      RAISE EXCEPTION 'illegal job insert: status % lease_version %', NEW.status, NEW.lease_version
+        USING ERRCODE = 'check_violation', CONSTRAINT = 'jobs_job_legal_insert';
+    END IF;
+    NEW.due_at := greatest(NEW.created_at, NEW.run_at);
+    RETURN NEW;
+  END IF;
+  IF TG_OP = 'DELETE' THEN
+    IF OLD.status NOT IN ('done', 'failed') THEN
+      RAISE EXCEPTION 'illegal job delete: job % is %', OLD.id, OLD.status
+        USING ERRCODE = 'check_violation', CONSTRAINT = 'jobs_job_delete_terminal_only';
+    END IF;
+    RETURN OLD;
+  END IF;
+  IF NEW.lease_version < OLD.lease_version THEN
+    RAISE EXCEPTION 'illegal lease_version decrease on job %: % -> %',
+      OLD.id, OLD.lease_version, NEW.lease_version
+      USING ERRCODE = 'check_violation', CONSTRAINT = 'jobs_job_lease_monotonic';
+  END IF;
+  IF NEW.status <> OLD.status THEN
+    IF (OLD.status || '>' || NEW.status) NOT IN ('enqueue_failed>failed', 'enqueue_failed>queued', 'failed>queued', 'processing>done', 'processing>failed', 'processing>queued', 'queued>enqueue_failed', 'queued>failed', 'queued>processing') THEN
+      RAISE EXCEPTION 'illegal job transition on job %: % -> %', OLD.id, OLD.status, NEW.status
+        USING ERRCODE = 'check_violation', CONSTRAINT = 'jobs_job_legal_transition';
+    END IF;
+    IF (OLD.status || '>' || NEW.status) IN ('processing>queued', 'queued>processing')
+       AND NEW.lease_version <= OLD.lease_version THEN
+      RAISE EXCEPTION 'job % changed hands (% -> %) without a lease bump',
+        OLD.id, OLD.status, NEW.status
+        USING ERRCODE = 'check_violation', CONSTRAINT = 'jobs_job_lease_bump';
+    END IF;
+    IF NEW.status = 'processing' THEN
+      -- A new attempt starts without the last one's error detail.
+      NEW.error_class := NULL;
+      NEW.error_traceback := NULL;
+    END IF;
+  ELSIF NEW.status = 'processing'
+        AND NEW.owned_by IS NOT NULL AND NEW.owned_by IS DISTINCT FROM OLD.owned_by
+        AND NEW.lease_version <= OLD.lease_version THEN
+    RAISE EXCEPTION 'job % changed owner without a lease bump', OLD.id
+      USING ERRCODE = 'check_violation', CONSTRAINT = 'jobs_job_lease_bump';
+  END IF;
+  NEW.updated_at := statement_timestamp();
+  RETURN NEW;
+END
+$$;
+
+-- History, one statement per write: the rows a statement changed are read from its
+-- transition tables, so a batch of N transitions costs one INSERT, not N trigger calls.
+CREATE OR REPLACE FUNCTION jobs_job_history_insert() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO jobs_jobevent
+    (job_id, at, from_status, to_status, actor, lease_version, retry_count, error)
+  SELECT n.id, statement_timestamp(), NULL, n.status, COALESCE(n.updated_by, ''), n.lease_version,
+         n.retry_count, CASE WHEN n.status = 'done' THEN NULL ELSE n.error END
+  FROM jobs_job_new n;
+  RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION jobs_job_history_update() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO jobs_jobevent
+    (job_id, at, from_status, to_status, actor, lease_version, retry_count, error,
+     error_class, error_traceback)
+  SELECT n.id, statement_timestamp(), o.status, n.status, COALESCE(n.updated_by, ''),
+         n.lease_version, n.retry_count,
+         CASE WHEN n.status = 'done' THEN NULL ELSE n.error END,
+         CASE WHEN o.status = 'processing' THEN n.error_class END,
+         CASE WHEN o.status = 'processing' THEN n.error_traceback END
+  FROM jobs_job_new n JOIN jobs_job_old o ON o.id = n.id
+  WHERE n.status <> o.status;
+  RETURN NULL;
+END
+$$;
+
+DROP TRIGGER IF EXISTS jobs_job_guard ON jobs_job;
+CREATE TRIGGER jobs_job_guard BEFORE INSERT OR UPDATE OR DELETE ON jobs_job
+  FOR EACH ROW EXECUTE FUNCTION jobs_job_guard();
+DROP TRIGGER IF EXISTS jobs_job_history ON jobs_job;
+DROP FUNCTION IF EXISTS jobs_job_history();
+DROP TRIGGER IF EXISTS jobs_job_history_insert ON jobs_job;
+CREATE TRIGGER jobs_job_history_insert AFTER INSERT ON jobs_job
+  REFERENCING NEW TABLE AS jobs_job_new
+  FOR EACH STATEMENT EXECUTE FUNCTION jobs_job_history_insert();
+DROP TRIGGER IF EXISTS jobs_job_history_update ON jobs_job;
+CREATE TRIGGER jobs_job_history_update AFTER UPDATE ON jobs_job
+  REFERENCING OLD TABLE AS jobs_job_old NEW TABLE AS jobs_job_new
+  FOR EACH STATEMENT EXECUTE FUNCTION jobs_job_history_update();
+"""
+
+# 0009_progress_and_cancel_request: a cancel request ends a requeued job.
+GUARD_0009 = """
+CREATE OR REPLACE FUNCTION jobs_job_guard() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF TG_OP = 'INSERT' THEN
+    IF NEW.status <> 'queued' OR NEW.lease_version <> 0 THEN
+      RAISE EXCEPTION 'illegal job insert: status % lease_version %', NEW.status, NEW.lease_version
+        USING ERRCODE = 'check_violation', CONSTRAINT = 'jobs_job_legal_insert';
+    END IF;
+    NEW.due_at := greatest(NEW.created_at, NEW.run_at);
+    RETURN NEW;
+  END IF;
+  IF TG_OP = 'DELETE' THEN
+    IF OLD.status NOT IN ('done', 'failed') THEN
+      RAISE EXCEPTION 'illegal job delete: job % is %', OLD.id, OLD.status
+        USING ERRCODE = 'check_violation', CONSTRAINT = 'jobs_job_delete_terminal_only';
+    END IF;
+    RETURN OLD;
+  END IF;
+  IF NEW.lease_version < OLD.lease_version THEN
+    RAISE EXCEPTION 'illegal lease_version decrease on job %: % -> %',
+      OLD.id, OLD.lease_version, NEW.lease_version
+      USING ERRCODE = 'check_violation', CONSTRAINT = 'jobs_job_lease_monotonic';
+  END IF;
+  IF OLD.status = 'processing' AND NEW.status = 'queued'
+     AND NEW.cancel_requested_at IS NOT NULL THEN
+    NEW.status := 'failed';
+    NEW.error := 'cancelled';
+    NEW.finished_at := statement_timestamp();
+  END IF;
+  IF NEW.status <> OLD.status THEN
+    IF (OLD.status || '>' || NEW.status) NOT IN ('enqueue_failed>failed', 'enqueue_failed>queued', 'failed>queued', 'processing>done', 'processing>failed', 'processing>queued', 'queued>enqueue_failed', 'queued>failed', 'queued>processing') THEN
+      RAISE EXCEPTION 'illegal job transition on job %: % -> %', OLD.id, OLD.status, NEW.status
+        USING ERRCODE = 'check_violation', CONSTRAINT = 'jobs_job_legal_transition';
+    END IF;
+    IF (OLD.status || '>' || NEW.status) IN ('processing>queued', 'queued>processing')
+       AND NEW.lease_version <= OLD.lease_version THEN
+      RAISE EXCEPTION 'job % changed hands (% -> %) without a lease bump',
+        OLD.id, OLD.status, NEW.status
+        USING ERRCODE = 'check_violation', CONSTRAINT = 'jobs_job_lease_bump';
+    END IF;
+    IF NEW.status = 'processing' THEN
+      -- A new attempt starts without the last one's error detail or progress.
+      NEW.error_class := NULL;
+      NEW.error_traceback := NULL;
+      NEW.progress := NULL;
+    END IF;
+  ELSIF NEW.status = 'processing'
+        AND NEW.owned_by IS NOT NULL AND NEW.owned_by IS DISTINCT FROM OLD.owned_by
+        AND NEW.lease_version <= OLD.lease_version THEN
+    RAISE EXCEPTION 'job % changed owner without a lease bump', OLD.id
+      USING ERRCODE = 'check_violation', CONSTRAINT = 'jobs_job_lease_bump';
+  END IF;
+  NEW.updated_at := statement_timestamp();
+  RETURN NEW;
+END
+$$;
+
+-- History, one statement per write: the rows a statement changed are read from its
+-- transition tables, so a batch of N transitions costs one INSERT, not N trigger calls.
+CREATE OR REPLACE FUNCTION jobs_job_history_insert() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO jobs_jobevent
+    (job_id, at, from_status, to_status, actor, lease_version, retry_count, error)
+  SELECT n.id, statement_timestamp(), NULL, n.status, COALESCE(n.updated_by, ''), n.lease_version,
+         n.retry_count, CASE WHEN n.status = 'done' THEN NULL ELSE n.error END
+  FROM jobs_job_new n;
+  RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION jobs_job_history_update() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO jobs_jobevent
+    (job_id, at, from_status, to_status, actor, lease_version, retry_count, error,
+     error_class, error_traceback)
+  SELECT n.id, statement_timestamp(), o.status, n.status, COALESCE(n.updated_by, ''),
+         n.lease_version, n.retry_count,
+         CASE WHEN n.status = 'done' THEN NULL ELSE n.error END,
+         CASE WHEN o.status = 'processing' THEN n.error_class END,
+         CASE WHEN o.status = 'processing' THEN n.error_traceback END
+  FROM jobs_job_new n JOIN jobs_job_old o ON o.id = n.id
+  WHERE n.status <> o.status;
+  RETURN NULL;
+END
+$$;
+
+DROP TRIGGER IF EXISTS jobs_job_guard ON jobs_job;
+CREATE TRIGGER jobs_job_guard BEFORE INSERT OR UPDATE OR DELETE ON jobs_job
+  FOR EACH ROW EXECUTE FUNCTION jobs_job_guard();
+DROP TRIGGER IF EXISTS jobs_job_history ON jobs_job;
+DROP FUNCTION IF EXISTS jobs_job_history();
+DROP TRIGGER IF EXISTS jobs_job_history_insert ON jobs_job;
+CREATE TRIGGER jobs_job_history_insert AFTER INSERT ON jobs_job
+  REFERENCING NEW TABLE AS jobs_job_new
+  FOR EACH STATEMENT EXECUTE FUNCTION jobs_job_history_insert();
+DROP TRIGGER IF EXISTS jobs_job_history_update ON jobs_job;
+CREATE TRIGGER jobs_job_history_update AFTER UPDATE ON jobs_job
+  REFERENCING OLD TABLE AS jobs_job_old NEW TABLE AS jobs_job_new
+  FOR EACH STATEMENT EXECUTE FUNCTION jobs_job_history_update();
+"""
+
+# 0013_event_outbox: event_seq on jobs and on their history rows.
+GUARD_0013 = """
+CREATE OR REPLACE FUNCTION jobs_job_guard() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF TG_OP = 'INSERT' THEN
+    IF NEW.status <> 'queued' OR NEW.lease_version <> 0 THEN
+      RAISE EXCEPTION 'illegal job insert: status % lease_version %', NEW.status, NEW.lease_version
+        USING ERRCODE = 'check_violation', CONSTRAINT = 'jobs_job_legal_insert';
+    END IF;
+    NEW.due_at := greatest(NEW.created_at, NEW.run_at);
+    NEW.event_seq := 1;
+    RETURN NEW;
+  END IF;
+  IF TG_OP = 'DELETE' THEN
+    IF OLD.status NOT IN ('done', 'failed') THEN
+      RAISE EXCEPTION 'illegal job delete: job % is %', OLD.id, OLD.status
+        USING ERRCODE = 'check_violation', CONSTRAINT = 'jobs_job_delete_terminal_only';
+    END IF;
+    RETURN OLD;
+  END IF;
+  IF NEW.lease_version < OLD.lease_version THEN
+    RAISE EXCEPTION 'illegal lease_version decrease on job %: % -> %',
+      OLD.id, OLD.lease_version, NEW.lease_version
+      USING ERRCODE = 'check_violation', CONSTRAINT = 'jobs_job_lease_monotonic';
+  END IF;
+  IF OLD.status = 'processing' AND NEW.status = 'queued'
+     AND NEW.cancel_requested_at IS NOT NULL THEN
+    NEW.status := 'failed';
+    NEW.error := 'cancelled';
+    NEW.finished_at := statement_timestamp();
+  END IF;
+  IF NEW.status <> OLD.status THEN
+    IF (OLD.status || '>' || NEW.status) NOT IN ('enqueue_failed>failed', 'enqueue_failed>queued', 'failed>queued', 'processing>done', 'processing>failed', 'processing>queued', 'queued>enqueue_failed', 'queued>failed', 'queued>processing') THEN
+      RAISE EXCEPTION 'illegal job transition on job %: % -> %', OLD.id, OLD.status, NEW.status
+        USING ERRCODE = 'check_violation', CONSTRAINT = 'jobs_job_legal_transition';
+    END IF;
+    IF (OLD.status || '>' || NEW.status) IN ('processing>queued', 'queued>processing')
+       AND NEW.lease_version <= OLD.lease_version THEN
+      RAISE EXCEPTION 'job % changed hands (% -> %) without a lease bump',
+        OLD.id, OLD.status, NEW.status
+        USING ERRCODE = 'check_violation', CONSTRAINT = 'jobs_job_lease_bump';
+    END IF;
+    NEW.event_seq := COALESCE(OLD.event_seq, 0) + 1;
+    IF NEW.status = 'processing' THEN
+      -- A new attempt starts without the last one's error detail or progress.
+      NEW.error_class := NULL;
+      NEW.error_traceback := NULL;
+      NEW.progress := NULL;
+    END IF;
+  ELSIF NEW.status = 'processing'
+        AND NEW.owned_by IS NOT NULL AND NEW.owned_by IS DISTINCT FROM OLD.owned_by
+        AND NEW.lease_version <= OLD.lease_version THEN
+    RAISE EXCEPTION 'job % changed owner without a lease bump', OLD.id
+      USING ERRCODE = 'check_violation', CONSTRAINT = 'jobs_job_lease_bump';
+  END IF;
+  NEW.updated_at := statement_timestamp();
+  RETURN NEW;
+END
+$$;
+
+-- History, one statement per write: the rows a statement changed are read from its
+-- transition tables, so a batch of N transitions costs one INSERT, not N trigger calls.
+CREATE OR REPLACE FUNCTION jobs_job_history_insert() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO jobs_jobevent
+    (job_id, at, from_status, to_status, actor, lease_version, retry_count, error, seq)
+  SELECT n.id, statement_timestamp(), NULL, n.status, COALESCE(n.updated_by, ''), n.lease_version,
+         n.retry_count, CASE WHEN n.status = 'done' THEN NULL ELSE n.error END,
+         n.event_seq
+  FROM jobs_job_new n;
+  RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION jobs_job_history_update() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO jobs_jobevent
+    (job_id, at, from_status, to_status, actor, lease_version, retry_count, error,
+     error_class, error_traceback, seq)
+  SELECT n.id, statement_timestamp(), o.status, n.status, COALESCE(n.updated_by, ''),
+         n.lease_version, n.retry_count,
+         CASE WHEN n.status = 'done' THEN NULL ELSE n.error END,
+         CASE WHEN o.status = 'processing' THEN n.error_class END,
+         CASE WHEN o.status = 'processing' THEN n.error_traceback END,
+         n.event_seq
+  FROM jobs_job_new n JOIN jobs_job_old o ON o.id = n.id
+  WHERE n.status <> o.status;
+  RETURN NULL;
+END
+$$;
+
+DROP TRIGGER IF EXISTS jobs_job_guard ON jobs_job;
+CREATE TRIGGER jobs_job_guard BEFORE INSERT OR UPDATE OR DELETE ON jobs_job
+  FOR EACH ROW EXECUTE FUNCTION jobs_job_guard();
+DROP TRIGGER IF EXISTS jobs_job_history ON jobs_job;
+DROP FUNCTION IF EXISTS jobs_job_history();
+DROP TRIGGER IF EXISTS jobs_job_history_insert ON jobs_job;
+CREATE TRIGGER jobs_job_history_insert AFTER INSERT ON jobs_job
+  REFERENCING NEW TABLE AS jobs_job_new
+  FOR EACH STATEMENT EXECUTE FUNCTION jobs_job_history_insert();
+DROP TRIGGER IF EXISTS jobs_job_history_update ON jobs_job;
+CREATE TRIGGER jobs_job_history_update AFTER UPDATE ON jobs_job
+  REFERENCING OLD TABLE AS jobs_job_old NEW TABLE AS jobs_job_new
+  FOR EACH STATEMENT EXECUTE FUNCTION jobs_job_history_update();
+"""
+
+# 0012_steps_workflows: workflow wake-ups and failures (jobs.graph).
+WORKFLOW_TRIGGERS_0012 = """
+CREATE OR REPLACE FUNCTION jobs_job_wait_clear() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  NEW.wait_reason := NULL;
+  NEW.wait_key := NULL;
+  RETURN NEW;
+END
+$$;
+DROP TRIGGER IF EXISTS jobs_job_wait_clear ON jobs_job;
+CREATE TRIGGER jobs_job_wait_clear BEFORE UPDATE ON jobs_job FOR EACH ROW
+  WHEN (OLD.wait_reason IS NOT NULL AND NEW.status = 'processing'
+        AND OLD.status <> 'processing')
+  EXECUTE FUNCTION jobs_job_wait_clear();
+
+CREATE OR REPLACE FUNCTION jobs_job_dependents() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF NOT EXISTS (
+    SELECT 1 FROM jobs_job_dep_new n JOIN jobs_job_dep_old o ON o.id = n.id
+    JOIN jobs_workflownode wn ON wn.job_id = n.id
+    WHERE n.status IN ('done', 'failed') AND o.status <> n.status) THEN
+    RETURN NULL;
+  END IF;
+
+  WITH RECURSIVE roots AS (
+    SELECT n.id, wn.key FROM jobs_job_dep_new n JOIN jobs_job_dep_old o ON o.id = n.id
+    JOIN jobs_workflownode wn ON wn.job_id = n.id
+    JOIN jobs_workflow w ON w.id = wn.workflow_id
+    WHERE n.status = 'failed' AND o.status <> 'failed'
+      AND w.on_failure = 'fail_dependents'
+  ), descendants(id, root) AS (
+    SELECT d.child_id, r.key FROM jobs_jobdependency d JOIN roots r ON d.parent_id = r.id
+    UNION
+    SELECT d.child_id, x.root FROM jobs_jobdependency d JOIN descendants x ON d.parent_id = x.id
+  ), victims AS (
+    SELECT id, min(root) AS root FROM descendants GROUP BY id
+  )
+  UPDATE jobs_job j SET status = 'failed', error = 'dependency failed: ' || v.root,
+         finished_at = statement_timestamp(), result = NULL, wait_reason = NULL,
+         updated_by = 'api'
+  FROM victims v
+  WHERE j.id = v.id AND j.status IN ('queued', 'enqueue_failed');
+
+  WITH ended AS (
+    SELECT n.id FROM jobs_job_dep_new n JOIN jobs_job_dep_old o ON o.id = n.id
+    WHERE n.status IN ('done', 'failed') AND o.status <> n.status
+  ), settled AS (
+    UPDATE jobs_jobdependency d SET settled = true
+    WHERE d.parent_id IN (SELECT id FROM ended) AND NOT d.settled
+    RETURNING d.child_id
+  ), counted AS (
+    SELECT child_id, count(*) AS k FROM settled GROUP BY child_id
+  ), pending AS (
+    UPDATE jobs_workflownode wn SET pending_parents = greatest(wn.pending_parents - c.k, 0)
+    FROM counted c WHERE wn.job_id = c.child_id
+    RETURNING wn.job_id, wn.pending_parents
+  )
+  UPDATE jobs_job j SET run_at = now(), due_at = now(), wait_reason = NULL,
+         updated_by = 'api'
+  FROM pending p
+  WHERE j.id = p.job_id AND p.pending_parents = 0
+    AND j.status = 'queued' AND j.wait_reason = 'parents';
+
+  WITH ended AS (
+    UPDATE jobs_workflownode wn SET ended = true
+    FROM jobs_job_dep_new n JOIN jobs_job_dep_old o ON o.id = n.id
+    WHERE wn.job_id = n.id AND n.status IN ('done', 'failed') AND o.status <> n.status
+      AND NOT wn.ended
+    RETURNING wn.workflow_id
+  ), counted AS (
+    SELECT workflow_id, count(*) AS k FROM ended GROUP BY workflow_id
+  )
+  UPDATE jobs_workflow w SET unfinished = greatest(w.unfinished - c.k, 0),
+         finished_at = CASE WHEN w.unfinished - c.k <= 0 THEN statement_timestamp()
+                            ELSE w.finished_at END
+  FROM counted c WHERE w.id = c.workflow_id;
+  RETURN NULL;
+END
+$$;
+DROP TRIGGER IF EXISTS jobs_job_dependents ON jobs_job;
+CREATE TRIGGER jobs_job_dependents AFTER UPDATE ON jobs_job
+  REFERENCING OLD TABLE AS jobs_job_dep_old NEW TABLE AS jobs_job_dep_new
+  FOR EACH STATEMENT EXECUTE FUNCTION jobs_job_dependents();
+"""
+
+# Unapplying 0012.
+DROP_WORKFLOW_TRIGGERS_0012 = """
+DROP TRIGGER IF EXISTS jobs_job_dependents ON jobs_job;
+DROP FUNCTION IF EXISTS jobs_job_dependents();
+DROP TRIGGER IF EXISTS jobs_job_wait_clear ON jobs_job;
+DROP FUNCTION IF EXISTS jobs_job_wait_clear();
+"""

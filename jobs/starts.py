@@ -1,0 +1,214 @@
+"""Starting an attempt: its start recorded in PostgreSQL, so crash recovery charges only
+attempts that started (D77), and a prefetched attempt no longer the worker's own is
+never started (D78).
+
+A job a claim hands straight to an idle handler thread is marked started by the claim.
+A prefetched job is marked when a thread takes it, by one starter thread that writes
+every start handed to it meanwhile in one fenced statement (natural group commit, like
+the write-back). The thread waits for that mark before calling the handler only where
+a crash charge would decide the job's end or a crash loop could hide: its last attempt,
+or an attempt after one a crash ended with no start on record. Otherwise it calls the
+handler at once and the start lands with the next statement (milliseconds), unless
+the attempt ended first (its outcome then says more than its start).
+What the heartbeats said is checked first: a revoked, reaped or cancelled attempt is
+dropped without running.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import queue as queue_mod
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from django.db import DatabaseError, InterfaceError, connection
+
+from jobs import metrics, services
+from jobs.runtime import Backoff
+from jobs.services import Lease
+from jobs.tasks import JobContext
+
+log = logging.getLogger(__name__)
+
+MAX_BATCH = 1000
+BACKOFF_MAX = 10.0
+
+
+class Verdict(enum.StrEnum):
+    """What a thread does with a job it took from the prefetch buffer."""
+
+    RUN = "run"  # call the handler
+    REVOKED = "revoked"  # the lease is no longer this worker's: forget it
+    CANCELLED = "cancelled"  # a cancel request is pending: end it cancelled, unrun
+    STOPPED = "stopped"  # the worker exits before the mark landed: the reaper requeues it
+
+
+def must_wait(lease: Lease) -> bool:
+    """Whether the handler waits for the start mark: on the last attempt a crash charge
+    fails the job, and after a crash that found no start on record (a handler that
+    kills its process at once) the next crash must be charged."""
+    return lease.retry_count >= lease.max_retries or lease.rerun
+
+
+@dataclass(eq=False)
+class _Request:
+    lease: Lease
+    ctx: JobContext
+    waits: bool = True
+    answered: threading.Event = field(default_factory=threading.Event)
+    verdict: Verdict = Verdict.STOPPED
+
+
+_Key = tuple[int, int]
+
+
+class Starter:
+    """The starter thread, and the verdicts it hands back to waiting handler threads."""
+
+    def __init__(
+        self,
+        worker_id: str,
+        halt: threading.Event,
+        prefetched: Callable[[], list[tuple[Lease, JobContext]]] = list,
+        look_every: float = 0.5,
+    ) -> None:
+        self.worker_id = worker_id
+        self.halt = halt
+        # Every `look_every` seconds the prefetched leases are read (not written): a
+        # revoke or a cancel is known in memory before a thread takes the job (D78).
+        self._prefetched = prefetched
+        self._look_every = look_every
+        self._looked = time.monotonic()
+        self._requests: queue_mod.SimpleQueue[_Request | _Key] = queue_mod.SimpleQueue()
+        # Started without waiting, start not yet written: dropped when the attempt ends.
+        self._unmarked: dict[_Key, tuple[Lease, JobContext]] = {}
+        self._thread = threading.Thread(target=self._loop, name="starter", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
+
+    def admit(self, lease: Lease, ctx: JobContext, marked: bool = False) -> Verdict:
+        """Whether to call the handler of a job a thread took; records its start unless
+        its claim did (`marked`)."""
+        if ctx.lost_authority:
+            verdict = Verdict.REVOKED
+        elif ctx._cancel_requested:
+            verdict = Verdict.CANCELLED
+        elif marked:
+            return Verdict.RUN
+        elif must_wait(lease):
+            request = _Request(lease, ctx)
+            self._requests.put(request)
+            request.answered.wait()
+            verdict = request.verdict
+        else:
+            key = (lease.job_id, lease.lease_version)
+            self._unmarked[key] = (lease, ctx)
+            self._requests.put(key)
+            return Verdict.RUN
+        if verdict in (Verdict.REVOKED, Verdict.CANCELLED):
+            metrics.ATTEMPTS_DROPPED.labels(lease.queue, verdict.value).inc()
+            log.info("%s while prefetched: not started", verdict.value, extra=lease.log_fields())
+        return verdict
+
+    def ended(self, lease: Lease) -> None:
+        """The attempt ended (its outcome is on its way): its start need not be written."""
+        self._unmarked.pop((lease.job_id, lease.lease_version), None)
+
+    def _loop(self) -> None:
+        requests = self._requests
+        while not self.halt.is_set():
+            if time.monotonic() - self._looked >= self._look_every:
+                self._look()
+            try:
+                batch = [requests.get(timeout=min(0.1, self._look_every))]
+            except queue_mod.Empty:
+                continue
+            while len(batch) < MAX_BATCH:
+                try:
+                    batch.append(requests.get_nowait())
+                except queue_mod.Empty:
+                    break
+            self._write(batch)
+        while True:  # threads still waiting: their jobs never started
+            try:
+                request = requests.get_nowait()
+            except queue_mod.Empty:
+                break
+            if isinstance(request, _Request):
+                request.answered.set()
+        connection.close()
+
+    def _look(self) -> None:
+        self._looked = time.monotonic()
+        waiting = self._prefetched()
+        if not waiting:
+            return
+        try:
+            held = services.still_held([lease for lease, _ in waiting])
+        except (DatabaseError, InterfaceError) as exc:
+            metrics.child(metrics.DB_ERRORS, "start").inc()
+            log.warning("could not look at prefetched leases: %s", exc,
+                        extra={"worker_id": self.worker_id})  # fmt: skip
+            connection.close()
+            return
+        for lease, ctx in waiting:
+            key = (lease.job_id, lease.lease_version)
+            if key not in held:
+                ctx.lost_authority = True
+                ctx.stop.set()
+            elif key in held.cancel_requested:
+                ctx.request_cancel()
+
+    def _write(self, requests: list[_Request | _Key]) -> None:
+        """One fenced statement for the batch, retried until PostgreSQL answers."""
+        batch = []
+        for r in requests:
+            if isinstance(r, _Request):
+                batch.append(r)
+            elif (started := self._unmarked.pop(r, None)) is not None:
+                batch.append(_Request(*started, waits=False))
+        if not batch:
+            return
+        backoff = Backoff(0.1, BACKOFF_MAX)
+        while True:
+            try:
+                held = services.mark_started([r.lease for r in batch])
+                break
+            except (DatabaseError, InterfaceError) as exc:
+                metrics.child(metrics.DB_ERRORS, "start").inc()
+                wait = backoff.next()
+                log.warning(
+                    "could not mark %d attempt(s) started, retrying in %.1fs: %s",
+                    len(batch),
+                    wait,
+                    exc,
+                    extra={"worker_id": self.worker_id},
+                )
+                connection.close()
+                if self.halt.wait(wait):
+                    for r in batch:
+                        r.answered.set()  # STOPPED: the reaper requeues them
+                    return
+        for r in batch:
+            key = (r.lease.job_id, r.lease.lease_version)
+            if key not in held:
+                r.verdict = Verdict.REVOKED
+            elif key in held.cancel_requested:
+                r.verdict = Verdict.CANCELLED
+            else:
+                r.verdict = Verdict.RUN
+            if not r.waits and r.verdict == Verdict.REVOKED and not r.ctx.lost_authority:
+                # Its handler runs already: told to stop, as a heartbeat would.
+                r.ctx.lost_authority = True
+                r.ctx.stop.set()
+                log.warning("lost authority over job at its start", extra=r.lease.log_fields())
+            elif not r.waits and r.verdict == Verdict.CANCELLED:
+                r.ctx.request_cancel()
+            r.answered.set()

@@ -1,0 +1,256 @@
+"""The outbox's Kafka sink (issue 30) against a real broker (Tansu, started per module on
+a free loopback port), driven in-process: what is produced, what a frozen broker does
+to the cursor, the settings it refuses, and `manage.py kafka`.
+
+The end-to-end guarantees with real runworker/runreaper processes are in
+tests/test_kafka_e2e.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import time
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.db import connection
+
+from jobs import metrics, services
+from jobs.events import kafka, signing
+from jobs.events.outbox import Dispatcher, OutboxLagCollector, WebhookFanout, lag
+from jobs.models import Client, JobEvent, Webhook, WebhookDelivery
+from tests.factories import raw
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+_topics = itertools.count()
+
+
+@pytest.fixture
+def topic(broker, settings):
+    """A fresh topic of 3 partitions per test, and the sink pointed at it."""
+    name = f"jobs.events.t{next(_topics)}"
+    broker.create_topic(name, partitions=3)
+    settings.JOBS_KAFKA_BOOTSTRAP_SERVERS = broker.bootstrap
+    settings.JOBS_KAFKA_TOPIC = name
+    settings.JOBS_KAFKA_CONFIG = '{"linger.ms": 5}'
+    return name
+
+
+_sinks: list[kafka.KafkaSink] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_sinks():
+    yield
+    while _sinks:
+        _sinks.pop().close(0)
+
+
+def sink(timeout: float = 10.0) -> kafka.KafkaSink:
+    _sinks.append(kafka.KafkaSink(timeout=timeout))
+    return _sinks[-1]
+
+
+def relay(timeout: float = 10.0) -> Dispatcher:
+    d = Dispatcher([sink(timeout)])
+    d.tick()  # the first tick places the cursor at the present
+    return d
+
+
+def drain(d: Dispatcher, rounds: int = 4) -> int:
+    return sum(d.tick() for _ in range(rounds))
+
+
+def cursor() -> int:
+    return raw("SELECT last_id FROM jobs_outboxcursor WHERE name = 'kafka'")[0][0]
+
+
+def history(job_ids: list[int]) -> dict[str, tuple[int, int, str]]:
+    """evt id → (job id, seq, type) of every transition of these jobs."""
+    rows = JobEvent.objects.filter(job_id__in=job_ids, kind=JobEvent.TRANSITION)
+    return {signing.message_id(i): (j, s, signing.event_type(t))
+            for i, j, s, t in rows.values_list("id", "job_id", "seq", "to_status")}  # fmt: skip
+
+
+def run_jobs(n: int) -> list[int]:
+    """n jobs through queued → processing → done, the odd ones failed instead."""
+    ids = [s.job_id for s in services.submit_many([services.NewJob("echo", {"n": i})
+                                                   for i in range(n)])]  # fmt: skip
+    for job_id in ids:
+        lease = services.claim("w1", job_id)
+        if job_id % 2:
+            services.fail([(lease, "boom", True)])
+        else:
+            services.complete([(lease, {"n": job_id})])
+    return ids
+
+
+def test_every_event_is_produced_keyed_by_job_with_its_id_and_type(broker, topic):
+    d = relay()
+    ids = run_jobs(10)
+    assert drain(d) == 30
+    want = history(ids)
+    got = broker.read(topic, expect=30)
+    assert len(got) == 30 and {m.event_id for m in got} == set(want)
+    for m in got:
+        job_id, seq, kind = want[m.event_id]
+        assert m.key == str(job_id) and m.type == kind
+        assert m.body["id"] == m.event_id and m.body["type"] == kind
+        assert m.body["data"]["id"] == job_id and m.body["data"]["seq"] == seq
+        assert set(m.body) == {"id", "type", "created_at", "data"}
+    by_job: dict[int, list[tuple[int, int]]] = {}
+    for m in got:
+        by_job.setdefault(m.job_id, []).append((m.partition, m.seq))
+    for job_id, placed in by_job.items():
+        assert len({p for p, _ in placed}) == 1, f"job {job_id} spread over partitions"
+        assert [s for _, s in placed] == [1, 2, 3]
+    assert {m.type for m in got} == {"job.queued", "job.processing", "job.done", "job.failed"}
+    assert cursor() == max(e.id for e in JobEvent.objects.filter(job_id__in=ids))
+
+
+def test_the_same_body_as_the_stream_and_webhooks(broker, topic):
+    """Value = the JSON the other subscribers send: one body, whichever sink."""
+    client = Client.objects.create(name="k", token_hash="k" * 64)
+    Webhook.objects.create(client=client, url="http://127.0.0.1:9/h", events=["*"],
+                           secret_salt=signing.new_salt())  # fmt: skip
+    d = Dispatcher([WebhookFanout(), sink()])
+    d.tick()
+    job, _ = services.submit("echo", {"x": 1}, client_id=client.pk)
+    drain(d)
+    # The delivery job's own events are outbox events too: read this job's.
+    (message,) = [m for m in broker.read(topic, expect=2) if m.job_id == job.pk]
+    (delivery,) = WebhookDelivery.objects.filter(source_job_id=job.pk)
+    assert message.body == json.loads(delivery.body)
+
+
+def test_a_frozen_broker_holds_the_cursor_and_loses_nothing(broker, topic):
+    d = relay(timeout=1.0)
+    ids = run_jobs(4)
+    first = min(JobEvent.objects.filter(job_id__in=ids).values_list("id", flat=True))
+    errors = metrics.KAFKA_ERRORS.labels(reason="not_acknowledged")
+    before = errors._value.get()
+    broker.freeze()
+    try:
+        assert drain(d, rounds=3) == 0
+        assert cursor() < first  # nothing acknowledged: the position stays behind
+        assert errors._value.get() >= before + 2
+        (row,) = [r for r in lag() if r.subscriber == "kafka"]
+        assert row.events == 12 and row.seconds > 0
+    finally:
+        broker.thaw()
+    assert drain(d) == 12
+    got = broker.read(topic, expect=12)
+    assert {m.event_id for m in got} == set(history(ids))
+    # What was in flight during the freeze was waited for, not produced a second time.
+    assert len(got) == 12
+    (row,) = [r for r in lag() if r.subscriber == "kafka"]
+    assert row.events == 0 and row.seconds == 0
+
+
+def test_a_relay_waiting_on_the_broker_never_holds_the_webhooks_back(broker, topic):
+    """The Kafka tick holds an advisory lock, not a transaction id, while it waits: the
+    webhooks dispatcher's horizon does not wait for it."""
+    client = Client.objects.create(name="w", token_hash="w" * 64)
+    Webhook.objects.create(client=client, url="http://127.0.0.1:9/h", events=["*"],
+                           secret_salt=signing.new_salt())  # fmt: skip
+    hooks, kafka_relay = Dispatcher([WebhookFanout()]), relay(timeout=6.0)
+    hooks.tick()
+    services.submit("echo", {}, client_id=client.pk)
+    kafka_relay.tick()  # its horizon now covers the job: the next tick has one to send
+
+    def kafka_tick() -> None:
+        try:
+            kafka_relay.tick()
+        finally:
+            connection.close()
+
+    broker.freeze()
+    waiting = threading.Thread(target=kafka_tick)
+    try:
+        waiting.start()
+        time.sleep(0.5)  # the Kafka tick is now waiting for acknowledgements
+        job, _ = services.submit("echo", {}, client_id=client.pk)
+        started = time.monotonic()
+        while not WebhookDelivery.objects.filter(source_job_id=job.pk).exists():
+            hooks.tick()
+            assert time.monotonic() - started < 4, "the webhooks waited for the Kafka tick"
+            time.sleep(0.1)
+        assert waiting.is_alive()
+    finally:
+        broker.thaw()
+        waiting.join(10)
+
+
+def test_lag_gauges_count_and_age_unacknowledged_events(broker, topic):
+    d = relay()
+    job, _ = services.submit("echo", {})
+    raw("UPDATE jobs_jobevent SET at = now() - interval '5 minutes' WHERE job_id = %s", [job.pk])
+
+    def gauges() -> dict[str, float]:
+        return {f"{s.name}:{s.labels['subscriber']}": s.value
+                for family in OutboxLagCollector().collect() for s in family.samples}  # fmt: skip
+
+    now = gauges()
+    assert 299 < now["jobs_outbox_lag_seconds:kafka"] < 400
+    assert now["jobs_outbox_lag_events:kafka"] == 1
+    drain(d)
+    assert gauges() == {"jobs_outbox_lag_seconds:kafka": 0, "jobs_outbox_lag_events:kafka": 0}
+
+
+@pytest.mark.parametrize(
+    ("config", "error"),
+    [
+        ('{"acks": "1"}', "acks"),
+        ('{"enable.idempotence": false}', "enable.idempotence"),
+        ("{not json", "not JSON"),
+        ('["linger.ms", 5]', "JSON object"),
+        ('{"linger.ms": {"x": 1}}', "JSON object"),
+    ],
+)
+def test_settings_that_would_break_the_guarantees_are_refused(settings, config, error):
+    settings.JOBS_KAFKA_BOOTSTRAP_SERVERS = "127.0.0.1:9"
+    settings.JOBS_KAFKA_CONFIG = config
+    with pytest.raises(ImproperlyConfigured, match=error):
+        kafka.client_config()
+    with pytest.raises(CommandError, match=error):
+        call_command("runreaper")
+
+
+def test_a_setting_librdkafka_does_not_know_stops_the_reaper_at_start(settings):
+    settings.JOBS_KAFKA_BOOTSTRAP_SERVERS = "127.0.0.1:9"
+    settings.JOBS_KAFKA_CONFIG = '{"no.such.setting": 1}'
+    with pytest.raises(CommandError, match="JOBS_KAFKA_CONFIG: No such configuration property"):
+        call_command("runreaper")
+
+
+def test_passed_through_settings_reach_the_producer(settings):
+    settings.JOBS_KAFKA_BOOTSTRAP_SERVERS = "127.0.0.1:9"
+    settings.JOBS_KAFKA_CONFIG = '{"compression.type": "zstd", "message.timeout.ms": 60000}'
+    config = kafka.client_config()
+    assert config["compression.type"] == "zstd" and config["message.timeout.ms"] == 60000
+    assert config["acks"] == "all" and config["enable.idempotence"] is True
+    assert config["bootstrap.servers"] == "127.0.0.1:9"
+
+
+def test_create_topic_and_status_commands(broker, settings, capsys):
+    settings.JOBS_KAFKA_BOOTSTRAP_SERVERS = broker.bootstrap
+    settings.JOBS_KAFKA_TOPIC = "jobs.events.created"
+    settings.JOBS_KAFKA_CONFIG = ""
+    call_command("kafka", "create-topic", "--partitions", "5", "--replication-factor", "1")
+    call_command("kafka", "create-topic", "--partitions", "5", "--replication-factor", "1")
+    call_command("kafka", "status")
+    out = capsys.readouterr().out
+    assert "topic jobs.events.created created: 5 partitions, replication factor 1" in out
+    assert "topic jobs.events.created already exists" in out
+    assert "topic jobs.events.created: 5 partitions" in out
+    assert "relay: not started" in out
+    with pytest.raises(CommandError, match="at least 1"):
+        call_command("kafka", "create-topic", "--partitions", "0")
+    settings.JOBS_KAFKA_BOOTSTRAP_SERVERS = ""
+    with pytest.raises(CommandError, match="JOBS_KAFKA_BOOTSTRAP_SERVERS is not set"):
+        call_command("kafka", "status")
