@@ -14,7 +14,8 @@ WORKDIR /app
 
 # Dependencies first, read from pyproject, so a code change does not reinstall them.
 COPY pyproject.toml ./
-RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > /tmp/requirements.txt \
+# The app's dependencies and the deployment's (the `deploy` extra: gunicorn, whitenoise, ...).
+RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print('\n'.join(p['dependencies'] + p['optional-dependencies']['deploy']))" > /tmp/requirements.txt \
  && pip install -r /tmp/requirements.txt \
  && rm /tmp/requirements.txt
 

@@ -6,12 +6,12 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-12)
 
 .PHONY: run test lint install tools migrate browser chaos chaos-long bench crash-bench webhooks \
-	table-health fuzz schedules-long workflow-bench stop-db reset-db clean
+	table-health fuzz schedules-long workflow-bench stop-db reset-db clean fresh-project
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[deploy,dev]'
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
@@ -118,6 +118,12 @@ webhooks: install
 N ?= 1000000
 table-health: install
 	$(PY) -m bench.table_health --rows $(N)
+
+## fresh-project: docs/django.md in a startproject project, the wheel installed with its
+## dependencies by pip into a clean virtualenv (`make test` runs it with this checkout's
+## dependencies on a path line, and the app from the wheel alone).
+fresh-project: install
+	FRESH_PROJECT_FULL=1 $(VENV)/bin/pytest -q -s -p no:cacheprovider tests/test_fresh_project.py
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -30,7 +30,7 @@ class JobsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from jobs import clientcache  # noqa: F401  (connects the cache's revocation signals)
+        from jobs import checks, clientcache  # noqa: F401  (registers checks; the cache's signals)
 
         post_migrate.connect(_sync_queues, sender=self, dispatch_uid="jobs.sync_queues")
         post_migrate.connect(_sync_periodic, sender=self, dispatch_uid="jobs.sync_periodic")

@@ -18,19 +18,22 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import copy
 import json
 import threading
 import traceback
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
-from django.conf import settings
 from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
 from django.db import InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
+from jobs import queues
 from jobs import tasks as registry
 from jobs.lifecycle import Status
 from jobs.models import Job, JobEvent
@@ -56,6 +59,9 @@ STATUS_MAP = {
     Status.FAILED: TaskResultStatus.FAILED,
 }
 WORKER_ACTOR_PREFIX = "worker:"
+# The payload's key for the run_after a task was enqueued with (its args and kwargs
+# beside it): the job's run_at moves with retries.
+RUN_AFTER_KEY = "run_after"
 
 
 class InvalidTaskArguments(InvalidSubmission, TypeError):
@@ -294,6 +300,8 @@ class JobServiceBackend(BaseTaskBackend):
         when that transaction commits (never for a task that was rolled back)."""
         self.validate_task(task)
         payload = _arguments(args, kwargs)
+        if task.run_after is not None:  # kept so that a result read back carries it
+            payload[RUN_AFTER_KEY] = task.run_after.isoformat()
         job, created = submit(
             task.module_path,
             payload,
@@ -322,7 +330,10 @@ class JobServiceBackend(BaseTaskBackend):
         return self._result(job, import_string(job.task))
 
     def check(self, **kwargs: Any) -> Iterable[checks.CheckMessage]:
-        declared = settings.JOBS_QUEUES
+        try:
+            declared = queues.declared()
+        except ImproperlyConfigured:  # jobs.E103 says what is wrong with JOBS_QUEUES
+            declared = None
         for queue in sorted(self.queues):
             if not QUEUE_NAME_RE.fullmatch(queue):
                 yield checks.Error(
@@ -330,7 +341,7 @@ class JobServiceBackend(BaseTaskBackend):
                     hint="1-100 characters of letters, digits, '_', '.', ':' or '-'.",
                     id="jobs.E101",
                 )
-            elif queue not in declared:
+            elif declared is not None and queue not in declared:
                 yield checks.Error(
                     f"TASKS[{self.alias!r}]['QUEUES'] holds {queue!r}, not in JOBS_QUEUES",
                     hint="Declare the queue in JOBS_QUEUES or remove it from QUEUES.",
@@ -350,9 +361,18 @@ class JobServiceBackend(BaseTaskBackend):
         claims = [
             e for e in events if e.to_status == Status.PROCESSING and e.kind == JobEvent.TRANSITION
         ]
-        if task.backend != self.alias:
-            task = task.using(backend=self.alias)
         payload = job.payload if isinstance(job.payload, dict) else json.loads(job.payload)
+        run_after = payload.get(RUN_AFTER_KEY)
+        # The task as it was enqueued, not the decorator's defaults (D112); not checked
+        # again (replace() would): it was valid when enqueued, whatever TASKS says now.
+        task = copy.copy(task)
+        for name, value in (
+            ("priority", job.priority),
+            ("queue_name", job.queue),
+            ("run_after", datetime.fromisoformat(run_after) if run_after else None),
+            ("backend", self.alias),
+        ):
+            object.__setattr__(task, name, value)
         result = TaskResult(
             task=task,
             id=str(job.pk),

@@ -14,20 +14,25 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from django.conf import settings
 from django.core.cache import caches
+from django.core.cache.backends.dummy import DummyCache
 from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 
+from jobs.conf import settings
 from jobs.models import Client
 
 log = logging.getLogger(__name__)
 
 ALIAS = "api_clients"
 _TOMBSTONE = "-"
+_NO_CACHE = DummyCache("", {})
 
 
 def _cache():
+    """The `api_clients` cache, or none when the project declares no such cache."""
+    if ALIAS not in settings.CACHES:
+        return _NO_CACHE
     return caches[ALIAS]
 
 

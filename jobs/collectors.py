@@ -22,12 +22,12 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from django.conf import settings
 from django.db import DatabaseError, InterfaceError, connection
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from jobs import metrics, selectors
+from jobs.conf import settings
 from jobs.lifecycle import NON_TERMINAL, Status, WaitReason
 
 if TYPE_CHECKING:

@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.conf import settings
 from django.db import DatabaseError, DataError, InterfaceError, connection
 
 from jobs import metrics, selectors, services, tasks
+from jobs.conf import settings
 from jobs.lifecycle import BLOCKED_RUN_AT, WaitReason
 from jobs.services import Lease
 from jobs.tasks import JobContext, PermanentError
@@ -40,7 +40,7 @@ MAX_STEP_NAME = 200
 
 
 def max_steps() -> int:
-    return int(getattr(settings, "JOBS_MAX_STEPS", 1000))
+    return int(settings.JOBS_MAX_STEPS)
 
 
 class StepError(PermanentError):

@@ -40,12 +40,25 @@ class UnknownQueue(SubmissionError):
     code = "unknown_queue"
 
 
+def first_message(errors: dict[str, list[dict[str, str]]]) -> str:
+    """An error body's `detail`: the first real message (a client printing only `detail`
+    sees what to fix), and how many more `errors` holds."""
+    items = [(field, e["message"]) for field, errs in errors.items() for e in errs]
+    if not items:
+        return "Invalid request."
+    field, message = items[0]
+    if field not in ("non_field_errors", "") and not message.startswith(field):
+        message = f"{field}: {message}"
+    more = len(items) - 1
+    return message + (f" (and {more} more in errors)" if more else "")
+
+
 class RequestInvalid(SubmissionError):
     """Several rules broken at once; `errors` maps each field to [{message, code}]."""
 
     def __init__(self, errors: dict[str, list[dict[str, str]]]) -> None:
         codes = {e["code"] for items in errors.values() for e in items}
-        super().__init__("Invalid request.", code=codes.pop() if len(codes) == 1 else "invalid")
+        super().__init__(first_message(errors), code=codes.pop() if len(codes) == 1 else "invalid")
         self.errors = errors
 
 

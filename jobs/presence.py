@@ -21,10 +21,10 @@ import threading
 from collections.abc import Sequence
 
 import psycopg
-from django.conf import settings
 from django.db import connection
 
 from jobs import metrics, services
+from jobs.conf import settings
 
 log = logging.getLogger(__name__)
 

@@ -101,6 +101,7 @@ def set_paused(name: str, paused: bool, *, durable: bool = True) -> bool:
             .exclude(paused=paused)
             .update(paused=paused, updated_at=Now())
         )
+    selectors.forget_paused_queues()  # this process shows the change at once
     return bool(changed)
 
 

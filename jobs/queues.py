@@ -1,6 +1,6 @@
 """The queues a deployment serves: JOBS_QUEUES, parsed here and nowhere else.
 
-JOBS_QUEUES is a JSON object read from the environment whose keys are queue names
+JOBS_QUEUES is a dict (or a JSON object read from the environment) whose keys are queue names
 and whose values are per-queue settings (default `{"default": {}}`). Only declared
 queues accept jobs: a client cannot create queues at will, so per-queue metric labels,
 per-queue backpressure and the depth cache stay bounded by this list.
@@ -109,10 +109,40 @@ def with_builtin(doc: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {**doc, **{name: conf for name, conf in BUILTIN.items() if name not in doc}}
 
 
-def declared() -> dict[str, dict[str, Any]]:
-    from django.conf import settings
+_parsed: tuple[Any, dict[str, dict[str, Any]]] = (None, {})
 
-    return settings.JOBS_QUEUES
+
+def from_setting(value: Any) -> dict[str, dict[str, Any]]:
+    """JOBS_QUEUES as a project holds it (a dict, or JSON text from the environment)
+    → {queue: settings} with the built-in queues; ImproperlyConfigured says what is wrong."""
+    if isinstance(value, str):
+        text = value
+    else:
+        try:
+            text = json.dumps(value)
+        except (TypeError, ValueError) as exc:
+            raise ImproperlyConfigured(f"JOBS_QUEUES is not JSON-like: {exc}") from None
+    return with_builtin(parse(text or DEFAULT))
+
+
+def declared() -> dict[str, dict[str, Any]]:
+    """The declared queues, parsed again only when the setting is another object."""
+    global _parsed
+    from jobs.conf import settings
+
+    raw = settings.JOBS_QUEUES
+    if _parsed[0] is not raw:
+        _parsed = (raw, from_setting(raw))
+    return _parsed[1]
+
+
+def names_for_docs() -> list[str]:
+    """Declared queue names for the API schema, read at import: none while JOBS_QUEUES is
+    malformed, so that `check` reports it (jobs.E103) instead of an import traceback."""
+    try:
+        return list(declared())
+    except ImproperlyConfigured:
+        return []
 
 
 def is_declared(name: Any) -> bool:

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from django.conf import settings
 from django.db import connection
 
+from jobs.conf import settings
 from jobs.exceptions import QuotaExceeded
 
 
@@ -39,7 +39,7 @@ _LOCKED_LIMIT_SQL = _LIMIT_SQL + " FOR NO KEY UPDATE"
 
 
 def default(quota: Quota) -> int:
-    return int(getattr(settings, quota.setting, quota.default))
+    return int(getattr(settings, quota.setting))
 
 
 def limit(quota: Quota, client_id: int | None, *, lock: bool = False) -> int:

@@ -14,10 +14,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from django.conf import settings
 from django.db import DatabaseError, InterfaceError, close_old_connections, connection
 
 from jobs import metrics, selectors, services
+from jobs.conf import settings
 from jobs.lifecycle import Status
 from jobs.runtime import Backoff, StopRequests
 from jobs.transport import TransportError, get_transport

@@ -12,8 +12,9 @@ import signal
 import threading
 from collections.abc import Callable
 
-from django.conf import settings
 from django.core.management.base import CommandError
+
+from jobs.conf import settings
 
 COLD_STOP_EXIT_CODE = 130  # 128 + SIGINT, what a shell reports for an interrupted process
 

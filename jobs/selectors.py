@@ -11,16 +11,17 @@ from the database clock. The admin dashboard's own statements live in
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from django.conf import settings
 from django.core.cache import cache
 from django.db import connection
 from django.db.models import F, QuerySet
 from django.db.models.functions import Now
 
+from jobs.conf import settings
 from jobs.lifecycle import NON_TERMINAL, Status, due_sql, sql_list
 from jobs.models import Job, Queue, WorkerProcess
 
@@ -316,6 +317,41 @@ class QueueState:
 
 def queue_states() -> list[QueueState]:
     return [QueueState(*r) for r in _fetch(QUEUE_STATE_SQL, [])]
+
+
+# --- why a queued job waits -------------------------------------------------------------
+
+# Not a stored WaitReason: the queue's state, read when a job is shown.
+QUEUE_PAUSED = "queue_paused"
+PAUSED_QUEUES_SQL = "SELECT name FROM jobs_queue WHERE paused"
+PAUSED_QUEUES_MAX_AGE = 1.0
+_paused_queues: tuple[float, frozenset[str]] = (-PAUSED_QUEUES_MAX_AGE, frozenset())
+
+
+def paused_queues_cached() -> frozenset[str]:
+    """The paused queues, read at most once a second per process (a page of jobs, or a
+    submission's answer, costs no query each)."""
+    global _paused_queues
+    at, names = _paused_queues
+    now = time.monotonic()
+    if now - at >= PAUSED_QUEUES_MAX_AGE:
+        names = frozenset(r[0] for r in _fetch(PAUSED_QUEUES_SQL, []))
+        _paused_queues = (now, names)
+    return names
+
+
+def forget_paused_queues() -> None:
+    global _paused_queues
+    _paused_queues = (-PAUSED_QUEUES_MAX_AGE, frozenset())
+
+
+def wait_reason(job: Job) -> str | None:
+    """Why a queued job is not running: parked or blocked (stored), or its queue paused."""
+    if job.wait_reason:
+        return job.wait_reason
+    if job.status == Status.QUEUED and job.queue in paused_queues_cached():
+        return QUEUE_PAUSED
+    return None
 
 
 # --- durable jobs and workflows ------------------------------------------------------

@@ -23,10 +23,10 @@ from functools import partial
 from typing import Any
 
 import psycopg
-from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 
 from jobs import clientcache, lifecycle, metrics, quotas
+from jobs.conf import settings
 from jobs.exceptions import (
     BatchIdempotencyConflict,
     IdempotencyConflict,

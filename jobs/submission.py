@@ -24,11 +24,11 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from django.conf import settings
 from django.db import connection
 from django.utils.dateparse import parse_datetime
 
 from jobs import metrics, queues, services, tasks
+from jobs.conf import settings
 from jobs.exceptions import (  # noqa: F401  (re-exported: jobs.submission.QueueFull, ...)
     RETRY_AFTER_SECONDS,
     BatchIdempotencyConflict,

@@ -8,7 +8,8 @@ Applications register their own with the decorator:
     def resize(payload, ctx):
         ...
 
-and list the module in JOBS_TASK_MODULES so every process imports it.
+in the `tasks` module of an installed app (every process imports those) or in a
+module listed in JOBS_TASK_MODULES.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.conf import settings
+from django.utils.module_loading import autodiscover_modules
+
+from jobs.conf import settings
 
 
 class PermanentError(Exception):
@@ -209,13 +212,16 @@ def task(
 
 
 def load() -> dict[str, TaskSpec]:
-    """Import the built-ins and every module in JOBS_TASK_MODULES, once."""
+    """Import the built-ins, every module in JOBS_TASK_MODULES and the `tasks` module of
+    every installed app (as Celery finds them: a project's `shop/tasks.py` needs no
+    setting, D113), once."""
     global _loaded
     if not _loaded:
         with _load_lock:
             if not _loaded:
                 for module in settings.JOBS_TASK_MODULES:
                     importlib.import_module(module)
+                autodiscover_modules("tasks")
                 _loaded = True
     return _registry
 
@@ -231,7 +237,7 @@ def names() -> list[str]:
 def is_public(name: str) -> bool:
     """A client may submit it: registered public, or made so by JOBS_PUBLIC_TASKS."""
     spec = get(name)
-    return spec is not None and (spec.public or name in getattr(settings, "JOBS_PUBLIC_TASKS", ()))
+    return spec is not None and (spec.public or name in settings.JOBS_PUBLIC_TASKS)
 
 
 def public_names() -> list[str]:

@@ -11,13 +11,13 @@ import threading
 from collections.abc import Iterable, Sequence
 
 import redis
-from django.conf import settings
 from django.core.cache.backends.redis import RedisCache as DjangoRedisCache
 from django.core.cache.backends.redis import RedisCacheClient
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from jobs import metrics
+from jobs.conf import settings
 
 log = logging.getLogger(__name__)
 

@@ -40,7 +40,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.conf import settings
 from django.db import (
     DatabaseError,
     DataError,
@@ -52,6 +51,7 @@ from django.db import (
 )
 
 from jobs import durable, metrics, selectors, services, tasks
+from jobs.conf import settings
 from jobs.dispatch import QueueSpec, parse_queues, polling_order
 from jobs.errors import (
     MAX_ERROR_CHARS,

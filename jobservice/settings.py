@@ -8,7 +8,7 @@ from pathlib import Path
 
 import environ
 
-from jobs import queues
+from jobs import conf
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -53,6 +53,8 @@ if PRODUCTION:
         )
 
 INSTALLED_APPS = [
+    # Before the admin: jobs' admin/index.html adds the job dashboard's link to its index.
+    "jobs",
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
@@ -65,7 +67,6 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "django_prometheus",
     "django_tasks",  # the Tasks framework backport; Django 6 has it built in (django.tasks)
-    "jobs",
     "demo",
     # Your own apps with models (e.g. the transactional tasks' tables): JOBS_EXTRA_APPS=myapp
     *env.list("JOBS_EXTRA_APPS", default=[]),
@@ -92,7 +93,8 @@ ROOT_URLCONF = "jobservice.urls"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [BASE_DIR / "templates"],
+        # The admin's pages come with the app (jobs/templates).
+        "DIRS": [],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
@@ -145,74 +147,16 @@ STATIC_URL = "static/"
 STATIC_ROOT = Path(env.str("STATIC_ROOT", default=str(BASE_DIR / "staticfiles")))
 
 # --- the job system (SPEC §9) -------------------------------------------------
-REDIS_URL = env.str("REDIS_URL", default="")
-JOBS_REDIS_PREFIX = env.str("JOBS_REDIS_PREFIX", default="jobs:")
-JOBS_LEASE_SECONDS = env.float("JOBS_LEASE_SECONDS", default=15.0)
-# At most one progress write per running job per this many seconds (with the heartbeat).
-JOBS_PROGRESS_INTERVAL = env.float("JOBS_PROGRESS_INTERVAL", default=1.0)
-JOBS_REAPER_INTERVAL = env.float("JOBS_REAPER_INTERVAL", default=5.0)
-# Most jobs a worker holds claimed, running ones included (runworker --prefetch): short
-# jobs are claimed ahead, long jobs one per free thread (docs/performance.md#prefetch).
-JOBS_WORKER_PREFETCH = env.int("JOBS_WORKER_PREFETCH", default=128)
-# Schedules (docs/schedules.md): every runreaper fires them; it looks at most this often
-# when nothing is due sooner, and `catch_up: all` makes at most this many missed slots.
-JOBS_SCHEDULER_POLL_SECONDS = env.float("JOBS_SCHEDULER_POLL_SECONDS", default=0.5)
-JOBS_SCHEDULE_CATCH_UP_MAX = env.int("JOBS_SCHEDULE_CATCH_UP_MAX", default=100)
-JOBS_MAX_RETRIES = env.int("JOBS_MAX_RETRIES", default=3)
-# Steps (checkpoints and waits) one durable job may have (jobs.durable).
-JOBS_MAX_STEPS = env.int("JOBS_MAX_STEPS", default=1000)
-JOBS_MAX_QUEUE_DEPTH = env.int("JOBS_MAX_QUEUE_DEPTH", default=100_000)
-JOBS_MAX_PAYLOAD_BYTES = env.int("JOBS_MAX_PAYLOAD_BYTES", default=65_536)
-# Backoff for retries: base * 2**(retry_count-1), capped, with full jitter.
-JOBS_RETRY_BACKOFF_BASE = env.float("JOBS_RETRY_BACKOFF_BASE", default=1.0)
-JOBS_RETRY_BACKOFF_MAX = env.float("JOBS_RETRY_BACKOFF_MAX", default=60.0)
-# A due queued job untouched this long is assumed to have lost its signal.
-JOBS_LOST_SIGNAL_SECONDS = env.float("JOBS_LOST_SIGNAL_SECONDS", default=10.0)
-JOBS_SLO_SECONDS = env.float("JOBS_SLO_SECONDS", default=25.0)
-# Each worker process beats its row in jobs_worker this often; with session crash
-# detection it also holds an advisory lock on that connection, and the reaper
-# requeues the jobs of a worker whose session is gone and whose beat is older than
-# three of these (checked every JOBS_PRESENCE_SECONDS). Turn detection off where
-# sessions are not the worker's own (PgBouncer in transaction mode): leases remain.
-JOBS_PRESENCE_SECONDS = env.float("JOBS_PRESENCE_SECONDS", default=1.0)
-JOBS_SESSION_CRASH_DETECTION = env.bool("JOBS_SESSION_CRASH_DETECTION", default=True)
-# How long the reaper's jobs_depth / jobs_oldest_age_seconds reading is reused across scrapes.
-JOBS_METRICS_CACHE_SECONDS = env.float("JOBS_METRICS_CACHE_SECONDS", default=5.0)
-# The built-in webhook delivery task is always known; applications add their modules.
-JOBS_TASK_MODULES = ["jobs.events.webhooks", *env.list("JOBS_TASK_MODULES", default=[])]
-# Internal tasks (webhook delivery, @subscriber, Django Tasks, @task(public=False)) that
-# clients may submit all the same; none by default.
-JOBS_PUBLIC_TASKS = env.list("JOBS_PUBLIC_TASKS", default=[])
-# Per-client quotas (jobs/quotas.py); staff raise one client's limit in the admin.
-JOBS_MAX_SCHEDULES = env.int("JOBS_MAX_SCHEDULES", default=100)
-JOBS_MAX_WEBHOOKS = env.int("JOBS_MAX_WEBHOOKS", default=10)
-JOBS_MAX_SIGNALS_PER_JOB = env.int("JOBS_MAX_SIGNALS_PER_JOB", default=20)
-# The queues that accept jobs, with their settings: a JSON object (jobs/queues.py parses
-# it), plus the built-in queues (webhook deliveries) unless it declares them itself.
-JOBS_QUEUES = queues.with_builtin(
-    queues.parse(env.str("JOBS_QUEUES", default="") or queues.DEFAULT)
-)
-# Completion events (docs/events.md).
-JOBS_OUTBOX_INTERVAL = env.float("JOBS_OUTBOX_INTERVAL", default=0.5)
-JOBS_EVENTS_STREAM_MAXLEN = env.int("JOBS_EVENTS_STREAM_MAXLEN", default=100_000)
-# The Kafka sink (off unless bootstrap servers are set); JOBS_KAFKA_CONFIG: a JSON object
-# of librdkafka settings (security, compression, linger) for the producer.
-JOBS_KAFKA_BOOTSTRAP_SERVERS = env.str("JOBS_KAFKA_BOOTSTRAP_SERVERS", default="")
-JOBS_KAFKA_TOPIC = env.str("JOBS_KAFKA_TOPIC", default="jobs.events")
-JOBS_KAFKA_CONFIG = env.str("JOBS_KAFKA_CONFIG", default="")
-JOBS_KAFKA_ACK_TIMEOUT = env.float("JOBS_KAFKA_ACK_TIMEOUT", default=5.0)
-JOBS_WEBHOOK_ALLOW_PRIVATE = env.bool("JOBS_WEBHOOK_ALLOW_PRIVATE", default=False)
-JOBS_WEBHOOK_CONNECT_TIMEOUT = env.float("JOBS_WEBHOOK_CONNECT_TIMEOUT", default=3.0)
-JOBS_WEBHOOK_READ_TIMEOUT = env.float("JOBS_WEBHOOK_READ_TIMEOUT", default=10.0)
-JOBS_WEBHOOK_MAX_RESPONSE_BYTES = env.int("JOBS_WEBHOOK_MAX_RESPONSE_BYTES", default=4096)
-JOBS_WEBHOOK_MAX_RETRIES = env.int("JOBS_WEBHOOK_MAX_RETRIES", default=10)
-# CA certificates for https receivers (a PEM file); empty: the system's.
-JOBS_WEBHOOK_CA_BUNDLE = env.str("JOBS_WEBHOOK_CA_BUNDLE", default="")
-# Webhook secrets are derived from this key and a per-webhook salt (jobs/events/signing.py).
-JOBS_WEBHOOK_KEY = env.str("JOBS_WEBHOOK_KEY", default="") or SECRET_KEY
-# Where runworker/runreaper --metrics-port listen: this machine only unless told otherwise
-# (docker-compose sets 0.0.0.0 so Prometheus can reach the containers).
-JOBS_METRICS_HOST = env.str("JOBS_METRICS_HOST", default="127.0.0.1")
+# Every setting of the jobs app, with its default, is in jobs/conf.py (docs/settings.md):
+# each is set here from the environment variable of the same name, read as its default's
+# type (JOBS_QUEUES as JSON text, JOBS_TASK_MODULES comma-separated), else its default.
+_jobs = {name: setting.default for name, setting in conf.SETTINGS.items()}
+_jobs.update(conf.from_environment(env, skip=frozenset({"PRODUCTION", "LOG_FORMAT"})))
+_jobs.pop("PRODUCTION"), _jobs.pop("LOG_FORMAT")  # set above and below
+globals().update(_jobs)
+REDIS_URL = _jobs["REDIS_URL"]
+JOBS_REDIS_PREFIX = _jobs["JOBS_REDIS_PREFIX"]
+JOBS_CLIENT_CACHE_SECONDS = _jobs["JOBS_CLIENT_CACHE_SECONDS"]
 # Django's Tasks framework runs on jobservice (jobs/backends.py). A @task's module must
 # also be in JOBS_TASK_MODULES so that runworker knows it.
 TASKS = {
@@ -226,7 +170,6 @@ TASKS = {
 # --- API ------------------------------------------------------------------------
 # Active API clients by token hash (jobs/clientcache.py): shared through Redis so a
 # deactivation reaches every process at once; without Redis, no cache.
-JOBS_CLIENT_CACHE_SECONDS = env.float("JOBS_CLIENT_CACHE_SECONDS", default=10.0)
 CACHES = {
     # Per process: the admin dashboard (the API throttle counts in jobs.api.auth).
     "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},

@@ -20,6 +20,8 @@ PROJECT = ("jobs", "jobservice", "harness", "tests", "bench", "chaos", "demo")
 # Lowest first. A module of `jobs` may import modules of lower layers only; in the
 # entry-point layer also modules of its own package (jobs.api.*, jobs.admin.*).
 LAYERS: list[tuple[str, list[str]]] = [
+    # Every setting of the app and its default (imports nothing of the project).
+    ("settings", ["jobs.conf"]),
     # Import nothing of the project: the lifecycle's states and transitions, metric
     # definitions, the task registry, pure helpers. Empty package markers live here too.
     ("leaves", [
@@ -52,8 +54,8 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("durable jobs and workflows", ["jobs.durable", "jobs.workflows", "jobs.signals"]),
     ("processes", ["jobs.worker", "jobs.reaper", "jobs.schedules.scheduler",
                    "jobs.events.outbox"]),
-    # Bridges to frameworks around the processes: Django Tasks, Prometheus scrapes.
-    ("adapters", ["jobs.backends", "jobs.collectors"]),
+    # Bridges to frameworks around the processes: Django Tasks, Prometheus scrapes, checks.
+    ("adapters", ["jobs.backends", "jobs.collectors", "jobs.checks"]),
     ("entry points", [
         # apps: its ready() wires the client cache's signal receivers in.
         "jobs.apps", "jobs.api", "jobs.api.*", "jobs.admin", "jobs.admin.*", "jobs.health",
@@ -80,7 +82,7 @@ FORBIDDEN = {
     "demo": ("harness", "tests", "bench", "chaos"),
 }
 # The one module of jobservice that jobs may use: `runstack` starts the embedded
-# PostgreSQL, which imports nothing of jobs. Settings are read through django.conf.
+# PostgreSQL, which imports nothing of jobs. Settings are read through jobs.conf.
 JOBS_MAY_IMPORT = {"jobservice.embedded"}
 
 

@@ -43,6 +43,8 @@ SKIPPED = {
     "webhooks": "the suite runs its tests at 200 jobs; test_sized_target_runs_suite_tests",
     "schedules-long": "the suite runs its test for 25 s; test_sized_target_runs_suite_tests",
     "workflow-bench": "the suite runs its test at 100 nodes; test_sized_target_runs_suite_tests",
+    "fresh-project": "the suite runs its test with this checkout's dependencies; "
+    "test_sized_target_runs_suite_tests",
 }
 # The long targets' quickest options.
 QUICK = {
@@ -56,6 +58,7 @@ SIZED = {
     "webhooks": "WEBHOOK_JOBS",
     "schedules-long": "SCHEDULE_E2E_SECONDS",
     "workflow-bench": "WORKFLOW_NODES",
+    "fresh-project": "FRESH_PROJECT_FULL",
 }
 # A skipped target whose recipe is exactly what another test runs.
 SAME_AS_SUITE = {
@@ -450,11 +453,17 @@ SECTIONS_TESTED_AS_A_WHOLE = {
 
 # Where commands are documented: the README and the guides it links to.
 DOCUMENTS = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
+DOCUMENTS_TESTED_AS_A_WHOLE = {
+    "docs/django.md": "tests/test_fresh_project.py runs the page in a startproject project",
+}
 
 
 def readme_commands() -> list[str]:
     parts = [
-        (path, part) for path in DOCUMENTS for part in re.split(r"\n## ", (ROOT / path).read_text())
+        (path, part)
+        for path in DOCUMENTS
+        if path not in DOCUMENTS_TESTED_AS_A_WHOLE
+        for part in re.split(r"\n## ", (ROOT / path).read_text())
     ]
     commands = []
     for path, part in parts:

@@ -45,7 +45,7 @@ def test_malformed_setting_is_refused_with_a_clear_message(text, says):
     assert says in str(info.value)
 
 
-def test_a_command_refuses_to_start_on_a_malformed_setting():
+def test_a_command_refuses_to_start_on_a_malformed_setting_with_a_hint():
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "jobservice.settings",
            "JOBS_QUEUES": '{"default": {"colour": "red"}}'}  # fmt: skip
     done = subprocess.run(
@@ -53,7 +53,9 @@ def test_a_command_refuses_to_start_on_a_malformed_setting():
         text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode != 0
-    assert "ImproperlyConfigured" in done.stderr and "unknown setting(s) colour" in done.stderr
+    assert "jobs.E103" in done.stderr and "unknown setting(s) colour" in done.stderr
+    assert "HINT: JOBS_QUEUES maps queue names to settings" in done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
 
 
 @pytest.mark.django_db

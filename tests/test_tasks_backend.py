@@ -55,7 +55,7 @@ def test_enqueue_creates_a_queued_job_named_by_the_import_path():
     result = app.add.using(priority=-7, run_after=run_after).enqueue(2, b=3)
     job = Job.objects.get(pk=int(result.id))
     assert job.task == "tests.tasks_app.tasks.add"
-    assert job.payload == {"args": [2], "kwargs": {"b": 3}}
+    assert job.payload == {"args": [2], "kwargs": {"b": 3}, "run_after": run_after.isoformat()}
     assert (job.status, job.queue, job.priority, job.run_at) == ("queued", "default", -7, run_after)
     assert result.status == TaskResultStatus.READY
     assert (result.args, result.kwargs, result.backend) == ([2], {"b": 3}, "default")
@@ -64,6 +64,56 @@ def test_enqueue_creates_a_queued_job_named_by_the_import_path():
     assert (result.worker_ids, result.errors, result.started_at) == ([], [], None)
     with pytest.raises(ValueError, match="not finished"):
         _ = result.return_value
+
+
+@pytest.mark.django_db
+def test_a_result_read_back_carries_what_the_task_was_enqueued_with():
+    run_after = timezone.now() + timedelta(minutes=5)
+    with override_settings(TASKS=TWO_QUEUES, JOBS_QUEUES=BOTH_DECLARED):
+        task = app.echo.using(priority=-3, queue_name="emails", run_after=run_after)
+        enqueued = task.enqueue("x")
+        read = app.echo.get_result(enqueued.id)
+        assert read.task == enqueued.task == task
+        assert (read.task.priority, read.task.queue_name, read.task.run_after) == (
+            -3, "emails", run_after,
+        )  # fmt: skip
+        assert read == enqueued
+        # Without run_after the result says none, not the job's run_at.
+        plain = app.echo.enqueue("y")
+        assert app.echo.get_result(plain.id).task == plain.task == app.echo
+
+
+@pytest.mark.django_db
+def test_context_tasks_and_signals_see_the_enqueued_priority_queue_and_run_after():
+    from jobs.backends import _handlers
+    from jobs.tasks import JobContext
+    from jobs.tasks_compat import task_finished, task_started
+
+    run_after = timezone.now() - timedelta(seconds=1)
+    with override_settings(TASKS=TWO_QUEUES, JOBS_QUEUES=BOTH_DECLARED):
+        task = app.whoami.using(priority=4, queue_name="emails", run_after=run_after)
+        result = task.enqueue(note="n")
+        job = Job.objects.get(pk=int(result.id))
+        heard = []
+
+        def listen(sender, task_result, **kwargs):
+            heard.append(task_result.task)
+
+        task_started.connect(listen)
+        task_finished.connect(listen)
+        try:
+            ctx = JobContext(
+                job_id=job.pk, lease_version=job.lease_version, attempt=1, worker_id="w",
+                queue=job.queue, task=job.task,
+            )  # fmt: skip
+            value = _handlers[job.task](job.payload, ctx)
+        finally:
+            task_started.disconnect(listen)
+            task_finished.disconnect(listen)
+    assert (value["priority"], value["queue"], value["run_after"]) == (
+        4, "emails", run_after.isoformat(),
+    )  # fmt: skip
+    assert heard == [task, task]
 
 
 @pytest.mark.django_db

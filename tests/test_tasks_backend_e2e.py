@@ -74,6 +74,9 @@ def test_sync_async_and_context_tasks_run_in_the_worker_and_signal(stack, signal
         "attempt": 1,
         "worker_ids": ctx.worker_ids,
         "note": "hi",
+        "priority": 0,
+        "queue": "default",
+        "run_after": None,
     }
     for r in (add, echo, aio, ctx):
         assert r.attempts == 1 and r.errors == []

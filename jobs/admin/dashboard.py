@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.conf import settings
 from django.contrib import admin
 from django.core.cache import cache
 from django.core.exceptions import PermissionDenied
@@ -24,6 +23,7 @@ from django.utils.translation import gettext as _
 
 from jobs import selectors
 from jobs.admin.display import percent
+from jobs.conf import settings
 from jobs.events import kafka, outbox, webhooks
 from jobs.lifecycle import Status
 from jobs.models import Job

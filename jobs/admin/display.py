@@ -91,11 +91,10 @@ def budget_text(retry_count: int, max_retries: int) -> str:
     """The retry budget in words: "4 attempts (3 retries)" once spent, else how much is used."""
     if retry_count > max_retries:
         retries = retry_count - 1
-        return ngettext(
-            "%(attempts)d attempts (%(retries)d retry)",
-            "%(attempts)d attempts (%(retries)d retries)",
-            retries,
-        ) % {"attempts": retry_count, "retries": retries}
+        # Each number its own plural: "1 attempt (0 retries)", "2 attempts (1 retry)".
+        attempts = ngettext("%(n)d attempt", "%(n)d attempts", retry_count) % {"n": retry_count}
+        spent = ngettext("%(n)d retry", "%(n)d retries", retries) % {"n": retries}
+        return _("%(attempts)s (%(retries)s)") % {"attempts": attempts, "retries": spent}
     return _("%(used)d of %(budget)d retries") % {"used": retry_count, "budget": max_retries}
 
 

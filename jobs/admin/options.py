@@ -12,7 +12,6 @@ from __future__ import annotations
 from datetime import timedelta
 from functools import partial
 
-from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.options import IncorrectLookupParameters
@@ -44,10 +43,11 @@ from jobs.admin.display import (
     status_badge_html,
     time_column,
 )
-from jobs.admin.filters import QueueFilter, StuckFilter, TaskFilter
+from jobs.admin.filters import InternalFilter, QueueFilter, StuckFilter, TaskFilter
 from jobs.admin.paginator import CappedCountPaginator
 from jobs.admin.readonly import SeenWithJobs, WrittenByServices
 from jobs.admin.workflows import JobSignalInline, JobStepInline, send_signal_view
+from jobs.conf import settings
 from jobs.lifecycle import TERMINAL, Status
 from jobs.models import Client, Job, JobEvent
 from jobs.selectors import progress_of
@@ -91,7 +91,13 @@ class JobEventInline(WrittenByServices, SeenWithJobs, admin.TabularInline):
 
     @admin.display(description=gettext_lazy("from → to"))
     def transition(self, obj: JobEvent) -> str:
-        return f"{obj.from_status or '(new)'} → {obj.to_status}"
+        text = f"{obj.from_status or '(new)'} → {obj.to_status}"
+        # Every other way back to queued (retry, release, reaper) records its reason.
+        if (obj.from_status, obj.to_status) == (Status.PROCESSING, Status.QUEUED) and (
+            not obj.error and obj.kind == JobEvent.TRANSITION
+        ):
+            text += " " + _("(parked by its handler: a durable sleep or wait)")
+        return text
 
     @admin.display(description=gettext_lazy("error"))
     def error_with_traceback(self, obj: JobEvent) -> str:
@@ -127,7 +133,7 @@ class JobAdmin(WrittenByServices, admin.ModelAdmin):
         "in_state",
     )
     list_display_links = ("id",)
-    list_filter = ("status", StuckFilter, TaskFilter, QueueFilter, "client")
+    list_filter = ("status", StuckFilter, TaskFilter, QueueFilter, InternalFilter, "client")
     list_select_related = ("client",)
     list_per_page = 100
     list_max_show_all = 500
@@ -151,7 +157,7 @@ class JobAdmin(WrittenByServices, admin.ModelAdmin):
             {"fields": ("lease_version", "owned_by", "claimed", "heartbeat", "heartbeat_age")},
         ),
         (gettext_lazy("Progress"), {"fields": ("progress_detail", "cancel_requested")}),
-        (gettext_lazy("Waiting for"), {"fields": ("wait_reason", "wait_key")}),
+        (gettext_lazy("Waiting for"), {"fields": ("waiting_for", "wait_key")}),
         (gettext_lazy("Retries"), {"fields": ("retries", "max_retries", "run", "error_text")}),
         (
             gettext_lazy("Times"),
@@ -261,6 +267,11 @@ class JobAdmin(WrittenByServices, admin.ModelAdmin):
         return status_badge_html(obj.status)
 
     @admin.display(description=gettext_lazy("retries"), ordering="retry_count")
+    @admin.display(description=gettext_lazy("wait reason"))
+    def waiting_for(self, obj: Job) -> str:
+        """Parked, blocked on parents, or held by its paused queue; "-" when not waiting."""
+        return selectors.wait_reason(obj) or "-"
+
     def retries(self, obj: Job) -> str:
         return budget_text(obj.retry_count, obj.max_retries)
 

@@ -1,7 +1,8 @@
 """API clients: token authentication, the client-only permission, per-client throttling.
 
-A client sends `Authorization: Token <token>`; only the token's SHA-256 is
-stored, so a database leak does not leak usable tokens.
+A client sends `Authorization: Token <token>` (or `Bearer <token>`, what most HTTP
+clients send for a bearer token); only the token's SHA-256 is stored, so a database
+leak does not leak usable tokens.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from jobs import clientcache
 from jobs.models import Client
 
 KEYWORD = "Token"
+SCHEMES = (b"token", b"bearer")
 
 
 class ClientTokenAuthentication(BaseAuthentication):
@@ -28,8 +30,14 @@ class ClientTokenAuthentication(BaseAuthentication):
 
     def authenticate(self, request: Request) -> tuple[Client, str] | None:
         parts = get_authorization_header(request).split()
-        if not parts or parts[0].lower() != KEYWORD.lower().encode():
+        if not parts:
             return None  # no credentials: IsClient answers 401
+        if parts[0].lower() not in SCHEMES:
+            scheme = parts[0].decode("latin-1")[:20]
+            raise exceptions.AuthenticationFailed(
+                f"Unsupported authorization scheme {scheme!r}: send "
+                "'Authorization: Token <token>' (or 'Bearer <token>')."
+            )
         if len(parts) != 2:
             raise exceptions.AuthenticationFailed(
                 "Invalid Authorization header: expected 'Token <token>'."

@@ -123,7 +123,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         codes = {e["code"] for items in errors.values() for e in items}
         # One rule broken → its code at the top; several → the generic "invalid".
         code = codes.pop() if len(codes) == 1 else "invalid"
-        response.data = error_body("Invalid request.", code, errors)
+        response.data = error_body(refusals.first_message(errors), code, errors)
         return response
     if isinstance(exc, exceptions.APIException):
         detail = exc.detail

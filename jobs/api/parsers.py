@@ -8,12 +8,12 @@ import re
 from typing import Any
 
 import orjson
-from django.conf import settings
 from django.utils.http import parse_header_parameters
 from rest_framework.exceptions import ParseError, UnsupportedMediaType
 from rest_framework.parsers import BaseParser
 
 from jobs.api.errors import RequestTooLarge
+from jobs.conf import settings
 
 # Room for the other fields and for JSON that is escaped (\uXXXX) or pretty-printed:
 # the payload limit itself is enforced on the re-serialised payload (jobs.submission).

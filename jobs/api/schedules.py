@@ -15,6 +15,7 @@ from rest_framework.response import Response
 
 from jobs.api.errors import exception_handler
 from jobs.api.parsers import BoundedJSONParser
+from jobs.api.policy import APIPolicy
 from jobs.api.serializers import ScheduleSerializer, ScheduleWriteSerializer
 from jobs.api.views import IdCursorPagination, error_responses
 from jobs.exceptions import InvalidSubmission, RequestInvalid
@@ -57,7 +58,7 @@ def _body(data: Any, *, partial: bool) -> dict[str, Any]:
     return dict(data)
 
 
-class ScheduleViewSet(viewsets.GenericViewSet):
+class ScheduleViewSet(APIPolicy, viewsets.GenericViewSet):
     serializer_class = ScheduleSerializer
     parser_classes = [BoundedJSONParser]
     pagination_class = ScheduleCursorPagination

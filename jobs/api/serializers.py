@@ -8,10 +8,17 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from jobs import queues, services, submission
+from jobs import queues, selectors, services, submission
 from jobs.lifecycle import STATUSES, Status
 from jobs.models import PRIORITY_MAX, PRIORITY_MIN, Job, JobEvent, Schedule
 from jobs.selectors import progress_of
+
+
+class WaitReasonField(serializers.CharField):
+    """A job's wait reason, its queue's pause included (jobs.selectors.wait_reason)."""
+
+    def to_representation(self, job: Job) -> str | None:
+        return selectors.wait_reason(job)
 
 
 class JobSubmitSerializer(serializers.Serializer):
@@ -24,7 +31,7 @@ class JobSubmitSerializer(serializers.Serializer):
         "(default 65536) bytes once serialised compactly."
     )
     queue = serializers.ChoiceField(
-        choices=list(queues.declared()),
+        choices=queues.names_for_docs(),
         required=False,
         default="default",
         help_text="A queue declared in JOBS_QUEUES; any other is refused (unknown_queue).",
@@ -128,11 +135,13 @@ class JobSerializer(serializers.ModelSerializer):
         "stopping: the job is done and its result kept."
     )
 
-    wait_reason = serializers.CharField(
+    wait_reason = WaitReasonField(
+        source="*",
         read_only=True,
         allow_null=True,
-        help_text="Why a queued job is not due: sleep or signal (parked by its handler), "
-        "parents (a workflow step whose parents have not ended); null otherwise.",
+        help_text="Why a queued job is not running: sleep or signal (parked by its "
+        "handler), parents (a workflow step whose parents have not ended), queue_paused "
+        "(its queue is paused); null otherwise.",
     )
 
     @extend_schema_field(ProgressSerializer(allow_null=True))
@@ -269,7 +278,7 @@ class ScheduleWriteSerializer(serializers.Serializer):
     )
     task = serializers.CharField(max_length=200, help_text="A registered task name.")
     payload = serializers.JSONField(required=False, help_text="The job's payload; not null.")
-    queue = serializers.ChoiceField(choices=list(queues.declared()), required=False)
+    queue = serializers.ChoiceField(choices=queues.names_for_docs(), required=False)
     priority = serializers.IntegerField(
         required=False, min_value=PRIORITY_MIN, max_value=PRIORITY_MAX
     )

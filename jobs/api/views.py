@@ -10,6 +10,7 @@ from typing import Any
 from django.db import connection, transaction
 from django.urls import reverse
 from django.utils.dateparse import parse_datetime
+from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import exceptions, generics, status, viewsets
@@ -21,6 +22,7 @@ from jobs import services, submission
 from jobs.api.errors import Conflict, InvalidCursor, exception_handler
 from jobs.api.filters import JobFilter
 from jobs.api.parsers import BatchJSONParser, BoundedJSONParser
+from jobs.api.policy import APIPolicy
 from jobs.api.serializers import (
     BatchResultSerializer,
     BatchSubmitSerializer,
@@ -133,10 +135,11 @@ def _inside_callers_transaction() -> bool:
     return bool(blocks) and not getattr(blocks[-1], "_from_testcase", False)
 
 
-class JobViewSet(viewsets.GenericViewSet):
+class JobViewSet(APIPolicy, viewsets.GenericViewSet):
     serializer_class = JobSerializer
     parser_classes = [BoundedJSONParser]
     filterset_class = JobFilter
+    filter_backends = [DjangoFilterBackend]
     pagination_class = JobCursorPagination
 
     def get_exception_handler(self) -> Any:
@@ -309,7 +312,7 @@ class HistoryCursorPagination(IdCursorPagination):
     ordering = ("id",)
 
 
-class JobHistoryView(generics.ListAPIView):
+class JobHistoryView(APIPolicy, generics.ListAPIView):
     """A job's history, a cursor page at a time. The job list's filters do not apply
     here: any query parameter but `cursor` and `page_size` is refused (400)."""
 

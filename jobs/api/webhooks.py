@@ -16,6 +16,7 @@ from rest_framework.response import Response
 from jobs import quotas, services
 from jobs.api.errors import Conflict, exception_handler
 from jobs.api.parsers import BoundedJSONParser
+from jobs.api.policy import APIPolicy
 from jobs.api.views import IdCursorPagination, error_responses
 from jobs.events import signing, ssrf
 from jobs.lifecycle import Status
@@ -112,7 +113,7 @@ _errors = error_responses({
 })  # fmt: skip
 
 
-class WebhookViewSet(viewsets.GenericViewSet):
+class WebhookViewSet(APIPolicy, viewsets.GenericViewSet):
     serializer_class = WebhookSerializer
     parser_classes = [BoundedJSONParser]
     pagination_class = None
@@ -189,7 +190,7 @@ class WebhookViewSet(viewsets.GenericViewSet):
         return Response(self._with_secret(hook))
 
 
-class DeliveryViewSet(viewsets.GenericViewSet):
+class DeliveryViewSet(APIPolicy, viewsets.GenericViewSet):
     """A webhook's deliveries, newest first; `?status=failed` lists the dead letters."""
 
     serializer_class = DeliverySerializer

@@ -22,6 +22,7 @@ from rest_framework.views import APIView
 from jobs import signals, workflows
 from jobs.api.errors import Conflict, exception_handler
 from jobs.api.parsers import BatchJSONParser, BoundedJSONParser
+from jobs.api.policy import APIPolicy
 from jobs.api.views import error_responses
 from jobs.lifecycle import STATUSES, Status, WaitReason
 from jobs.models import OnFailure
@@ -55,7 +56,7 @@ class SignalResultSerializer(serializers.Serializer):
     )
 
 
-class _View(APIView):
+class _View(APIPolicy, APIView):
     parser_classes = [BoundedJSONParser]
 
     def get_exception_handler(self) -> Any:

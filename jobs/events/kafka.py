@@ -28,10 +28,10 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
-from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
 from jobs import metrics
+from jobs.conf import settings
 from jobs.transport import TransportError
 
 log = logging.getLogger(__name__)

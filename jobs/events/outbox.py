@@ -27,12 +27,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.conf import settings
 from django.db import DatabaseError, InterfaceError, close_old_connections, connection, transaction
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from jobs import metrics, services
+from jobs.conf import settings
 from jobs.events import kafka, signing
 from jobs.events.streams import StreamPublisher
 from jobs.lifecycle import TERMINAL, sql_list

@@ -14,8 +14,9 @@ import hmac
 import secrets
 from datetime import datetime
 
-from django.conf import settings
 from standardwebhooks.webhooks import Webhook as Signer
+
+from jobs.conf import settings
 
 # The built-in delivery task and the queue it runs on (always declared, served by
 # a default runworker).
@@ -48,7 +49,7 @@ def new_salt() -> str:
 
 
 def _key() -> bytes:
-    key = getattr(settings, "JOBS_WEBHOOK_KEY", "") or settings.SECRET_KEY
+    key = settings.JOBS_WEBHOOK_KEY
     return key.encode()
 
 

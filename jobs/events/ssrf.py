@@ -14,7 +14,7 @@ import ipaddress
 import socket
 from urllib.parse import urlsplit
 
-from django.conf import settings
+from jobs.conf import settings
 
 # Addresses some clouds serve instance metadata on that are not link-local.
 METADATA_ADDRESSES = frozenset({"100.100.100.200", "fd00:ec2::254"})
@@ -25,7 +25,7 @@ class UnsafeURL(ValueError):
 
 
 def allow_private() -> bool:
-    return bool(getattr(settings, "JOBS_WEBHOOK_ALLOW_PRIVATE", False))
+    return bool(settings.JOBS_WEBHOOK_ALLOW_PRIVATE)
 
 
 # 6to4 (RFC 3056, deprecated by RFC 7526) embeds any IPv4 address, 127.0.0.1 and

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from django.conf import settings
-
+from jobs.conf import settings
 from jobs.transport import get_transport
 
 

@@ -17,10 +17,10 @@ from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 
 import urllib3
-from django.conf import settings
 from django.db import connection
 
 from jobs import metrics
+from jobs.conf import settings
 from jobs.events import signing, ssrf
 from jobs.lifecycle import Status
 from jobs.tasks import JobContext, PermanentError, RetryableError, task

@@ -152,7 +152,7 @@ def create(values: dict[str, Any], *, client: Client | None, origin: str) -> Sch
     """A new schedule from `values` (FIELDS; missing ones take DEFAULTS)."""
     checked = check({**DEFAULTS, **values}, for_client=client is not None)
     schedule = Schedule(client=client, origin=origin, **{k: checked[k] for k in FIELDS})
-    schedule.next_fire_at = first_slot(checked)
+    schedule.next_fire_at = first_slot(checked) if checked["enabled"] else None
     with transaction.atomic():
         if client is not None:
             quotas.check_room(quotas.SCHEDULES, client.pk)
@@ -178,7 +178,9 @@ def update(schedule: Schedule, changes: dict[str, Any]) -> Schedule:
     )
     for k in FIELDS:
         setattr(schedule, k, checked[k])
-    if restart or schedule.next_fire_at is None:
+    if not checked["enabled"]:
+        schedule.next_fire_at = None  # a paused schedule has no next run to show
+    elif restart or schedule.next_fire_at is None:
         schedule.next_fire_at = first_slot(checked)
     schedule.updated_at = db_now()
     return _save(schedule)

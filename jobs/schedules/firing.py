@@ -10,10 +10,10 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.conf import settings
 from django.db import connection, transaction
 
 from jobs import lifecycle, metrics, services
+from jobs.conf import settings
 from jobs.lifecycle import NON_TERMINAL, Role, Status
 from jobs.models import Client, Job, Schedule, SchedulerRun
 from jobs.schedules.timing import InvalidTiming, Timing

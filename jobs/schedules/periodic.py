@@ -11,6 +11,7 @@ the admin and a deploy does not resume it.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -22,7 +23,7 @@ DECLARED: list[dict[str, Any]] = []
 def periodic(
     *,
     cron: str | None = None,
-    interval: int | None = None,
+    interval_seconds: int | None = None,
     name: str | None = None,
     timezone: str = "UTC",
     payload: Any = None,
@@ -32,16 +33,26 @@ def periodic(
     catch_up: str = "skip",
     overlap: str = "allow",
     task: str | None = None,
+    interval: int | None = None,
 ) -> Callable:
     """Declare a schedule for the task registered on the decorated handler (put it
-    above `@task`), or for `task` by name. Checked when synced."""
+    above `@task`), or for `task` by name. Checked when synced. `interval_seconds` as
+    in the API; `interval` is its former name (D114)."""
+    if interval is not None:
+        warnings.warn(
+            "@periodic(interval=...) is now interval_seconds=..., as in the API",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        if interval_seconds is None:
+            interval_seconds = interval
 
     def declare(fn: Callable) -> Callable:
         DECLARED.append({
             "handler": fn,  # its registered task name is looked up at sync
             "name": name,
             "cron": cron,
-            "interval_seconds": interval,
+            "interval_seconds": interval_seconds,
             "timezone": timezone,
             "task": task,
             "payload": {} if payload is None else payload,

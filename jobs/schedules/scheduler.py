@@ -13,10 +13,10 @@ import threading
 import time
 from dataclasses import dataclass
 
-from django.conf import settings
 from django.db import DatabaseError, InterfaceError, close_old_connections, connection
 
 from jobs import metrics
+from jobs.conf import settings
 from jobs.runtime import Backoff
 from jobs.schedules import firing
 

@@ -28,7 +28,8 @@ def with_header(value: str) -> RecordingAPIClient:
     "header,code",
     [
         (None, "not_authenticated"),
-        ("Bearer abc", "not_authenticated"),
+        ("Bearer abc", "authentication_failed"),  # Bearer is read like Token
+        ("Basic abc", "authentication_failed"),  # a scheme of its own: the answer names ours
         ("Token", "authentication_failed"),
         ("Token a b", "authentication_failed"),
         ("Token not-a-real-token", "authentication_failed"),

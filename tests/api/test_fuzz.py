@@ -15,7 +15,6 @@ import re
 
 import pytest
 import schemathesis
-from django.conf import settings as django_settings
 from django.db import connection
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -27,7 +26,7 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
-from jobs import quotas, signals, submission, tasks
+from jobs import queues, quotas, signals, submission, tasks
 from jobs.events import signing
 from jobs.lifecycle import STATUSES, is_legal
 from jobs.models import Client, Job, JobEvent, JobSignal, Schedule, Webhook, Workflow
@@ -119,7 +118,7 @@ def assert_only_legal_rows() -> None:
     key_re = submission.IDEMPOTENCY_KEY_RE
     for job in Job.objects.all():
         assert job.status in STATUSES
-        assert job.queue in django_settings.JOBS_QUEUES, job.queue
+        assert queues.is_declared(job.queue), job.queue
         assert job.task in known_tasks, job.task
         if job.client_id is not None:  # a client's job runs a public task only
             assert tasks.is_public(job.task), job.task

@@ -120,3 +120,21 @@ def test_a_header_spelled_content_length_with_an_underscore_is_ignored(api_token
     request.headers also names content-length, and the metrics middleware raised on it."""
     r = api_token.get("/api/v1/jobs/", HTTP_CONTENT_LENGTH="abc")
     assert r.status_code == 200, r.content
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/api/v1/schedules/", {"name": "s", "task": "echo", "interval_seconds": -5}),
+        ("/api/v1/workflows/", {"steps": [{"id": "a", "task": "nope", "payload": {}}]}),
+        ("/api/v1/jobs/", {"task": "echo", "payload": 1, "colour": "red"}),
+    ],
+)
+def test_detail_carries_the_first_real_message(api, path, body):
+    r = api.post(path, body, format="json")
+    assert r.status_code == 400, r.content
+    data = r.json()
+    assert data["detail"] != "Invalid request.", data
+    first_field, first = next(iter(data["errors"].items()))
+    assert first[0]["message"] in data["detail"], data

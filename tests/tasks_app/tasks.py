@@ -39,6 +39,10 @@ def whoami(context: TaskContext, note: str) -> dict:
         "attempt": context.attempt,
         "worker_ids": r.worker_ids,
         "note": note,
+        # What the task was enqueued with, not the decorator's defaults.
+        "priority": r.task.priority,
+        "queue": r.task.queue_name,
+        "run_after": r.task.run_after.isoformat() if r.task.run_after else None,
     }
 
 

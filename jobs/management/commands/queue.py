@@ -36,7 +36,8 @@ class Command(BaseCommand):
                 cap = "-" if q.concurrency is None else f"{q.processing}/{q.concurrency}"
                 rate = queues.format_rate(q.rate_limit, q.rate_period) or "-"
                 tokens = "" if q.rate_tokens is None else f" ({q.rate_tokens} left)"
-                state = "paused" if q.paused else "active"
+                # What a job of a paused queue shows as its wait_reason, API and admin.
+                state = f"paused (jobs wait: {selectors.QUEUE_PAUSED})" if q.paused else "active"
                 self.stdout.write(f"{q.name}\t{state}\tprocessing {cap}\trate {rate}{tokens}")
             return
         name = opts["name"]

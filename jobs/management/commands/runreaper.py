@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 
-from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
@@ -17,6 +16,7 @@ from jobs.collectors import (
     reaper_gauges,
     scheduler_gauges,
 )
+from jobs.conf import settings
 from jobs.events.outbox import OutboxLagCollector, dispatchers
 from jobs.lifecycle import Status
 from jobs.reaper import Reaper

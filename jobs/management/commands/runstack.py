@@ -14,10 +14,19 @@ import subprocess
 import sys
 import time
 
-from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
+
+from jobs import queues
+from jobs.conf import settings
+
+
+def served_queues() -> str:
+    """Every declared queue, equal weights: a queue added to JOBS_QUEUES is served by
+    `make run` at once instead of waiting silently (runworker's own default is
+    `default,webhooks`)."""
+    return ",".join(f"{name}:1" for name in queues.declared())
 
 
 class Command(BaseCommand):
@@ -41,6 +50,12 @@ class Command(BaseCommand):
         parser.add_argument("--no-migrate", action="store_true", help="Skip ensuredb and migrate.")
 
     def handle(self, *args, **opts):
+        if not settings.SETTINGS_MODULE.startswith("jobservice."):
+            raise CommandError(
+                "runstack runs the jobservice deployment from its checkout (make run); in "
+                "your own project run `manage.py runworker` and `manage.py runreaper` "
+                "beside your web server (docs/django.md)"
+            )
         if opts["workers"] < 1:
             raise CommandError("--workers must be at least 1")
         env = dict(os.environ)
@@ -74,6 +89,8 @@ class Command(BaseCommand):
                 "runworker",
                 "--concurrency",
                 str(opts["concurrency"]),
+                "--queues",
+                served_queues(),
                 "--metrics-port",
                 str(opts["metrics_port"] + 100 * n),
             ]
@@ -94,7 +111,8 @@ class Command(BaseCommand):
         }
         self.stdout.write(
             f"API on http://{opts['bind']}/ (admin /admin/, docs /api/v1/docs/); "
-            f"{opts['workers']} worker(s), 1 reaper. Ctrl-C stops everything."
+            f"{opts['workers']} worker(s) serving {', '.join(queues.declared())} "
+            "(every queue of JOBS_QUEUES), 1 reaper. Ctrl-C stops everything."
         )
         stopping = False
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from jobs import dispatch, queuecontrol
 from jobs.collectors import worker_gauges
+from jobs.conf import settings
 from jobs.dispatch import QueueSpec
 from jobs.runtime import add_metrics_arguments, start_metrics_server
 from jobs.worker import MAX_PREFETCH, Worker

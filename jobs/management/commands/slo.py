@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from jobs.conf import settings
 from jobs.selectors import slo_report
 
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}

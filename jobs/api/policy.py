@@ -1,0 +1,27 @@
+"""The API's own policy, whatever the host project's REST_FRAMEWORK says: an app
+included with `path("jobs/api/", include("jobs.api.urls"))` must not fall back to DRF's
+defaults (AllowAny, no throttle) in someone else's project. Every view of jobs.api.urls
+inherits it (tests/api/test_policy.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.openapi import AutoSchema
+from rest_framework.renderers import BrowsableAPIRenderer
+
+from jobs.api.auth import ClientRateThrottle, ClientTokenAuthentication, IsClient
+from jobs.api.errors import exception_handler
+from jobs.api.renderers import JSONFirstNegotiation, ORJSONRenderer
+
+
+class APIPolicy:
+    authentication_classes = [ClientTokenAuthentication]
+    permission_classes = [IsClient]
+    throttle_classes = [ClientRateThrottle]
+    renderer_classes = [ORJSONRenderer, BrowsableAPIRenderer]
+    content_negotiation_class = JSONFirstNegotiation
+    schema = AutoSchema()
+
+    def get_exception_handler(self) -> Any:
+        return exception_handler

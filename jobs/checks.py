@@ -1,0 +1,60 @@
+"""System checks of the jobs app: a host project's misconfiguration, each with a hint.
+
+Registered by `JobsConfig.ready()`. `migrate`, `runworker` and `check` stop on an error
+with the message and the hint, never with a traceback from deep inside the app.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from django.apps import apps
+from django.conf import settings
+from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
+
+from jobs import queues
+
+# What jobs truly needs beside itself: its Job model declares permissions (auth, which
+# stores them per content type). The API, admin and Tasks framework add theirs
+# (docs/django.md says which).
+REQUIRED_APPS = ("django.contrib.contenttypes", "django.contrib.auth")
+
+
+@checks.register(checks.Tags.compatibility)
+def check_setup(app_configs: Any = None, **kwargs: Any) -> Iterable[checks.CheckMessage]:
+    errors: list[checks.CheckMessage] = []
+    try:
+        queues.declared()
+    except ImproperlyConfigured as exc:
+        errors.append(
+            checks.Error(
+                str(exc),
+                hint='JOBS_QUEUES maps queue names to settings, e.g. {"default": {}, '
+                '"reports": {"concurrency": 2}} (docs/queue-controls.md); leave it unset '
+                "for the one queue `default`.",
+                id="jobs.E103",
+            )
+        )
+    for alias, database in settings.DATABASES.items():
+        engine = database.get("ENGINE", "")
+        if alias == "default" and "postgresql" not in engine and "postgis" not in engine:
+            errors.append(
+                checks.Error(
+                    f"DATABASES['default'] uses {engine or 'no ENGINE'}; jobs needs PostgreSQL",
+                    hint="Set ENGINE to django.db.backends.postgresql (PostgreSQL 14 or later): "
+                    "claims use SKIP LOCKED, triggers and advisory locks.",
+                    id="jobs.E104",
+                )
+            )
+    for app in REQUIRED_APPS:
+        if not apps.is_installed(app):
+            errors.append(
+                checks.Error(
+                    f"{app} is not in INSTALLED_APPS; the jobs app needs it",
+                    hint=f'Add "{app}" to INSTALLED_APPS (the Job model declares permissions).',
+                    id="jobs.E105",
+                )
+            )
+    return errors
