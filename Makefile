@@ -6,7 +6,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-12)
 
 .PHONY: run test lint install tools migrate browser chaos chaos-long bench crash-bench webhooks \
-	table-health fuzz schedules-long workflow-bench stop-db reset-db clean fresh-project
+	table-health fuzz schedules-long workflow-bench workflow-linear stop-db reset-db clean \
+	fresh-project
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -105,6 +106,11 @@ WORKFLOW_NODES ?= 1000
 workflow-bench: install
 	WORKFLOW_NODES=$(WORKFLOW_NODES) $(VENV)/bin/pytest -q -s -p no:cacheprovider \
 	  tests/test_workflow_scale_e2e.py
+## workflow-linear: create, fail the root of and cancel 1,000-step workflows at the edge cap
+## (two shapes), database time and rows touched, beside the dependents trigger of 0012.
+WORKFLOW_LINEAR_ARGS ?= --repeat 3 --previous
+workflow-linear: install
+	$(PY) -m bench.workflow_linear $(WORKFLOW_LINEAR_ARGS)
 ## webhooks: the webhook end-to-end runs (flaky receiver; kill -9 and a Redis restart with the
 ## stream's consumer group) with WEBHOOK_JOBS jobs: the issue's 1,000 by default, `make test` 200.
 WEBHOOK_JOBS ?= 1000

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 WILDCARD = "*"
 
@@ -33,6 +33,7 @@ class QueueSpec:
     wildcard_weight: float | None = None  # set when `*` is served
     names: tuple[str, ...] = field(default=())  # as given, for registration and logs
     weighted: frozenset[str] = frozenset()  # names (and `*`) given a weight in --queues
+    excluded: frozenset[str] = frozenset()  # served elsewhere: `*` does not add them
 
     @property
     def serves_all(self) -> bool:
@@ -51,7 +52,8 @@ class QueueSpec:
         out = dict(self.weights)
         if self.wildcard_weight is not None:
             for queue in found:
-                out.setdefault(queue, self.wildcard_weight)
+                if queue not in self.excluded:
+                    out.setdefault(queue, self.wildcard_weight)
         for queue, weight in (defaults or {}).items():
             if (
                 queue in out
@@ -60,6 +62,19 @@ class QueueSpec:
             ):
                 out[queue] = weight
         return out
+
+    def without(self, queue: str) -> QueueSpec:
+        """This spec less `queue`, which `*` no longer adds either (its own worker has it)."""
+        return replace(
+            self,
+            weights={q: w for q, w in self.weights.items() if q != queue},
+            names=tuple(n for n in self.names if n != queue),
+            weighted=self.weighted - {queue},
+            excluded=self.excluded | {queue},
+        )
+
+    def serves(self, queue: str) -> bool:
+        return queue in self.weights or (self.serves_all and queue not in self.excluded)
 
 
 def parse_queues(value: str) -> QueueSpec:

@@ -66,9 +66,14 @@ SCHEDULE_LAG = Histogram(
     "Seconds from a schedule slot's fire time to the scheduler claiming it",
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300, 3600),
 )
+WEBHOOK_DELIVERIES_HELD = Counter(
+    "jobs_webhook_deliveries_held_total",
+    "Webhook deliveries kept waiting because the webhooks queue was past "
+    "JOBS_MAX_QUEUE_DEPTH (each is released when the queue has room)",
+)
 SCHEDULE_SLOTS = Counter(
     "jobs_schedule_slots_total",
-    "Schedule slots claimed by this scheduler, by outcome (enqueued, overlap_skipped)",
+    "Schedule slots claimed by this scheduler, by outcome (enqueued, overlap_skipped, queue_full)",
     ["outcome"],
 )
 REAPER_SWEEP_DURATION = Histogram(
@@ -179,8 +184,15 @@ KAFKA_ERRORS = Counter(
 WEBHOOK_DELIVERIES = Counter(
     "jobs_webhook_deliveries_total",
     "Webhook delivery attempts by outcome (delivered, http_error, timeout, error, gone, "
-    "refused, disabled, dropped)",
+    "refused, disabled, dropped; deferred: parked without a call, circuit open or the "
+    "endpoint's slots busy)",
     ["outcome"],
+)
+WEBHOOK_CIRCUIT = Counter(
+    "jobs_webhook_circuit_changes_total",
+    "Webhook endpoints' circuit breakers changing state (open, half_open: a probe went "
+    "out, closed, reopened: a probe or a late attempt failed)",
+    ["to"],
 )
 WEBHOOK_LAG = Histogram(
     "jobs_webhook_delivery_lag_seconds",

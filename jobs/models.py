@@ -681,7 +681,6 @@ class JobDependency(models.Model):
     parent = models.ForeignKey(
         Job, on_delete=models.DO_NOTHING, db_constraint=False, related_name="child_links"
     )
-    settled = models.BooleanField(default=False, db_default=False, help_text="The parent ended.")
 
     class Meta:
         db_table = "jobs_jobdependency"
@@ -697,6 +696,14 @@ class JobDependency(models.Model):
 # --- completion events and the outbox (docs/events.md) ---------------------------------
 
 
+class CircuitState(models.TextChoices):
+    """A webhook endpoint's circuit breaker (jobs.events.circuit)."""
+
+    CLOSED = "closed"  # deliveries go out
+    OPEN = "open"  # deferred without a network attempt until circuit_open_until
+    HALF_OPEN = "half_open"  # one probe delivery is out; the rest wait for its answer
+
+
 class Webhook(models.Model):
     """A client's endpoint for its jobs' lifecycle events. The signing secret is not
     stored: it is derived from `secret_salt` and JOBS_WEBHOOK_KEY (jobs.events.signing),
@@ -710,6 +717,18 @@ class Webhook(models.Model):
     disabled_reason = models.CharField(max_length=200, blank=True, default="")
     created_at = models.DateTimeField(db_default=Now())
     updated_at = models.DateTimeField(db_default=Now())
+    # The circuit breaker, written by delivery attempts under their job's fence.
+    circuit_state = models.CharField(
+        max_length=10, choices=CircuitState.choices, db_default=CircuitState.CLOSED
+    )
+    circuit_failures = models.IntegerField(
+        db_default=0, help_text="Failed attempts in a row (reset by an answer)."
+    )
+    circuit_open_until = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="Open: deliveries wait until then; half open: the probe's deadline.",
+    )
 
     class Meta:
         db_table = "jobs_webhook"
@@ -717,6 +736,10 @@ class Webhook(models.Model):
         indexes = [models.Index(name="webhook_client_idx", fields=["client", "id"])]
         constraints = [
             models.CheckConstraint(name="webhook_has_events", condition=~Q(events=[])),
+            models.CheckConstraint(
+                name="webhook_circuit_state_valid",
+                condition=Q(circuit_state__in=CircuitState.values),
+            ),
         ]
 
     def __str__(self) -> str:
@@ -759,6 +782,12 @@ class WebhookDelivery(models.Model):
         ]
         indexes = [
             models.Index(name="delivery_chain_idx", fields=["webhook", "source_job_id", "seq"]),
+            # Waiting deliveries only: what a full webhooks queue held back (D110).
+            models.Index(
+                name="delivery_waiting_idx",
+                fields=["webhook", "source_job_id", "seq", "id"],
+                condition=models.Q(job__isnull=True),
+            ),
         ]
 
     def __str__(self) -> str:

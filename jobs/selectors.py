@@ -411,6 +411,17 @@ GROUP BY wn.key, j.id
 ORDER BY j.id"""
 
 
+def workflow_key_used(client_id: int | None, idempotency_key: str) -> bool:
+    """Whether the client already created a workflow under this key (a replay)."""
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT EXISTS (SELECT 1 FROM jobs_workflow WHERE client_id IS NOT DISTINCT FROM %s"
+            " AND idempotency_key = %s)",
+            [client_id, idempotency_key],
+        )
+        return cur.fetchone()[0]
+
+
 def workflow_detail(workflow_id: int, client_id: int | None = None) -> dict[str, Any] | None:
     """A workflow with each step's job and state; None when missing or (with
     `client_id`) another client's."""

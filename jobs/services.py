@@ -1608,8 +1608,8 @@ INSERT INTO jobs_workflownode (job_id, workflow_id, key, pending_parents, ended)
 SELECT u.id, %(workflow)s, u.key, u.pending, false
 FROM unnest(%(ids)s::bigint[], %(keys)s::text[], %(pending)s::int[]) AS u(id, key, pending)"""
 _WORKFLOW_EDGES_SQL = """
-INSERT INTO jobs_jobdependency (child_id, parent_id, settled)
-SELECT u.child, u.parent, false FROM unnest(%(children)s::bigint[], %(parents)s::bigint[])
+INSERT INTO jobs_jobdependency (child_id, parent_id)
+SELECT u.child, u.parent FROM unnest(%(children)s::bigint[], %(parents)s::bigint[])
      AS u(child, parent)"""
 
 

@@ -20,7 +20,8 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -198,6 +199,30 @@ def _count_accepted(queue: str, n: int = 1) -> None:
         cached = _depth_cache.get(queue)
         if cached is not None:
             _depth_cache[queue] = (cached[0] + n, cached[1])
+
+
+def check_room(
+    per_queue: Mapping[str, int], new_per_queue: Callable[[], Mapping[str, int]]
+) -> None:
+    """Backpressure for many jobs at once (a batch, a workflow): QueueFull for the first
+    queue they would take past JOBS_MAX_QUEUE_DEPTH, counting every job refused.
+    `new_per_queue` (the jobs that are not replays) is asked only when a queue is near
+    full; a refusal writes nothing."""
+    limit = settings.JOBS_MAX_QUEUE_DEPTH
+    over = [q for q, n in per_queue.items() if queue_depth(q, limit) + n > limit]
+    if not over:
+        return
+    new = new_per_queue()
+    for queue in over:
+        depth = queue_depth(queue, limit)
+        if new.get(queue, 0) and depth + new[queue] > limit:
+            metrics.SUBMISSIONS_REJECTED.labels(queue, QueueFull.code).inc(sum(per_queue.values()))
+            raise QueueFull(queue, depth, limit)
+
+
+def count_accepted(per_queue: Mapping[str, int]) -> None:
+    for queue, n in per_queue.items():
+        _count_accepted(queue, n)
 
 
 def clear_depth_cache() -> None:
@@ -593,19 +618,9 @@ def submit_many(raw_items: Sequence[Any], *, client: Client | None = None) -> li
     if refused:
         raise BatchInvalid(errors, refused, total)
 
-    limit = settings.JOBS_MAX_QUEUE_DEPTH
-    per_queue: dict[str, int] = {}
-    for item in items:
-        per_queue[item["queue"]] = per_queue.get(item["queue"], 0) + 1
-    over = {q: n for q, n in per_queue.items() if queue_depth(q, limit) + n > limit}
-    if over:
-        # Only jobs the batch would create count: replays are answered, as for `submit`.
-        new = _new_per_queue(items, client)
-        for queue in over:
-            depth = queue_depth(queue, limit)
-            if new.get(queue, 0) and depth + new[queue] > limit:
-                metrics.SUBMISSIONS_REJECTED.labels(queue, QueueFull.code).inc(total)
-                raise QueueFull(queue, depth, limit)
+    per_queue = Counter(item["queue"] for item in items)
+    # Only jobs the batch would create count: replays are answered, as for `submit`.
+    check_room(per_queue, lambda: _new_per_queue(items, client))
 
     new_jobs = [
         services.NewJob(

@@ -5,7 +5,8 @@
 graph is inserted in one transaction; a job with parents starts queued with
 wait_reason "parents" and run_at BLOCKED_RUN_AT, so no claim takes it, and the
 database makes it due when its last parent ends (jobs.graph). A refused graph
-(a cycle, an unknown step id or task, more than MAX_STEPS steps) writes nothing.
+(a cycle, an unknown step id or task, more than MAX_STEPS steps or
+JOBS_WORKFLOW_MAX_EDGES `after` entries, a full queue) writes nothing.
 """
 
 from __future__ import annotations
@@ -13,11 +14,13 @@ from __future__ import annotations
 import graphlib
 import hashlib
 import json
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from jobs import selectors, services, submission
+from jobs.conf import settings
 from jobs.exceptions import InvalidSubmission, RequestInvalid, SubmissionError
 from jobs.models import Client, OnFailure
 
@@ -108,6 +111,12 @@ def build(body: Any, *, for_client: bool = False) -> Graph:
              "too_many_steps")  # fmt: skip
         raise RequestInvalid(errors)
     steps = _steps(raw_steps, errors, for_client)
+    edges, max_edges = sum(len(s.after) for s in steps), settings.JOBS_WORKFLOW_MAX_EDGES
+    if edges > max_edges:
+        # Before the graph checks: their cost grows with the edges (D107).
+        _err(errors, "steps", f"a workflow has at most {max_edges} edges (`after` entries), "
+             f"not {edges}", "too_many_edges")  # fmt: skip
+        raise RequestInvalid(errors)
     ids = [s.id for s in steps]
     seen: set[str] = set()
     for n, step_id in enumerate(ids):
@@ -160,16 +169,29 @@ def create(
     """Write a checked graph: every job, node and edge in one transaction; the roots are
     signalled once it commits. Returns (workflow id, created): the same idempotency key
     with the same request returns the workflow it created (WorkflowIdempotencyConflict
-    with another request)."""
-    return services.create_workflow(
+    with another request). Every step counts against JOBS_MAX_QUEUE_DEPTH like a batch
+    (QueueFull, nothing written); a replay is answered whatever the depth."""
+    client_id = client.pk if client is not None else None
+    key = check_idempotency_key(idempotency_key)
+    per_queue = Counter(s.job["queue"] for s in graph.steps)
+
+    def new_per_queue() -> Counter[str]:
+        replay = key is not None and selectors.workflow_key_used(client_id, key)
+        return Counter() if replay else per_queue
+
+    submission.check_room(per_queue, new_per_queue)
+    workflow_id, created = services.create_workflow(
         graph.name,
         graph.on_failure,
         [(s.id, s.after, s.job) for s in graph.steps],
-        client_id=client.pk if client is not None else None,
+        client_id=client_id,
         actor=actor,
-        idempotency_key=check_idempotency_key(idempotency_key),
-        request_hash=graph.request_hash if idempotency_key is not None else None,
+        idempotency_key=key,
+        request_hash=graph.request_hash if key is not None else None,
     )
+    if created:
+        submission.count_accepted(per_queue)
+    return workflow_id, created
 
 
 def submit_request(

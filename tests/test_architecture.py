@@ -34,7 +34,8 @@ LAYERS: list[tuple[str, list[str]]] = [
     # Talk to the outside world; transport is the only module that imports redis.
     # jobs.quotas: a client's limits, read (and its row locked) in the guarded write.
     ("infrastructure", ["jobs.transport", "jobs.runtime", "jobs.events.signing",
-                        "jobs.events.ssrf", "jobs.quotas"]),
+                        "jobs.events.ssrf", "jobs.events.deadline",
+                        "jobs.quotas"]),
     ("models", ["jobs.models", "jobs.graph"]),
     # Caches of model rows that the writes keep honest (the API clients by token hash).
     ("model caches", ["jobs.clientcache"]),
@@ -43,19 +44,22 @@ LAYERS: list[tuple[str, list[str]]] = [
     # A schedule's slots: the scheduler_runs row and the job it makes, in one statement.
     ("schedule firing", ["jobs.schedules.firing"]),
     # Queue controls: the Queue rows synced from JOBS_QUEUES and a worker's view of them.
-    # jobs.events: publish()/@subscriber; the webhook delivery task; the Redis stream;
-    # the Kafka sink. jobs.starts: a worker's started marks (prefetched attempts, D77).
+    # jobs.events: publish()/@subscriber; the Redis stream; the Kafka sink; endpoints'
+    # slots and circuit breakers. jobs.starts: a worker's started marks (prefetched
+    # attempts, D77).
     ("pipeline and presence", ["jobs.submission", "jobs.presence", "jobs.queuecontrol",
-                               "jobs.events", "jobs.events.webhooks", "jobs.events.streams",
-                               "jobs.events.kafka", "jobs.starts"]),
+                               "jobs.events", "jobs.events.streams", "jobs.events.kafka",
+                               "jobs.events.circuit", "jobs.starts"]),
     # Schedules held to the submission rules of the jobs they make.
     ("schedule definitions", ["jobs.schedules.define"]),
     # Durable jobs (steps, waits) and workflows: built on the services and the pipeline.
     ("durable jobs and workflows", ["jobs.durable", "jobs.workflows", "jobs.signals"]),
+    # The webhook delivery task parks a delivery its endpoint cannot take (a durable wait).
     ("processes", ["jobs.worker", "jobs.reaper", "jobs.schedules.scheduler",
-                   "jobs.events.outbox"]),
+                   "jobs.events.outbox", "jobs.events.webhooks"]),
     # Bridges to frameworks around the processes: Django Tasks, Prometheus scrapes, checks.
-    ("adapters", ["jobs.backends", "jobs.collectors", "jobs.checks"]),
+    # jobs.deliveries: runworker's second worker, for webhook deliveries.
+    ("adapters", ["jobs.backends", "jobs.collectors", "jobs.checks", "jobs.deliveries"]),
     ("entry points", [
         # apps: its ready() wires the client cache's signal receivers in.
         "jobs.apps", "jobs.api", "jobs.api.*", "jobs.admin", "jobs.admin.*", "jobs.health",

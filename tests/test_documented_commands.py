@@ -52,6 +52,7 @@ QUICK = {
     "chaos-long": ["CHAOS_DURATION=20"],
     "fuzz": ["FUZZ_EXAMPLES=2"],
     "crash-bench": ["CRASH_KILLS=1"],
+    "workflow-linear": ["WORKFLOW_LINEAR_ARGS=--repeat 1"],
 }
 # Targets that run tests of this suite at full size, by the variable those tests read.
 SIZED = {

@@ -39,6 +39,10 @@ DELIVERY_ENV = {
     "JOBS_RETRY_BACKOFF_BASE": "0.05",
     "JOBS_RETRY_BACKOFF_MAX": "0.5",
     "JOBS_OUTBOX_INTERVAL": "0.1",
+    # One receiver takes every delivery here: as many at once as the delivery slots, and
+    # every attempt calls it (tests/test_webhook_containment_e2e.py has the breaker).
+    "JOBS_WEBHOOK_ENDPOINT_CONCURRENCY": "16",
+    "JOBS_WEBHOOK_CIRCUIT_FAILURES": "0",
 }
 
 
@@ -171,7 +175,8 @@ def test_flaky_receiver_gets_every_event_signed_in_seq_order(stack):
     wait_until(dispatcher_started, 30, "the dispatcher's first tick")
     receiver, _ = receiver_and_hook(client)
     try:
-        stack.worker("--concurrency", "16", **DELIVERY_ENV)  # default queues: default,webhooks
+        # Default queues (default,webhooks): the deliveries on 16 threads of their own.
+        stack.worker("--concurrency", "16", "--webhook-concurrency", "16", **DELIVERY_ENV)
         started = time.monotonic()
         job_ids = submit(client, JOBS)
         wait_until(

@@ -11,26 +11,42 @@ from django.contrib import admin, messages
 from django.db import transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest
-from django.utils.translation import gettext_lazy, ngettext_lazy
+from django.utils import timezone
+from django.utils.formats import date_format
+from django.utils.translation import gettext, gettext_lazy, ngettext_lazy
 
 from jobs import services
 from jobs.admin.actions import log_changed, staff_actor, tally
 from jobs.admin.readonly import WrittenByServices
-from jobs.events import signing
+from jobs.events import circuit, signing
 from jobs.lifecycle import Status
-from jobs.models import WebhookDelivery
+from jobs.models import CircuitState, Webhook, WebhookDelivery
 
 DELIVERY_STATUS = {Status.DONE: "delivered", Status.FAILED: "failed (dead letter)"}
 
 
 class WebhookAdmin(admin.ModelAdmin):
-    list_display = ("id", "client", "url", "events", "enabled", "disabled_reason", "created_at")
-    list_filter = ("enabled", "client")
+    list_display = ("id", "client", "url", "events", "enabled", "disabled_reason",
+                    "circuit_status", "created_at")  # fmt: skip
+    list_filter = ("enabled", "circuit_state", "client")
     search_fields = ("=id", "url")
     # The URL is checked (SSRF) where the client registers it; staff may pause or filter.
-    readonly_fields = ("client", "url", "secret_salt", "disabled_reason", "created_at",
+    # The breaker is the deliveries' to write (jobs.events.circuit).
+    readonly_fields = ("client", "url", "secret_salt", "disabled_reason", "circuit_status",
+                       "circuit_state", "circuit_failures", "circuit_open_until", "created_at",
                        "updated_at")  # fmt: skip
     ordering = ("id",)
+
+    @admin.display(description=gettext_lazy("circuit"), ordering="circuit_state")
+    def circuit_status(self, obj: Webhook) -> str:
+        shown = circuit.describe(obj)
+        if shown["state"] == CircuitState.CLOSED:
+            return gettext("closed")
+        if shown["state"] == CircuitState.OPEN:
+            return gettext("open until %(until)s after %(n)d failures") % {
+                "until": date_format(timezone.localtime(shown["open_until"]), "DATETIME_FORMAT"),
+                "n": shown["failures"]}  # fmt: skip
+        return gettext("half open (probing) after %(n)d failures") % {"n": shown["failures"]}
 
     def has_add_permission(self, request, obj=None) -> bool:
         return False  # the client registers its endpoints (the secret is shown there once)

@@ -8,7 +8,7 @@ from typing import Any
 
 from django.db import transaction
 from django.db.models.functions import Now
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field
 from rest_framework import exceptions, serializers, status, viewsets
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -18,14 +18,20 @@ from jobs.api.errors import Conflict, exception_handler
 from jobs.api.parsers import BoundedJSONParser
 from jobs.api.policy import APIPolicy
 from jobs.api.views import IdCursorPagination, error_responses
-from jobs.events import signing, ssrf
+from jobs.events import circuit, signing, ssrf
 from jobs.lifecycle import Status
-from jobs.models import Webhook, WebhookDelivery
+from jobs.models import CircuitState, Webhook, WebhookDelivery
 
 EVENT_CHOICES = [*signing.event_types(), signing.ALL_EVENTS]
 # A delivery's status is its job's: done = delivered, failed = a dead letter.
 DELIVERY_STATUS = {Status.DONE.value: "delivered", Status.FAILED.value: Status.FAILED.value}
 DELIVERY_STATUSES = ["pending", "delivered", Status.FAILED.value]
+
+
+class CircuitSerializer(serializers.Serializer):
+    state = serializers.ChoiceField(choices=CircuitState.choices)
+    failures = serializers.IntegerField()
+    open_until = serializers.DateTimeField(allow_null=True)
 
 
 class WebhookSerializer(serializers.ModelSerializer):
@@ -45,10 +51,21 @@ class WebhookSerializer(serializers.ModelSerializer):
         read_only=True, help_text="Why delivery stopped (e.g. the receiver answered 410)."
     )
 
+    circuit = serializers.SerializerMethodField(
+        help_text="The endpoint's circuit breaker: `state` closed (deliveries go out), open "
+        "(deliveries wait until `open_until` without a call or a retry spent) or half_open "
+        "(the next or current attempt is a probe); `failures`: failed attempts in a row."
+    )
+
     class Meta:
         model = Webhook
-        fields = ["id", "url", "events", "enabled", "disabled_reason", "created_at", "updated_at"]
+        fields = ["id", "url", "events", "enabled", "disabled_reason", "circuit", "created_at",
+                  "updated_at"]  # fmt: skip
         read_only_fields = ["id", "created_at", "updated_at"]
+
+    @extend_schema_field(CircuitSerializer)
+    def get_circuit(self, hook: Webhook) -> dict[str, Any]:
+        return circuit.describe(hook)
 
     def to_internal_value(self, data: Any) -> Any:
         if isinstance(data, dict):

@@ -27,7 +27,10 @@ from jobs.api.views import error_responses
 from jobs.lifecycle import STATUSES, Status, WaitReason
 from jobs.models import OnFailure
 
-_errors = error_responses({404: "No such job or workflow for this client."})
+_errors = error_responses({
+    404: "No such job or workflow for this client.",
+    429: "A queue would pass JOBS_MAX_QUEUE_DEPTH (backpressure); see Retry-After.",
+})  # fmt: skip
 
 
 IDEMPOTENCY_KEY = OpenApiParameter(
@@ -163,7 +166,9 @@ class WorkflowCreateView(_View):
     @extend_schema(
         summary="Create a workflow (a graph of jobs)",
         description="Every job of the graph is created in one transaction, or none is: a "
-        "cycle, an unknown `after` id, an unknown task or more than 1,000 steps is a 400. A "
+        "cycle, an unknown `after` id, an unknown task, more than 1,000 steps or more than "
+        "`JOBS_WORKFLOW_MAX_EDGES` (10,000) `after` entries is a 400; a step that would take "
+        "its queue past `JOBS_MAX_QUEUE_DEPTH` is a 429 with Retry-After, as for a batch. A "
         "step runs once all its `after` steps ended; under `fail_dependents` (default) a "
         "failed step fails its descendants (error `dependency failed: <id>`), under "
         "`continue` they run anyway.",
@@ -174,7 +179,7 @@ class WorkflowCreateView(_View):
             200: OpenApiResponse(
                 WorkflowSerializer, description="Idempotent replay: the workflow this key created."
             ),
-            **_errors(400, 401, 409, 413, 415),
+            **_errors(400, 401, 409, 413, 415, 429),
         },
         examples=[
             OpenApiExample(

@@ -31,7 +31,7 @@ from django.db import DatabaseError, InterfaceError, close_old_connections, conn
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from jobs import metrics, services
+from jobs import metrics, services, submission
 from jobs.conf import settings
 from jobs.events import kafka, signing
 from jobs.events.streams import StreamPublisher
@@ -163,6 +163,17 @@ WHERE (webhook_id, source_job_id) IN (SELECT * FROM unnest(%s::bigint[], %s::big
   AND job_id IS NULL
 ORDER BY webhook_id, source_job_id, seq, id
 """
+# Idle chains whose first waiting delivery has no job: those a full queue held back
+# (D110). The partial index delivery_waiting_idx holds waiting deliveries only.
+_HELD_SQL = f"""
+SELECT DISTINCT ON (d.webhook_id, d.source_job_id) d.id FROM jobs_webhookdelivery d
+WHERE d.job_id IS NULL AND NOT EXISTS (
+  SELECT 1 FROM jobs_webhookdelivery b JOIN jobs_job j ON j.id = b.job_id
+  WHERE b.webhook_id = d.webhook_id AND b.source_job_id = d.source_job_id
+    AND j.status NOT IN ({sql_list(TERMINAL)}))
+ORDER BY d.webhook_id, d.source_job_id, d.seq, d.id
+LIMIT %s
+"""
 _ATTACH_SQL = """
 UPDATE jobs_webhookdelivery d SET job_id = u.job_id
 FROM unnest(%s::bigint[], %s::bigint[]) AS u(id, job_id) WHERE d.id = u.id
@@ -181,6 +192,9 @@ class WebhookFanout:
     job's own terminal event is how the next one of its chain is released."""
 
     name = "webhooks"
+
+    def __init__(self) -> None:
+        self._maybe_held = True  # a previous process may have held some back
 
     def handle(self, events: Sequence[OutboxEvent]) -> int:
         hooks = self._webhooks({e.client_id for e in events if e.client_id is not None})
@@ -202,16 +216,50 @@ class WebhookFanout:
             if idle:
                 cur.execute(_NEXT_HELD_SQL, _pairs(idle))
                 ready = [r[0] for r in cur.fetchall()]
-            if ready:
-                submitted = services.submit_many(
-                    [services.NewJob(signing.DELIVER_TASK, {"delivery_id": d},
-                                     queue=signing.WEBHOOK_QUEUE,
-                                     max_retries=settings.JOBS_WEBHOOK_MAX_RETRIES)
-                     for d in ready],
-                    actor="api:outbox",
-                )  # fmt: skip
-                cur.execute(_ATTACH_SQL, [ready, [s.job_id for s in submitted]])
+            self._release(cur, ready)
         return len(rows)
+
+    def release_held(self) -> int:
+        """Give jobs to the chains a full queue held back, as far as the queue has room
+        now; called on every tick, inside the dispatcher's transaction. Reads only when
+        something may be held: after a hold, and once when the process starts."""
+        if not self._maybe_held:
+            return 0
+        room = self._room()
+        if room <= 0:
+            return 0
+        with connection.cursor() as cur:
+            cur.execute(_HELD_SQL, [room + 1])
+            ready = [r[0] for r in cur.fetchall()]
+            self._maybe_held = len(ready) > room
+            return self._release(cur, ready)
+
+    def _room(self) -> int:
+        limit = settings.JOBS_MAX_QUEUE_DEPTH
+        return limit - submission.queue_depth(signing.WEBHOOK_QUEUE, limit)
+
+    def _release(self, cur, ready: list[int]) -> int:
+        """One delivery job per ready chain while the webhooks queue has room; the rest
+        wait (job_id NULL, counted) for `release_held`."""
+        if not ready:
+            return 0
+        room = max(self._room(), 0)
+        if room < len(ready):
+            self._maybe_held = True
+            held = len(ready) - room
+            transaction.on_commit(lambda: metrics.WEBHOOK_DELIVERIES_HELD.inc(held))
+            ready = ready[:room]
+        if ready:
+            submitted = services.submit_many(
+                [services.NewJob(signing.DELIVER_TASK, {"delivery_id": d},
+                                 queue=signing.WEBHOOK_QUEUE,
+                                 max_retries=settings.JOBS_WEBHOOK_MAX_RETRIES)
+                 for d in ready],
+                actor="api:outbox",
+            )  # fmt: skip
+            cur.execute(_ATTACH_SQL, [ready, [s.job_id for s in submitted]])
+            submission.count_accepted({signing.WEBHOOK_QUEUE: len(ready)})
+        return len(ready)
 
     @staticmethod
     def _webhooks(client_ids: set[int]) -> dict[int, list[tuple[int, list[str]]]]:
@@ -270,6 +318,9 @@ class Dispatcher:
                 events = [_event(r) for r in cur.fetchall()]
             if events:
                 subscriber.handle(events)
+            release_held = getattr(subscriber, "release_held", None)
+            if release_held is not None:
+                release_held()
             full = len(events) == self.batch
             new_last = events[-1].id if full else max(last_id, upto)
             if not full and (horizon_id is None or settled):

@@ -4,25 +4,34 @@ A delivery is a job (task `webhook.deliver`, queue `webhooks`), so it gets the
 lease, fencing, retries with exponential backoff and jitter, and the dead letter
 (`failed`) of every job. 2xx is success; 410 disables the webhook and ends the
 delivery; anything else, a timeout included, is a retryable failure, held back by
-the answer's Retry-After when it asks for longer than the backoff. Connect and
-read are bounded, the whole attempt too, and at most JOBS_WEBHOOK_MAX_RESPONSE_BYTES
-of the answer are read, so an attempt never holds a worker slot for long.
+the answer's Retry-After when it asks for longer than the backoff.
+
+Contained (issue 27): runworker runs deliveries on slots of their own (jobs.deliveries);
+an attempt ends within JOBS_WEBHOOK_TIMEOUT whatever the receiver does
+(jobs.events.deadline), reads at most JOBS_WEBHOOK_MAX_RESPONSE_BYTES of the answer,
+holds one of its endpoint's slots and passes its circuit breaker (jobs.events.circuit).
+An endpoint that is busy or open parks the delivery without a call and without
+spending its budget.
 """
 
 from __future__ import annotations
 
+import http.client
 import logging
 import time
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
+from typing import NoReturn
 
 import urllib3
 from django.db import connection
 
 from jobs import metrics
 from jobs.conf import settings
-from jobs.events import signing, ssrf
-from jobs.lifecycle import Status
+from jobs.durable import Suspend
+from jobs.events import circuit, signing, ssrf
+from jobs.events.deadline import Deadline, DeadlineExceeded
+from jobs.lifecycle import Status, WaitReason
 from jobs.tasks import JobContext, PermanentError, RetryableError, task
 
 log = logging.getLogger(__name__)
@@ -39,8 +48,7 @@ WHERE d.id = %(delivery)s AND d.job_id = %(job)s
 """
 # The attempt's own job must still be held by this worker: a stale attempt's
 # bookkeeping does not land (the same predicate as every holder write, SPEC §3).
-_HELD = f"""EXISTS (SELECT 1 FROM jobs_job j WHERE j.id = %(job)s AND j.lease_version = %(lv)s
-  AND j.owned_by = %(owner)s AND j.status = '{Status.PROCESSING}')"""
+_HELD = circuit.HELD
 _ATTEMPT_SQL = f"""
 UPDATE jobs_webhookdelivery SET attempts = attempts + 1, last_status_code = %(code)s,
        last_error = %(error)s, last_attempt_at = now()
@@ -94,15 +102,34 @@ def _fence(ctx: JobContext) -> dict:
     return {"job": ctx.job_id, "lv": ctx.lease_version, "owner": ctx.worker_id}
 
 
-def _timeout() -> urllib3.Timeout:
-    connect = settings.JOBS_WEBHOOK_CONNECT_TIMEOUT
-    read = settings.JOBS_WEBHOOK_READ_TIMEOUT
-    return urllib3.Timeout(connect=connect, read=read, total=connect + read)
+def _timeout(remaining: float) -> urllib3.Timeout:
+    connect = min(settings.JOBS_WEBHOOK_CONNECT_TIMEOUT, remaining)
+    read = min(settings.JOBS_WEBHOOK_READ_TIMEOUT, remaining)
+    return urllib3.Timeout(connect=connect, read=read, total=remaining)
 
 
-def post(url: str, address: str, headers: dict[str, str], body: str) -> tuple[int, bytes, dict]:
+def post(
+    url: str, address: str, headers: dict[str, str], body: str, seconds: float | None = None
+) -> tuple[int, bytes, dict]:
     """POST to `address` (checked by ssrf.resolve) with the URL's host name for Host and
-    TLS: no second DNS lookup between the check and the call."""
+    TLS: no second DNS lookup between the check and the call. Raises DeadlineExceeded
+    unless the whole exchange ends within `seconds` [JOBS_WEBHOOK_TIMEOUT]."""
+    seconds = settings.JOBS_WEBHOOK_TIMEOUT if seconds is None else seconds
+    with Deadline(seconds) as deadline:
+        try:
+            answer = _post(url, address, headers, body, deadline)
+        except (urllib3.exceptions.HTTPError, http.client.HTTPException, OSError):
+            if not deadline.expired:
+                raise
+            answer = None
+        if answer is None or deadline.expired:
+            raise DeadlineExceeded(f"no complete answer within {seconds:g} s") from None
+        return answer
+
+
+def _post(
+    url: str, address: str, headers: dict[str, str], body: str, deadline: Deadline
+) -> tuple[int, bytes, dict]:
     scheme, host, port, path = ssrf.split(url)
     name = f"[{host}]" if ":" in host else host
     default_port = 443 if scheme == "https" else 80
@@ -115,9 +142,11 @@ def post(url: str, address: str, headers: dict[str, str], body: str) -> tuple[in
         )  # fmt: skip
     else:
         pool = urllib3.HTTPConnectionPool(address, port, maxsize=1, retries=False)
+    pool.ConnectionCls = deadline.connection_class(pool.ConnectionCls)
     try:
         response = pool.urlopen(
-            "POST", path, body=body.encode(), headers=headers, timeout=_timeout(),
+            "POST", path, body=body.encode(), headers=headers,
+            timeout=_timeout(deadline.remaining()),
             redirect=False, retries=False, preload_content=False,
         )  # fmt: skip
         try:
@@ -157,18 +186,51 @@ def deliver(payload: dict, ctx: JobContext) -> dict:
                                 "error": str(exc)[:500]})  # fmt: skip
         _outcome("refused")
         raise PermanentError(f"not called: {exc}") from None
+    slot = circuit.take_slot(webhook_id)
+    if slot is None:
+        _park(ctx, webhook_id, circuit.busy_wait(), "the endpoint's slots are busy")
+    try:
+        verdict = circuit.admit(webhook_id, fence)
+        if not verdict.go:
+            _park(ctx, webhook_id, verdict.wait, f"circuit {verdict.reason}")
+        return _attempt(ctx, fence, delivery_id, webhook_id, url, addresses[0], salt,
+                        event_id, event_at, body)  # fmt: skip
+    finally:
+        circuit.give_slot(webhook_id, slot)
+
+
+def _park(ctx: JobContext, webhook_id: int, seconds: float, why: str) -> NoReturn:
+    """End the attempt without calling the endpoint: the delivery is queued again for
+    later, its budget untouched (jobs.durable parks it under the fence)."""
+    _outcome("deferred")
+    log.info("webhook %s delivery deferred %.1fs: %s", webhook_id, seconds, why,
+             extra={"job_id": ctx.job_id, "lease_version": ctx.lease_version,
+                    "worker_id": ctx.worker_id})  # fmt: skip
+    raise Suspend(WaitReason.SLEEP, seconds=seconds)
+
+
+def _attempt(ctx: JobContext, fence: dict, delivery_id: int, webhook_id: int, url: str,
+             address: str, salt: str, event_id: int, event_at, body: str) -> dict:  # fmt: skip
+    """One call, its bookkeeping and the circuit's verdict on the endpoint."""
     headers = signing.sign(salt, signing.message_id(event_id), datetime.now(UTC), body)
     started = time.monotonic()
     try:
-        code, head, headers_in = post(url, addresses[0], headers, body)
+        code, head, headers_in = post(url, address, headers, body)
     except urllib3.exceptions.HTTPError as exc:
         error = f"{exc.__class__.__name__}: {exc}"[:500]
         _execute(_ATTEMPT_SQL, {**fence, "delivery": delivery_id, "code": None, "error": error})
+        circuit.failed(webhook_id, fence)
         _outcome("timeout" if isinstance(exc, urllib3.exceptions.TimeoutError) else "error")
         raise RetryableError(f"webhook {webhook_id}: {error}") from None
     seconds = time.monotonic() - started
     error = "" if 200 <= code < 300 else head.decode("utf-8", "replace")[:500]
     _execute(_ATTEMPT_SQL, {**fence, "delivery": delivery_id, "code": code, "error": error})
+    if code >= 500 or code == 429:
+        circuit.failed(webhook_id, fence)
+    elif circuit.answered(webhook_id, fence):
+        log.info("webhook %s answered %s: circuit closed", webhook_id, code,
+                 extra={"job_id": ctx.job_id, "lease_version": ctx.lease_version,
+                        "worker_id": ctx.worker_id})  # fmt: skip
     if 200 <= code < 300:
         _outcome("delivered")
         if event_at is not None:

@@ -590,3 +590,121 @@ DROP FUNCTION IF EXISTS jobs_job_dependents();
 DROP TRIGGER IF EXISTS jobs_job_wait_clear ON jobs_job;
 DROP FUNCTION IF EXISTS jobs_job_wait_clear();
 """
+
+# 0016_linear_workflows_backpressure: the dependents function walks each job once and
+# writes no edge (D107); the triggers are created only if missing, so on a live table
+# this replaces the two functions and takes no lock on jobs_job.
+WORKFLOW_TRIGGERS_0016 = """
+CREATE OR REPLACE FUNCTION jobs_job_wait_clear() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  NEW.wait_reason := NULL;
+  NEW.wait_key := NULL;
+  RETURN NEW;
+END
+$$;
+DO $do$ BEGIN
+  IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = 'jobs_job'::regclass
+                 AND tgname = 'jobs_job_wait_clear') THEN
+    CREATE TRIGGER jobs_job_wait_clear BEFORE UPDATE ON jobs_job FOR EACH ROW
+      WHEN (OLD.wait_reason IS NOT NULL AND NEW.status = 'processing'
+            AND OLD.status <> 'processing')
+      EXECUTE FUNCTION jobs_job_wait_clear();
+  END IF;
+END $do$;
+
+CREATE OR REPLACE FUNCTION jobs_job_dependents() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+  root record;
+  ended_now bigint[];
+  failed_now bigint[];
+  victims bigint[];
+  ended_ids bigint[];
+  ended_workflows bigint[];
+  children bigint[];
+  settled int[];
+  woken bigint[];
+BEGIN
+  SELECT array_agg(t.id), array_agg(t.id) FILTER (WHERE t.status = 'failed')
+  INTO ended_now, failed_now FROM (
+    SELECT id, status FROM jobs_job_dep_new WHERE status IN ('done', 'failed')
+    EXCEPT
+    SELECT id, status FROM jobs_job_dep_old WHERE status IN ('done', 'failed')) t;
+  IF ended_now IS NULL
+     OR NOT EXISTS (SELECT 1 FROM jobs_workflownode WHERE job_id = ANY(ended_now)) THEN
+    RETURN NULL;
+  END IF;
+
+  FOR root IN
+    SELECT wn.job_id AS id, wn.key FROM jobs_workflownode wn
+    WHERE wn.job_id = ANY(failed_now)
+      AND (SELECT w.on_failure FROM jobs_workflow w WHERE w.id = wn.workflow_id)
+          = 'fail_dependents'
+      AND EXISTS (SELECT 1 FROM jobs_jobdependency d WHERE d.parent_id = wn.job_id
+                  AND (SELECT c.status FROM jobs_job c WHERE c.id = d.child_id) IN ('enqueue_failed', 'queued'))
+    ORDER BY wn.key, wn.job_id
+  LOOP
+    WITH RECURSIVE reach(id) AS (
+      SELECT root.id
+      UNION
+      SELECT s.child_id FROM reach x CROSS JOIN LATERAL (
+        SELECT d.child_id FROM jobs_jobdependency d WHERE d.parent_id = x.id
+          AND (SELECT c.status FROM jobs_job c WHERE c.id = d.child_id) IN ('enqueue_failed', 'queued')
+        OFFSET 0) s
+    )
+    SELECT array_agg(id) INTO victims FROM reach WHERE id <> root.id;
+    UPDATE jobs_job SET status = 'failed', error = 'dependency failed: ' || root.key,
+           finished_at = statement_timestamp(), result = NULL, wait_reason = NULL,
+           updated_by = 'api'
+    WHERE id = ANY(victims) AND status IN ('enqueue_failed', 'queued');
+  END LOOP;
+
+  WITH ended AS (
+    UPDATE jobs_workflownode SET ended = true WHERE job_id = ANY(ended_now) AND NOT ended
+    RETURNING job_id, workflow_id
+  )
+  SELECT array_agg(job_id), array_agg(workflow_id) INTO ended_ids, ended_workflows FROM ended;
+  IF ended_ids IS NULL THEN
+    RETURN NULL;
+  END IF;
+
+  SELECT array_agg(s.child_id), array_agg(s.k) INTO children, settled FROM (
+    SELECT e.child_id, count(*)::int AS k FROM unnest(ended_ids) AS p(id)
+    CROSS JOIN LATERAL (
+      SELECT d.child_id FROM jobs_jobdependency d WHERE d.parent_id = p.id OFFSET 0) e
+    GROUP BY e.child_id) s;
+  WITH pending AS (
+    UPDATE jobs_workflownode wn SET pending_parents = greatest(wn.pending_parents - u.k, 0)
+    FROM unnest(children, settled) AS u(id, k)
+    WHERE wn.job_id = u.id AND NOT wn.ended
+    RETURNING wn.job_id, wn.pending_parents
+  )
+  SELECT array_agg(job_id) INTO woken FROM pending WHERE pending_parents = 0;
+  UPDATE jobs_job SET run_at = now(), due_at = now(), wait_reason = NULL,
+         updated_by = 'api'
+  WHERE id = ANY(woken)
+    AND status = 'queued' AND wait_reason = 'parents';
+
+  WITH counted AS (
+    SELECT e.id, count(*) AS k FROM unnest(ended_workflows) AS e(id) GROUP BY e.id
+  )
+  UPDATE jobs_workflow w SET unfinished = greatest(w.unfinished - c.k, 0),
+         finished_at = CASE WHEN w.unfinished - c.k <= 0 THEN statement_timestamp()
+                            ELSE w.finished_at END
+  FROM counted c WHERE w.id = c.id;
+  RETURN NULL;
+END
+$$;
+DO $do$ BEGIN
+  IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = 'jobs_job'::regclass
+                 AND tgname = 'jobs_job_dependents') THEN
+    CREATE TRIGGER jobs_job_dependents AFTER UPDATE ON jobs_job
+      REFERENCING OLD TABLE AS jobs_job_dep_old NEW TABLE AS jobs_job_dep_new
+      FOR EACH STATEMENT EXECUTE FUNCTION jobs_job_dependents();
+  END IF;
+END $do$;
+"""
+
+# 0016: the history trigger joins its transition tables by hash (D107); body untouched.
+HISTORY_PLAN_0016 = """ALTER FUNCTION jobs_job_history_update() SET enable_nestloop = off;
+"""
+HISTORY_PLAN_RESET = "ALTER FUNCTION jobs_job_history_update() RESET enable_nestloop;\n"

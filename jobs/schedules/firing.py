@@ -1,7 +1,8 @@
 """Every write of the scheduler: a slot is claimed by inserting its scheduler_runs row
 (ON CONFLICT DO NOTHING), and the job is inserted by the same statement only if that
 insert won. Whatever the number of schedulers and whatever crashes between them, a
-slot has one row and at most one job (none when overlap `skip` passed it over).
+slot has one row and at most one job (none when overlap `skip` passed it over, or its
+queue was past JOBS_MAX_QUEUE_DEPTH).
 """
 
 from __future__ import annotations
@@ -36,13 +37,20 @@ SELECT id, cron, interval_seconds, timezone, next_fire_at, catch_up, now()
 FROM {S} WHERE enabled AND next_fire_at <= now() AND {_LIVE_OWNER}
 ORDER BY next_fire_at LIMIT 1 FOR UPDATE SKIP LOCKED"""
 
+# A slot whose queue is past JOBS_MAX_QUEUE_DEPTH is skipped like an overlap (D109):
+# claimed with no job, counted as queue_full. The depth is the API's bounded count.
 _FIRE_SQL = f"""
 WITH s AS (
-  SELECT * FROM {S} WHERE id = %(schedule)s
+  SELECT sc.*, NOT %(manual)s AND (
+           SELECT count(*) FROM (SELECT 1 FROM {J} WHERE status = '{Status.QUEUED}'
+                                 AND queue = sc.queue LIMIT %(limit)s + 1) AS bounded
+         ) > %(limit)s AS queue_full
+  FROM {S} sc WHERE sc.id = %(schedule)s
 ), run AS (
   INSERT INTO {R} (schedule_id, fire_time, job_id, manual, fired_by, created_at)
   SELECT s.id, %(fire_time)s,
-         CASE WHEN s.overlap = '{Schedule.Overlap.SKIP}' AND NOT %(manual)s AND EXISTS (
+         CASE WHEN s.queue_full THEN NULL
+              WHEN s.overlap = '{Schedule.Overlap.SKIP}' AND NOT %(manual)s AND EXISTS (
                 SELECT 1 FROM {J} j WHERE j.schedule_id = s.id
                   AND j.status IN ({lifecycle.sql_list(NON_TERMINAL)}))
               THEN NULL
@@ -61,8 +69,8 @@ WITH s AS (
   RETURNING id, queue, task, run_at <= now() AS due
 )
 SELECT run.job_id, job.queue, job.task, job.due,
-       extract(epoch FROM clock_timestamp() - run.fire_time)
-FROM run LEFT JOIN job ON job.id = run.job_id"""
+       extract(epoch FROM clock_timestamp() - run.fire_time), s.queue_full
+FROM run CROSS JOIN s LEFT JOIN job ON job.id = run.job_id"""
 
 _IDLE_TIMEOUT_SQL = "SET LOCAL idle_in_transaction_session_timeout = '5s'"
 
@@ -77,7 +85,8 @@ SELECT extract(epoch FROM min(next_fire_at) - now()) FROM {S} WHERE enabled AND 
 
 @dataclass(frozen=True, slots=True)
 class Fired:
-    """A slot this scheduler claimed: its job, or None when overlap skipped it."""
+    """A slot this scheduler claimed: its job, or None when overlap or a full queue
+    skipped it."""
 
     schedule_id: int
     fire_time: datetime
@@ -107,16 +116,22 @@ def fire_slot(
             "manual": manual,
             "actor": actor,
             "default_retries": settings.JOBS_MAX_RETRIES,
+            "limit": settings.JOBS_MAX_QUEUE_DEPTH,
         },
     )
     if not rows:
         return None
-    job_id, queue, task, due, lag = rows[0]
+    job_id, queue, task, due, lag, queue_full = rows[0]
     if job_id is not None:
         transaction.on_commit(metrics.child(metrics.SUBMITTED, queue, task).inc)
         if due:
             services.signal_after_commit([(job_id, queue)], park_on_failure=True)
-    outcome = "enqueued" if job_id is not None else "overlap_skipped"
+    outcome = (
+        "enqueued" if job_id is not None else "queue_full" if queue_full else "overlap_skipped"
+    )
+    if queue_full:
+        log.warning("schedule %d skipped the slot %s: its queue is full", schedule_id,
+                    fire_time.isoformat(), extra={"schedule_id": schedule_id})  # fmt: skip
     transaction.on_commit(metrics.child(metrics.SCHEDULE_SLOTS, outcome).inc)
     if not manual:
         transaction.on_commit(lambda: metrics.SCHEDULE_LAG.observe(float(lag)))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
-from jobs import dispatch, queuecontrol
+from jobs import deliveries, dispatch, queuecontrol
 from jobs.collectors import worker_gauges
 from jobs.conf import settings
 from jobs.dispatch import QueueSpec
@@ -69,6 +69,14 @@ class Command(BaseCommand):
             "within 1/15 of the lease, long jobs one per free thread; 0 claims only for "
             "free threads [JOBS_WORKER_PREFETCH, 128].",
         )
+        parser.add_argument(
+            "--webhook-concurrency",
+            type=int,
+            default=None,
+            help="Threads of this process's own webhook delivery worker, apart from "
+            "--concurrency, when it serves 'webhooks' besides other queues "
+            "[JOBS_WEBHOOK_CONCURRENCY, 4].",
+        )
         add_metrics_arguments(parser)
 
     def handle(self, *args, **opts):
@@ -80,7 +88,12 @@ class Command(BaseCommand):
             raise CommandError(f"--prefetch must be between 0 and {MAX_PREFETCH}")
         if opts["max_jobs"] is not None and opts["max_jobs"] < 1:
             raise CommandError("--max-jobs must be at least 1")
-        spec = parse_queues(opts["queues"])
+        webhook_concurrency = opts["webhook_concurrency"]
+        if webhook_concurrency is None:
+            webhook_concurrency = settings.JOBS_WEBHOOK_CONCURRENCY
+        if webhook_concurrency < 1:
+            raise CommandError("--webhook-concurrency must be at least 1")
+        spec, own_deliveries = deliveries.split(parse_queues(opts["queues"]))
         queuecontrol.sync()  # JOBS_QUEUES changes a deployment made reach the Queue rows
         worker = Worker(
             spec,
@@ -92,8 +105,12 @@ class Command(BaseCommand):
             flush_interval=opts["flush_interval"],
             prefetch=opts["prefetch"],
         )
+        runner: Worker | deliveries.Pair = worker
+        if own_deliveries:
+            own = deliveries.delivery_worker(worker, webhook_concurrency)
+            runner = deliveries.Pair(worker, own)
         # Handlers first: whoever sees the metrics answer may already send SIGTERM.
-        worker.install_signal_handlers()
+        runner.install_signal_handlers()
         if opts["metrics_port"]:
             from prometheus_client import REGISTRY
 
@@ -103,6 +120,9 @@ class Command(BaseCommand):
         banners = settings.LOG_FORMAT != "json"
         if banners:
             self.stdout.write(f"worker {worker.worker_id} on queues {','.join(worker.queues)}")
-        finished = worker.run()
+            if isinstance(runner, deliveries.Pair):
+                self.stdout.write(f"webhook deliveries: worker {runner.deliveries.worker_id}, "
+                                  f"{webhook_concurrency} thread(s) of their own")  # fmt: skip
+        finished = runner.run()
         if banners:
             self.stdout.write(f"worker {worker.worker_id} stopped after {finished} job(s)")

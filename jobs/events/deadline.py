@@ -1,0 +1,86 @@
+"""A total wall-clock bound on one HTTP exchange: connect, send and the whole answer.
+
+urllib3's timeouts bound each connect and each read, so a receiver that sends one byte
+before every read timeout ends holds the call for as long as it likes. `Deadline`
+keeps a duplicate of each socket the exchange opens and, when the total is spent,
+shuts the connection down through it: a blocked recv or send returns at once, TLS
+included (the duplicate outlives the plain socket that TLS wraps and detaches).
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import urllib3
+
+
+class DeadlineExceeded(urllib3.exceptions.TimeoutError):
+    """The exchange did not end within its total deadline."""
+
+
+class Deadline:
+    """`with Deadline(seconds) as d:` — sockets made by `d.connection_class(...)`
+    connections are shut down `seconds` after entry."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._at = time.monotonic() + seconds
+        self._lock = threading.Lock()
+        self._watched: list[socket.socket] = []
+        self._expired = False
+        self._timer = threading.Timer(max(0.0, seconds), self._expire)
+        self._timer.daemon = True
+        self._timer.name = "webhook-deadline"
+
+    def __enter__(self) -> Deadline:
+        self._at = time.monotonic() + self.seconds
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._timer.cancel()
+        with self._lock:  # not while _expire shuts one down: its fd could be reused
+            for dup in self._watched:
+                dup.close()
+            self._watched = []
+
+    @property
+    def expired(self) -> bool:
+        return self._expired or time.monotonic() >= self._at
+
+    def remaining(self) -> float:
+        return max(0.0, self._at - time.monotonic())
+
+    def watch(self, sock: socket.socket) -> None:
+        dup = sock.dup()
+        with self._lock:
+            self._watched.append(dup)
+            if self._expired:
+                _shut(dup)
+
+    def _expire(self) -> None:
+        with self._lock:
+            self._expired = True
+            for dup in self._watched:
+                _shut(dup)
+
+    def connection_class(self, base: type) -> type:
+        """`base` (a urllib3 connection class) whose new sockets this deadline watches."""
+        deadline = self
+
+        class Watched(base):  # type: ignore[misc, valid-type]
+            def _new_conn(self) -> socket.socket:
+                sock = super()._new_conn()
+                deadline.watch(sock)
+                return sock
+
+        return Watched
+
+
+def _shut(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # already closed by the other side
