@@ -319,6 +319,120 @@ def drain_4(ctx: Context) -> Iterator[dict]:
     yield from drain(ctx, 4)
 
 
+# --- fair share (issue 28) -----------------------------------------------------------------------
+
+
+def _client_jobs(n: int, client_id: int, queue: str) -> None:
+    """Commit n queued no-op jobs of one client in one transaction (signalled after commit)."""
+    from django.db import transaction
+
+    from jobs import services
+
+    with transaction.atomic():
+        for start in range(0, n, 1000):
+            services.submit_many(
+                [services.NewJob("echo", {}, queue=queue) for _ in range(min(1000, n - start))],
+                client_id=client_id,
+            )
+
+
+def _done_of(client_id: int) -> int:
+    return sql(
+        "SELECT count(*) FROM jobs_job WHERE client_id = %s AND status = 'done'", [client_id]
+    )[0][0]
+
+
+@scenario("fair-share")
+def fair_share(ctx: Context) -> Iterator[dict]:
+    """Client A queues 20,000 no-op jobs, one default runworker drains them, then client B
+    submits 20: how long B waits, how much of A's backlog still waits when B is done, and
+    the whole drain, on a plain queue and on a `fair` one side by side."""
+    import json
+
+    from jobs.models import Client
+
+    n = ctx.args.jobs or (300 if ctx.quick else 20000)
+    late = 20
+    drains: dict[bool, float] = {}
+    for fair in (False, True):
+        reset(ctx)
+        sql("DELETE FROM jobs_client WHERE name LIKE %s", ["bench-fair-%"])
+        a, _ = Client.create_with_token("bench-fair-a")
+        b, _ = Client.create_with_token("bench-fair-b")
+        env = {"JOBS_QUEUES": json.dumps({"default": {}, "shared": {"fair": fair}})}
+        worker = ctx.procs.worker("--queues", "shared", *worker_args(ctx, None), ready=True, **env)
+        backends = backend_pids()
+        cpu_before = cpu_seconds([worker.pid]), cpu_seconds(backends)
+        _client_jobs(n, a.pk, "shared")
+        wait_until(
+            lambda: sql("SELECT count(*) FROM jobs_job WHERE status = 'done'")[0][0] >= 100,
+            60,
+            "A's backlog draining",
+            interval=0.01,
+        )
+        _client_jobs(late, b.pk, "shared")
+        wait_until(
+            lambda b_id=b.pk: _done_of(b_id) == late,
+            max(60, n / 200),
+            "B's jobs done",
+            interval=0.01,
+        )
+        b_wait, b_done_at = sql(
+            "SELECT extract(epoch FROM max(finished_at) - min(created_at)), max(finished_at)"
+            " FROM jobs_job WHERE client_id = %s",
+            [b.pk],
+        )[0]
+        # A's jobs not yet started when B's last one finished (from the history).
+        a_waiting = sql(
+            "SELECT count(*) FROM jobs_job j WHERE j.client_id = %s AND NOT EXISTS ("
+            " SELECT FROM jobs_jobevent e WHERE e.job_id = j.id AND e.to_status = 'processing'"
+            " AND e.at <= %s)",
+            [a.pk, b_done_at],
+        )[0][0]
+        wait_terminal(n + late, timeout=max(60, n / 200))
+        backends = sorted(set(backends) | set(backend_pids()))
+        cpu_worker = cpu_seconds([worker.pid]) - cpu_before[0]
+        cpu_pg = cpu_seconds(backends) - cpu_before[1]
+        first_claim, last_finish, claim_tx = sql(
+            "SELECT (SELECT min(at) FROM jobs_jobevent WHERE to_status = 'processing'),"
+            " (SELECT max(finished_at) FROM jobs_job),"
+            " (SELECT count(DISTINCT (actor, at)) FROM jobs_jobevent"
+            "  WHERE to_status = 'processing')"
+        )[0]
+        seconds = (last_finish - first_claim).total_seconds()
+        drains[fair] = seconds
+        worker.stop()
+        label = "fair" if fair else "plain"
+        yield {
+            "code": f"{ctx.code.label} {label}",
+            "figure": f"client B's {late} jobs behind client A's {n:,} on a {label} queue, "
+            "one default runworker",
+            "value": float(b_wait),
+            "unit": "s until B's last job is done",
+            "target": "<= 3 s, A still draining (fair)" if fair else None,
+            "summary": (
+                f"B's {late} done {float(b_wait):.2f}s after submission with {a_waiting:,} of "
+                f"A's {n:,} not yet started; whole drain {seconds:.2f}s "
+                f"({(n + late) / seconds:,.0f} jobs/s) in {claim_tx:,} claim statements; "
+                f"CPU per job: worker {cpu_worker / n * 1e6:.0f} us, "
+                f"postgres {cpu_pg / n * 1e6:.0f} us"
+                + (f"; {seconds / drains[False] - 1:+.1%} against the plain queue" if fair else "")
+            ),
+            "details": {
+                "jobs": n,
+                "late": late,
+                "fair": fair,
+                "b_wait_s": float(b_wait),
+                "a_not_started_when_b_done": a_waiting,
+                "drain_s": seconds,
+                "drain_jobs_per_s": (n + late) / seconds,
+                "claim_statements": claim_tx,
+                "cpu_worker_s": cpu_worker,
+                "cpu_postgres_s": cpu_pg,
+            },
+        }
+
+
 # --- end-to-end latency --------------------------------------------------------------------------
 
 

@@ -4,8 +4,8 @@ A worker serving several queues must not let one starve another (seed 004).
 Each pop or claim visits the queues in a random order drawn by weight, so a
 queue of weight 4 comes first four times as often as a queue of weight 1 while
 both have work, and a queue alone with work gets every slot. Within a queue,
-PostgreSQL's order (priority DESC, run_at, id) decides; Redis only says that
-a queue has work.
+PostgreSQL's order (priority DESC, run_at, id) decides, or in a `fair` queue the
+clients' turns (jobs.queuecontrol); Redis only says that a queue has work.
 
 `--queues` grammar: `name[:weight],...`; `*` (optionally `*:weight`) also serves
 every other queue that has work. Without weights, earlier queues weigh more:

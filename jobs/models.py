@@ -9,8 +9,8 @@ from datetime import timedelta
 
 from django.contrib.postgres.fields import ArrayField
 from django.db import models
-from django.db.models import Q
-from django.db.models.functions import Now
+from django.db.models import F, Q, Value
+from django.db.models.functions import Coalesce, Now
 
 from jobs.lifecycle import NON_TERMINAL, STATUSES, TERMINAL, UNOWNED, Move, Status, WaitReason
 
@@ -149,6 +149,9 @@ class Job(models.Model):
     # Per client: at most one live (queued, enqueue_failed, processing) job holds a key;
     # a submission with a held key returns that job (docs/schedules.md).
     unique_key = models.CharField(max_length=200, null=True, blank=True)
+    # Per client: a queue's `key_concurrency` caps how many jobs with one key are
+    # processing at once (docs/queue-controls.md).
+    concurrency_key = models.CharField(max_length=200, null=True, blank=True)
     # The schedule that made the job and the slot it fired for. No database foreign
     # key: adding one validates 10M rows under lock, and a deleted schedule's jobs
     # keep its id as history (D57).
@@ -245,6 +248,22 @@ class Job(models.Model):
             # The reaper's expired-lease sweep reads every processing row (a few per
             # worker slot). Keyed on id, not heartbeat_at, so that a heartbeat changes
             # no indexed column and is a HOT update (see decision D17).
+            # A fair queue's claim: each client's best row, clients visited in order.
+            models.Index(
+                F("queue"),
+                Coalesce(F("client"), Value(0)),
+                F("priority").desc(),
+                F("run_at"),
+                F("id"),
+                name="job_fair_claim_idx",
+                condition=Q(status=Status.QUEUED),
+            ),
+            # A keyed queue's claim: how many jobs of each key are processing.
+            models.Index(
+                name="job_key_processing_idx",
+                fields=["queue", "client", "concurrency_key"],
+                condition=Q(status=Status.PROCESSING, concurrency_key__isnull=False),
+            ),
             models.Index(
                 name="job_processing_id_idx",
                 fields=["id"],
@@ -379,6 +398,18 @@ class Queue(models.Model):
         help_text="Polling weight for workers serving several queues without a weight of "
         "their own for it (runworker --queues a:4 wins).",
     )
+    # A database default too: workers of the previous release insert rows without it
+    # during a rolling deploy.
+    fair = models.BooleanField(
+        default=False,
+        db_default=False,
+        help_text="Claims take turns between the clients with due work.",
+    )
+    key_concurrency = models.IntegerField(
+        null=True,
+        blank=True,
+        help_text="Most jobs with one concurrency key processing at once across all workers.",
+    )
     rate_starts = ArrayField(models.DateTimeField(), default=list, blank=True)
     declared = models.JSONField(default=dict, blank=True)
     updated_at = models.DateTimeField(db_default=Now())
@@ -407,6 +438,10 @@ class Queue(models.Model):
             models.CheckConstraint(
                 name="queue_weight_range",
                 condition=Q(weight__isnull=True) | Q(weight__gt=0, weight__lte=1000),
+            ),
+            models.CheckConstraint(
+                name="queue_key_concurrency_positive",
+                condition=Q(key_concurrency__isnull=True) | Q(key_concurrency__gte=1),
             ),
         ]
 
@@ -460,6 +495,7 @@ class Schedule(models.Model):
     queue = models.CharField(max_length=100, default="default")
     priority = models.SmallIntegerField(default=0)
     max_retries = models.IntegerField(null=True, blank=True)
+    concurrency_key = models.CharField(max_length=200, null=True, blank=True)
     enabled = models.BooleanField(default=True)
     catch_up = models.CharField(max_length=10, choices=CatchUp.choices, default=CatchUp.SKIP)
     overlap = models.CharField(max_length=10, choices=Overlap.choices, default=Overlap.ALLOW)
@@ -823,6 +859,8 @@ class DomainEvent(models.Model):
     type = models.CharField(max_length=200)
     payload = models.JSONField(default=dict)
     at = models.DateTimeField(db_default=Now())
+    # The Kafka message key its publisher chose (None: the event id).
+    key = models.CharField(max_length=255, null=True, blank=True)
 
     class Meta:
         db_table = "jobs_domainevent"

@@ -1,9 +1,11 @@
-"""Queue controls: pause, a global concurrency cap, a rate, a polling weight per queue.
+"""Queue controls: pause, a global concurrency cap, a rate, a polling weight per queue,
+fair share between clients and a cap per concurrency key.
 
 The `Queue` rows are the truth; JOBS_QUEUES seeds them (`sync`) and staff edit them
 in the admin or with `manage.py queue`. The claim enforces them in PostgreSQL
-(`services.claim_limited_under_queue_lock` for a queue with a cap or a rate; the
-open-queue claim refuses any queue with controls), so the guarantees hold whatever
+(`services.claim_limited_under_queue_lock` for a queue with a cap, a rate or a key
+cap; `services.claim_fair` for an open fair queue; the open-queue claim refuses any
+queue with controls), so the guarantees hold whatever
 this module's callers believe. `Gate` is a worker's cached view, which only decides
 which claim to make and when a blocked queue is worth asking again.
 See docs/queue-controls.md.
@@ -28,7 +30,14 @@ from jobs.services import Lease
 log = logging.getLogger(__name__)
 
 REFRESH_SECONDS = 1.0  # how stale a worker's view of the controls may get
-DEFAULTS: dict[str, Any] = {"paused": False, "concurrency": None, "rate": None, "weight": None}
+DEFAULTS: dict[str, Any] = {
+    "paused": False,
+    "concurrency": None,
+    "rate": None,
+    "weight": None,
+    "fair": False,  # D102: a queue keeps the global claim order unless it says otherwise
+    "key_concurrency": None,
+}
 
 
 class UnknownQueue(LookupError):
@@ -123,6 +132,7 @@ class Gate:
         self._read_at = float("-inf")
         self._blocked: dict[str, float] = {}  # queue -> monotonic time to look again
         self._pending: set[str] = set()
+        self._turn_after: dict[str, int] = {}  # fair queue -> client served last
         self._lock = threading.Lock()  # the flusher frees slots from its thread
 
     def _refresh(self) -> None:
@@ -167,7 +177,9 @@ class Gate:
         with self._lock:
             for queue in queues_:
                 control = self._controls.get(queue)
-                if control is not None and control.concurrency is not None:
+                if control is not None and (
+                    control.concurrency is not None or control.key_concurrency is not None
+                ):
                     self._blocked.pop(queue, None)
 
     def held_back(self, queue: str) -> bool:
@@ -184,21 +196,31 @@ class Gate:
     def claim_next(
         self, worker_id: str, order: Iterable[str], limit: int, *, start: int | None = None
     ) -> list[Lease]:
-        """Like services.claim_next, with a limited queue claimed under its lock; the
+        """Like services.claim_next, with a limited queue claimed under its lock and a
+        fair one in turns, from the client after the one this worker served last; the
         first `start` claimed (all when None) are marked started (D77)."""
         leases: list[Lease] = []
         for queue in order:
             if len(leases) >= limit:
                 break
             control = self._controls.get(queue)
+            after = self._turn_after.get(queue, 0)
+            if control is not None and control.fair and not control.limited:
+                turns = services.claim_fair(
+                    worker_id, queue, limit - len(leases), after, start=_less(start, len(leases))
+                )
+                self._turn_after[queue] = turns.last_client
+                leases += turns.leases
+                continue
             if control is None or not control.limited:
                 leases += services.claim_next(
                     worker_id, [queue], limit - len(leases), start=_less(start, len(leases))
                 )
                 continue
             got = services.claim_limited_under_queue_lock(
-                worker_id, queue, limit - len(leases), start=_less(start, len(leases))
+                worker_id, queue, limit - len(leases), after, start=_less(start, len(leases))
             )
+            self._turn_after[queue] = got.last_client
             leases += got.leases
             with self._lock:
                 if got.blocked_for is None:

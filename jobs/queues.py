@@ -21,7 +21,7 @@ BUILTIN: dict[str, dict[str, Any]] = {"webhooks": {}}
 # Matched whole (fullmatch): `$` would also match before a trailing newline.
 QUEUE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}")
 # The per-queue settings a queue may carry (docs/queue-controls.md says what each does).
-QUEUE_SETTINGS = frozenset({"paused", "concurrency", "rate", "weight"})
+QUEUE_SETTINGS = frozenset({"paused", "concurrency", "rate", "weight", "fair", "key_concurrency"})
 # At most 1000 starts per period: the claim keeps each start of the window in the row.
 RATE_RE = re.compile(r"([1-9][0-9]{0,2}|1000)/([smh])")
 RATE_PERIODS = {"s": 1, "m": 60, "h": 3600}
@@ -47,14 +47,14 @@ def format_rate(limit: int | None, period: int | None) -> str:
 
 def _check_value(key: str, value: Any) -> None:
     """Raise ValueError unless `value` is a valid `key` setting (null clears a limit)."""
-    if key == "paused":
+    if key in ("paused", "fair"):
         if not isinstance(value, bool):
-            raise ValueError(f"paused must be true or false, got {value!r}")
-    elif key == "concurrency":
+            raise ValueError(f"{key} must be true or false, got {value!r}")
+    elif key in ("concurrency", "key_concurrency"):
         if value is not None and (
             isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 100_000
         ):
-            raise ValueError(f"concurrency must be a whole number 1-100000 or null, got {value!r}")
+            raise ValueError(f"{key} must be a whole number 1-100000 or null, got {value!r}")
     elif key == "rate":
         if value is not None:
             parse_rate(value)

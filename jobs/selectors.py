@@ -267,10 +267,17 @@ class QueueControl:
     rate_limit: int | None
     rate_period: int | None
     weight: float | None
+    fair: bool = False
+    key_concurrency: int | None = None
 
     @property
     def limited(self) -> bool:
-        return self.concurrency is not None or self.rate_limit is not None
+        """Claimed under the queue's row lock (a cap, a rate or a per-key cap)."""
+        return (
+            self.concurrency is not None
+            or self.rate_limit is not None
+            or self.key_concurrency is not None
+        )
 
 
 def paused_queues() -> list[str]:
@@ -279,7 +286,10 @@ def paused_queues() -> list[str]:
 
 def queue_controls() -> dict[str, QueueControl]:
     """Every jobs_queue row (a handful: one per declared queue), by name."""
-    fields = ("name", "paused", "concurrency", "rate_limit", "rate_period", "weight")
+    fields = (
+        "name", "paused", "concurrency", "rate_limit", "rate_period", "weight", "fair",
+        "key_concurrency",
+    )  # fmt: skip
     return {r[0]: QueueControl(*r) for r in Queue.objects.values_list(*fields)}
 
 

@@ -220,9 +220,9 @@ def push_now_ignoring_rollback(pairs: Iterable[tuple[int, str]]) -> None:
 _JOB_FIELDS = [f.attname for f in Job._meta.concrete_fields]
 _INSERT_SQL = f"""
 INSERT INTO {T} (task, payload, queue, priority, run_at, max_retries, client_id,
-                 idempotency_key, request_hash, updated_by, unique_key, status, retry_count,
-                 lease_version)
-VALUES (%s, %s::jsonb, %s, %s, COALESCE(%s, now()), %s, %s, %s, %s, %s, %s,
+                 idempotency_key, request_hash, updated_by, unique_key, concurrency_key,
+                 status, retry_count, lease_version)
+VALUES (%s, %s::jsonb, %s, %s, COALESCE(%s, now()), %s, %s, %s, %s, %s, %s, %s,
         '{Status.QUEUED}', 0, 0)
 ON CONFLICT DO NOTHING
 RETURNING {", ".join(_JOB_FIELDS)}, run_at <= now()
@@ -260,6 +260,7 @@ def submit(
     request_hash: str | None = None,
     unique_key: str | None = None,
     payload_json: str | None = None,
+    concurrency_key: str | None = None,
 ) -> tuple[Job, bool]:
     """Insert a queued job inside the caller's transaction (the outbox of seed 002).
 
@@ -287,6 +288,7 @@ def submit(
         request_hash,
         actor,
         unique_key,
+        concurrency_key,
     ]
     for _ in range(_KEY_ROUNDS):
         rows = _hot_rows(_INSERT_SQL, params)
@@ -345,6 +347,7 @@ class NewJob:
     idempotency_key: str | None = None
     request_hash: str | None = None
     payload_json: str | None = None  # the payload already serialised (saves a second dumps)
+    concurrency_key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -365,14 +368,15 @@ WITH input AS MATERIALIZED (
   SELECT u.*, nextval(pg_get_serial_sequence('{T}', 'id')) AS id
   FROM unnest(%(tasks)s::text[], %(payloads)s::text[], %(queues)s::text[],
               %(priorities)s::int[], %(run_ats)s::timestamptz[], %(max_retries)s::int[],
-              %(keys)s::text[], %(hashes)s::text[])
-       WITH ORDINALITY AS u(task, payload, queue, priority, run_at, max_retries, key, hash, ord)
+              %(keys)s::text[], %(hashes)s::text[], %(ckeys)s::text[])
+       WITH ORDINALITY AS u(task, payload, queue, priority, run_at, max_retries, key, hash,
+                            ckey, ord)
 ), ins AS (
   INSERT INTO {T} (id, task, payload, queue, priority, run_at, max_retries, client_id,
-                   idempotency_key, request_hash, updated_by, status, retry_count,
-                   lease_version)
+                   idempotency_key, request_hash, updated_by, concurrency_key, status,
+                   retry_count, lease_version)
   SELECT id, task, payload::jsonb, queue, priority, COALESCE(run_at, now()), max_retries,
-         %(client)s, key, hash, %(actor)s, '{Status.QUEUED}', 0, 0
+         %(client)s, key, hash, %(actor)s, ckey, '{Status.QUEUED}', 0, 0
   FROM input ORDER BY ord
   ON CONFLICT DO NOTHING
   RETURNING id, created_at, run_at
@@ -416,6 +420,7 @@ def submit_many(
         "max_retries": [default_retries if i.max_retries is None else i.max_retries for i in items],
         "keys": [i.idempotency_key for i in items],
         "hashes": [i.request_hash for i in items],
+        "ckeys": [i.concurrency_key for i in items],
         "client": client_id,
         "actor": actor,
     }
@@ -499,7 +504,8 @@ FROM u ORDER BY priority DESC, run_at, id
 QT = Queue._meta.db_table
 # An open queue: no row in jobs_queue says paused or limited. Uncorrelated, so one
 # primary-key probe per statement (an InitPlan), evaluated before any job row is read.
-_CONTROLLED = "(q.paused OR q.concurrency IS NOT NULL OR q.rate_limit IS NOT NULL)"
+_LIMITED = "q.concurrency IS NOT NULL OR q.rate_limit IS NOT NULL OR q.key_concurrency IS NOT NULL"
+_CONTROLLED = f"(q.paused OR q.fair OR {_LIMITED})"
 _QUEUE_OPEN = f"NOT EXISTS (SELECT FROM {QT} q WHERE q.name = %(queue)s AND {_CONTROLLED})"
 
 
@@ -577,10 +583,236 @@ def claim_next(
     return leases
 
 
+# --- fair share and concurrency keys (docs/queue-controls.md) ---------------------
+#
+# A fair queue's claim takes turns between clients: a loose index scan of
+# job_fair_claim_idx visits up to `limit` clients with queued rows, starting after the
+# client the worker served last and wrapping round, and takes each one's best rows
+# (priority DESC, run_at, id) in rounds: every visited client's first row, then every
+# second row. Each step is an index probe, so the cost grows with the clients visited,
+# never with the backlog. NULL client_id (jobs from code) is one client, key 0.
+_CK = "COALESCE(client_id, 0)"
+_QUEUED_IN_QUEUE = f"{lifecycle.CLAIM.where()} AND queue = %(queue)s"
+
+
+def _next_client_sql(op: str, bound: str) -> str:
+    return (
+        f"SELECT {_CK} FROM {T} WHERE {_QUEUED_IN_QUEUE} AND {_CK} {op} {bound} "
+        f"ORDER BY queue, {_CK} LIMIT 1"
+    )
+
+
+def _fair_candidates_sql(also: str) -> str:
+    """CTE `c(id, k, ord, key)`: the rows a fair claim takes, `ord` its turn order."""
+    return f"""
+RECURSIVE
+after AS (
+  SELECT ({_next_client_sql(">", "%(after)s::bigint")}) AS k, 1 AS i
+  UNION ALL
+  SELECT ({_next_client_sql(">", "a.k")}), a.i + 1 FROM after a
+  WHERE a.k IS NOT NULL AND a.i < %(limit)s
+), wrapped AS (
+  SELECT ({_next_client_sql(">", "-1")}) AS k, 1 AS i
+  UNION ALL
+  SELECT ({_next_client_sql(">", "w.k")}), w.i + 1 FROM wrapped w
+  WHERE w.k IS NOT NULL AND w.k < %(after)s::bigint AND w.i < %(limit)s
+), visited AS (
+  SELECT k, row_number() OVER (ORDER BY turn, k) AS turn FROM (
+    SELECT k, 0 AS turn FROM after WHERE k IS NOT NULL
+    UNION
+    SELECT k, 1 FROM wrapped WHERE k IS NOT NULL AND k <= %(after)s::bigint
+  ) v ORDER BY turn, k LIMIT %(limit)s
+), share AS (SELECT ceil(%(limit)s::numeric / greatest(count(*), 1))::int AS n FROM visited),
+rows_ AS (
+  SELECT r.id, v.k, v.turn, r.key,
+         row_number() OVER (PARTITION BY v.k ORDER BY r.ord) AS round
+  FROM visited v, share, LATERAL (
+    SELECT id, key, row_number() OVER (ORDER BY priority DESC, run_at, id) AS ord FROM (
+      SELECT id, priority, run_at, concurrency_key AS key FROM {T}
+      WHERE {_QUEUED_IN_QUEUE} AND {_CK} = v.k AND run_at <= now(){also}
+      ORDER BY queue, {_CK}, priority DESC, run_at, id
+      LIMIT share.n
+      FOR UPDATE SKIP LOCKED
+    ) s
+  ) r
+), c AS (
+  SELECT id, k, row_number() OVER (ORDER BY round, turn) AS ord, key FROM rows_
+  ORDER BY round, turn LIMIT %(limit)s
+)"""
+
+
+def _plain_candidates_sql(also: str) -> str:
+    """CTE `c(id, k, ord, key)` in the plain claim order (a keyed queue that is not fair)."""
+    return f"""
+p AS (
+  SELECT id, client_id, priority, run_at, concurrency_key FROM {T}
+  WHERE {_QUEUED_IN_QUEUE} AND run_at <= now(){also}
+  ORDER BY priority DESC, run_at, id
+  LIMIT %(limit)s
+  FOR UPDATE SKIP LOCKED
+), c AS (
+  SELECT id, COALESCE(client_id, 0) AS k,
+         row_number() OVER (ORDER BY priority DESC, run_at, id) AS ord, concurrency_key AS key
+  FROM p
+)"""
+
+
+# A keyed queue: rows of keys already at their cap (the `full` arrays) are skipped by
+# the scan; within the batch, a key's rows beyond what its cap leaves are dropped.
+_NOT_FULL = """
+    AND (concurrency_key IS NULL OR NOT EXISTS (
+      SELECT FROM unnest(%(full_clients)s::bigint[], %(full_keys)s::text[]) f(k, key)
+      WHERE f.k = COALESCE(client_id, 0) AND f.key = concurrency_key))"""
+_KEYED = f"""
+, keyed AS (
+  SELECT id, k, ord, key, row_number() OVER (PARTITION BY k, key ORDER BY ord) AS nth
+  FROM c
+), picked AS (
+  SELECT id, k, ord FROM keyed
+  WHERE key IS NULL OR nth + (
+    SELECT count(*) FROM {T} x
+    WHERE x.status = '{Status.PROCESSING}' AND x.queue = %(queue)s
+      AND x.concurrency_key = keyed.key
+      AND x.client_id IS NOT DISTINCT FROM nullif(keyed.k, 0)
+  ) <= %(key_cap)s
+)"""
+
+
+def _claim_turns_sql(*, fair: bool, keyed: bool, also: str = "") -> str:
+    """The claim of a fair and/or keyed queue. Returns the usual lease columns, then
+    the client key (the worker's next `after`) and statement_timestamp() (the start
+    a rate records), in turn order; the first `start` (all when NULL) are marked
+    started (D77)."""
+    filters = also + (_NOT_FULL if keyed else "")
+    head = _fair_candidates_sql(filters) if fair else _plain_candidates_sql(filters)
+    chosen = "picked" if keyed else "c"
+    return f"""
+WITH {head}{_KEYED if keyed else ""}
+, u AS (
+UPDATE {T} j SET status = '{Status.PROCESSING}', lease_version = j.lease_version + 1,
+       owned_by = %(worker)s, claimed_at = now(), heartbeat_at = now(),
+       started_at = CASE WHEN j.id = ANY(ARRAY(
+                      SELECT id FROM {chosen} ORDER BY ord LIMIT %(start)s))
+                    THEN statement_timestamp() END,
+       updated_by = %(actor)s
+WHERE j.id = ANY(ARRAY(SELECT id FROM {chosen}))
+RETURNING j.id, j.lease_version, j.task, j.payload, j.queue, j.retry_count,
+          j.max_retries, j.created_at, j.priority,
+          coalesce(j.error LIKE '%%{NOT_STARTED}', false) AS rerun
+)
+SELECT u.id, lease_version, task, payload, queue, retry_count, max_retries, created_at,
+       priority, rerun, t.k, statement_timestamp()
+FROM u JOIN {chosen} t ON t.id = u.id ORDER BY t.ord
+"""
+
+
+# An open fair queue (no cap, rate or key cap): no lock, like the plain claim. A queue
+# whose row says otherwise is claimed by the other claims only.
+_FAIR_OPEN = (
+    f"\n      AND NOT EXISTS (SELECT FROM {QT} q WHERE q.name = %(queue)s"
+    f" AND (q.paused OR NOT q.fair OR {_LIMITED}))"
+)
+_CLAIM_FAIR_OPEN_SQL = _claim_turns_sql(fair=True, keyed=False, also=_FAIR_OPEN)
+_CLAIM_TURNS_SQL = {
+    (fair, keyed): _claim_turns_sql(fair=fair, keyed=keyed)
+    for fair in (False, True)
+    for keyed in (False, True)
+}
+
+
+_TURN_CLIENT = 10  # the client key's column in a turns claim's rows
+# The turns claim costs milliseconds to plan, and PostgreSQL's plan cache kept planning
+# it anew each time (its custom plans looked cheaper than the generic one), which made
+# a fair drain tens of percent slower; the generic plan uses the same indexes.
+_GENERIC_PLAN_SQL = "SET LOCAL plan_cache_mode = force_generic_plan"
+
+
+@dataclass(frozen=True, slots=True)
+class Turns:
+    """What a fair claim got, and the client whose turn came last (the next `after`)."""
+
+    leases: list[Lease]
+    last_client: int
+
+
+def claim_fair(
+    worker_id: str, queue: str, limit: int, after: int = 0, *, start: int | None = None
+) -> Turns:
+    """queued → processing for up to `limit` due jobs of an open fair queue, clients
+    taking turns from the one after `after`; never a paused, capped or keyed queue.
+    The first `start` (all when None) are marked started (D77)."""
+    with transaction.atomic(durable=True):
+        _rows(_GENERIC_PLAN_SQL, [])
+        rows = _hot_rows(
+            _CLAIM_FAIR_OPEN_SQL,
+            {"queue": queue, "limit": limit, "after": after, "worker": worker_id,
+             "actor": worker_actor(worker_id), "start": start},
+        )  # fmt: skip
+    return Turns(_leases(rows, worker_id), rows[-1][_TURN_CLIENT] if rows else after)
+
+
+_KEYS_FULL_SQL = f"""
+SELECT COALESCE(client_id, 0), concurrency_key, count(*) FROM {T}
+WHERE status = '{Status.PROCESSING}' AND queue = %(queue)s AND concurrency_key IS NOT NULL
+GROUP BY 1, 2 HAVING count(*) >= %(key_cap)s"""
+KEYED_ROUNDS = 8  # each round claims at least one job or finds none left
+
+
+def _claim_in_turns_under_queue_lock(
+    worker_id: str,
+    queue: str,
+    allowed: int,
+    *,
+    fair: bool,
+    key_cap: int | None,
+    after: int,
+    start: int | None,
+) -> tuple[list[tuple], bool]:
+    """The claim of a fair or keyed queue, inside claim_limited_under_queue_lock's
+    transaction. Returns the rows and whether a key at its cap held jobs back.
+
+    Under the queue's lock no other claim of the queue runs, so the processing rows
+    counted per key stay counted until this transaction commits. A batch that keys
+    at their cap cut short is claimed again, the full keys skipped, so the jobs of
+    other keys behind a full key's backlog still start.
+    """
+    sql = _CLAIM_TURNS_SQL[(fair, key_cap is not None)]
+    _rows(_GENERIC_PLAN_SQL, [])
+    params: dict[str, Any] = {
+        "queue": queue, "after": after, "worker": worker_id,
+        "actor": worker_actor(worker_id), "key_cap": key_cap, "start": start,
+    }  # fmt: skip
+    if key_cap is None:
+        return _hot_rows(sql, {**params, "limit": allowed}), False
+    full = {(r[0], r[1]) for r in _rows(_KEYS_FULL_SQL, params)}
+    out: list[tuple] = []
+    for _ in range(KEYED_ROUNDS):
+        want = allowed - len(out)
+        if want <= 0:
+            break
+        rows = _hot_rows(
+            sql,
+            {**params, "limit": want, "full_clients": [k for k, _ in full],
+             "full_keys": [key for _, key in full],
+             "start": None if start is None else max(0, start - len(out))},
+        )  # fmt: skip
+        out += rows
+        if len(rows) == want:
+            break
+        # Fewer than asked: either no due row is left, or keys reached their cap.
+        now_full = {(r[0], r[1]) for r in _rows(_KEYS_FULL_SQL, params)}
+        if now_full <= full or not rows:
+            full = now_full
+            break
+        full = now_full
+    return out, bool(full) and len(out) < allowed
+
+
 # The queue's row lock serialises every claim of a limited queue (and its pause). The
 # statements after it begin once the previous holder committed: they read its claims.
 _QUEUE_LOCK_SQL = (
-    f"SELECT paused, concurrency, rate_limit, rate_period FROM {QT} WHERE name = %s FOR UPDATE"
+    "SELECT paused, concurrency, rate_limit, rate_period, fair, key_concurrency"
+    f" FROM {QT} WHERE name = %s FOR UPDATE"
 )
 _QUEUE_STATE_SQL = f"""
 SELECT statement_timestamp(), rate_starts,
@@ -608,10 +840,11 @@ class Gated:
 
     leases: list[Lease]
     blocked_for: float | None = None
+    last_client: int = 0  # a fair queue: the client whose turn came last
 
 
 def claim_limited_under_queue_lock(
-    worker_id: str, queue: str, limit: int, *, start: int | None = None
+    worker_id: str, queue: str, limit: int, after: int = 0, *, start: int | None = None
 ) -> Gated:
     """queued → processing for up to `limit` due jobs of a queue with controls, never
     more than its concurrency cap processing at once nor more than its rate's starts
@@ -622,13 +855,16 @@ def claim_limited_under_queue_lock(
     holder committed before this one locked), and each start is recorded with its claim
     statement's statement_timestamp(), the history's `at`. So for any window of the
     period, the last claim to start a job in it counted every earlier start in it.
-    Hazard: every claim of the queue waits for the lock, so keep this transaction short.
+    A `key_concurrency` caps the jobs of each concurrency key the same way (counted
+    under the same lock); a fair queue's claim takes turns between clients from the
+    one after `after`. Hazard: every claim of the queue waits for the lock, so keep
+    this transaction short.
     """
     with transaction.atomic(durable=True):
         rows = _rows(_QUEUE_LOCK_SQL, [queue])
         if not rows:  # no controls row (not synced yet): an open queue
             return Gated(claim_next(worker_id, [queue], limit, start=start))
-        paused, cap, rate, period = rows[0]
+        paused, cap, rate, period, fair, key_cap = rows[0]
         if paused:
             return Gated([], float("inf"))
         now, starts, running = _rows(_QUEUE_STATE_SQL, {"queue": queue})[0]
@@ -647,14 +883,23 @@ def claim_limited_under_queue_lock(
                 blocked_for = max(blocked_for or 0.0, due, 0.001)
         if allowed <= 0:
             return Gated([], blocked_for)
-        rows = _hot_rows(
-            _CLAIM_LIMITED_SQL,
-            {"queue": queue, "limit": allowed, "worker": worker_id,
-             "actor": worker_actor(worker_id), "start": start},
-        )  # fmt: skip
+        last_client = after
+        if fair or key_cap is not None:
+            rows, keys_full = _claim_in_turns_under_queue_lock(
+                worker_id, queue, allowed, fair=fair, key_cap=key_cap, after=after, start=start
+            )
+            if keys_full:
+                blocked_for = max(blocked_for or 0.0, CAP_RECHECK_SECONDS)
+            last_client = rows[-1][_TURN_CLIENT] if fair and rows else after
+        else:
+            rows = _hot_rows(
+                _CLAIM_LIMITED_SQL,
+                {"queue": queue, "limit": allowed, "worker": worker_id,
+                 "actor": worker_actor(worker_id), "start": start},
+            )  # fmt: skip
         if rate is not None and rows:
             _rows(_QUEUE_STARTS_SQL, [[r[-1] for r in rows] + window, queue])
-        return Gated(_leases(rows, worker_id), blocked_for)
+        return Gated(_leases(rows, worker_id), blocked_for, last_client)
 
 
 def claim_ids(worker_id: str, job_ids: Sequence[int], *, start: int | None = None) -> list[Lease]:
@@ -1595,14 +1840,15 @@ _WORKFLOW_IDS_SQL = (
 )
 _WORKFLOW_JOBS_SQL = f"""
 INSERT INTO {T} (id, task, payload, queue, priority, run_at, max_retries, client_id,
-                 updated_by, status, retry_count, lease_version, wait_reason)
+                 updated_by, status, retry_count, lease_version, wait_reason, concurrency_key)
 SELECT u.id, u.task, u.payload::jsonb, u.queue, u.priority,
        CASE WHEN u.blocked THEN %(blocked)s::timestamptz ELSE now() END,
        u.max_retries, %(client)s, %(actor)s, '{Status.QUEUED}', 0, 0,
-       CASE WHEN u.blocked THEN '{WaitReason.PARENTS}' END
+       CASE WHEN u.blocked THEN '{WaitReason.PARENTS}' END, u.ckey
 FROM unnest(%(ids)s::bigint[], %(tasks)s::text[], %(payloads)s::text[], %(queues)s::text[],
-            %(priorities)s::int[], %(max_retries)s::int[], %(blocked_flags)s::boolean[])
-     AS u(id, task, payload, queue, priority, max_retries, blocked)"""
+            %(priorities)s::int[], %(max_retries)s::int[], %(blocked_flags)s::boolean[],
+            %(ckeys)s::text[])
+     AS u(id, task, payload, queue, priority, max_retries, blocked, ckey)"""
 _WORKFLOW_NODES_SQL = """
 INSERT INTO jobs_workflownode (job_id, workflow_id, key, pending_parents, ended)
 SELECT u.id, %(workflow)s, u.key, u.pending, false
@@ -1658,6 +1904,7 @@ def create_workflow(
                     default_retries if j["max_retries"] is None else j["max_retries"] for j in jobs
                 ],
                 "blocked_flags": [bool(after) for _, after, _ in steps],
+                "ckeys": [j.get("concurrency_key") for j in jobs],
                 "blocked": BLOCKED_RUN_AT,
                 "client": client_id,
                 "actor": actor,

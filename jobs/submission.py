@@ -147,9 +147,11 @@ def request_hash(
     run_at: datetime | None,
     max_retries: int,
     unique_key: str | None = None,
+    concurrency_key: str | None = None,
 ) -> str:
     """SHA-256 of the normalised request, canonical JSON: what an idempotent replay must match.
-    A unique_key counts only when given, so hashes of requests without one are unchanged."""
+    A unique_key or concurrency_key counts only when given, so hashes of requests without
+    one are unchanged."""
     doc = {
         "task": task,
         "payload": payload,
@@ -160,6 +162,8 @@ def request_hash(
     }
     if unique_key is not None:
         doc["unique_key"] = unique_key
+    if concurrency_key is not None:
+        doc["concurrency_key"] = concurrency_key
     canonical = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
@@ -244,6 +248,7 @@ def submit(
     max_retries: int | None = None,
     idempotency_key: str | None = None,
     unique_key: str | None = None,
+    concurrency_key: str | None = None,
 ) -> tuple[Job, bool]:
     """Validate and enqueue a job inside the caller's transaction.
 
@@ -251,7 +256,8 @@ def submit(
     (same client) returns the existing job with created=False; a different
     request under the same key raises IdempotencyConflict. With `unique_key`,
     while a job of the same client with that key is queued, enqueue_failed or
-    processing, that job is returned (created=False, `job.duplicate` True). Raises UnknownTask,
+    processing, that job is returned (created=False, `job.duplicate` True). A
+    `concurrency_key` counts against its queue's `key_concurrency`. Raises UnknownTask,
     InvalidSubmission, PayloadTooLarge or QueueFull and writes nothing when the
     submission is refused. The Redis push runs when the caller's transaction
     commits; if it fails the job is parked as enqueue_failed (the reaper
@@ -269,6 +275,7 @@ def submit(
             idempotency_key=idempotency_key,
             client=client,
             unique_key=unique_key,
+            concurrency_key=concurrency_key,
         )
     except SubmissionError as exc:
         metrics.SUBMISSIONS_REJECTED.labels(metric_queue, exc.code).inc()
@@ -287,11 +294,20 @@ def _submit(
     idempotency_key: str | None,
     client: Client | None,
     unique_key: str | None = None,
+    concurrency_key: str | None = None,
 ) -> tuple[Job, bool]:
     run_at, max_retries, digest, payload_json = _validate(
-        task, payload, queue, priority, run_at, max_retries, idempotency_key, unique_key,
+        task,
+        payload,
+        queue,
+        priority,
+        run_at,
+        max_retries,
+        idempotency_key,
+        unique_key,
+        concurrency_key,
         for_client=client is not None,
-    )  # fmt: skip
+    )
     return _submit_checked(
         {
             "task": task,
@@ -304,6 +320,7 @@ def _submit(
             "request_hash": digest,
             "payload_json": payload_json,
             "unique_key": unique_key,
+            "concurrency_key": concurrency_key,
         },
         client,
     )
@@ -340,6 +357,7 @@ def _submit_checked(item: dict[str, Any], client: Client | None) -> tuple[Job, b
         actor=f"client:{client.name}" if client is not None else "app",
         payload_json=item["payload_json"],
         unique_key=item.get("unique_key"),
+        concurrency_key=item.get("concurrency_key"),
     )
     if created:
         _count_accepted(queue)
@@ -402,6 +420,7 @@ def _validate(
     max_retries: Any,
     idempotency_key: Any,
     unique_key: Any = None,
+    concurrency_key: Any = None,
     *,
     for_client: bool = False,
 ) -> tuple[datetime | None, int, str | None, str]:
@@ -439,22 +458,23 @@ def _validate(
         max_retries = settings.JOBS_MAX_RETRIES
     max_retries = _check_int("max_retries", max_retries, 0, MAX_RETRIES_LIMIT)
     run_at = parse_run_at(run_at)
-    if idempotency_key is not None and (
-        not isinstance(idempotency_key, str) or not IDEMPOTENCY_KEY_RE.fullmatch(idempotency_key)
+    codes = {
+        "idempotency_key": "invalid_idempotency_key",
+        "unique_key": "invalid_unique_key",
+        "concurrency_key": "invalid_concurrency_key",
+    }
+    for field, key in (
+        ("idempotency_key", idempotency_key),
+        ("unique_key", unique_key),
+        ("concurrency_key", concurrency_key),
     ):
-        raise InvalidSubmission(
-            "idempotency key must be 1-200 printable ASCII characters without spaces",
-            field="idempotency_key",
-            code="invalid_idempotency_key",
-        )
-    if unique_key is not None and (
-        not isinstance(unique_key, str) or not IDEMPOTENCY_KEY_RE.fullmatch(unique_key)
-    ):
-        raise InvalidSubmission(
-            "unique_key must be 1-200 printable ASCII characters without spaces",
-            field="unique_key",
-            code="invalid_unique_key",
-        )
+        if key is not None and (not isinstance(key, str) or not IDEMPOTENCY_KEY_RE.fullmatch(key)):
+            shown = "idempotency key" if field == "idempotency_key" else field
+            raise InvalidSubmission(
+                f"{shown} must be 1-200 printable ASCII characters without spaces",
+                field=field,
+                code=codes[field],
+            )
     payload_json = serialise_payload(payload).decode("utf-8")
     try:
         tasks.validate_payload(task, payload)
@@ -463,7 +483,9 @@ def _validate(
 
     digest = None
     if idempotency_key is not None:
-        digest = request_hash(task, payload, queue, priority, run_at, max_retries, unique_key)
+        digest = request_hash(
+            task, payload, queue, priority, run_at, max_retries, unique_key, concurrency_key
+        )
     return run_at, max_retries, digest, payload_json
 
 
@@ -478,8 +500,9 @@ def _existing(client: Client | None, idempotency_key: str | None) -> Job | None:
 # --- requests as JSON (both API endpoints) -------------------------------------------
 
 JOB_FIELDS = ("task", "payload", "queue", "priority", "run_at", "max_retries")
-REQUEST_FIELDS = (*JOB_FIELDS, "unique_key")
-BATCH_FIELDS = (*JOB_FIELDS, "idempotency_key")  # unique keys: single submissions only
+REQUEST_FIELDS = (*JOB_FIELDS, "unique_key", "concurrency_key")
+# Unique keys: single submissions only.
+BATCH_FIELDS = (*JOB_FIELDS, "idempotency_key", "concurrency_key")
 
 
 def _request_item(
@@ -512,6 +535,7 @@ def _request_item(
         "max_retries": raw.get("max_retries"),
         "idempotency_key": raw.get("idempotency_key", idempotency_key),
         "unique_key": raw.get("unique_key"),
+        "concurrency_key": raw.get("concurrency_key"),
     }
     if item["payload"] is None:
         errors.append(
@@ -633,6 +657,7 @@ def submit_many(raw_items: Sequence[Any], *, client: Client | None = None) -> li
             i["idempotency_key"],
             i["request_hash"],
             i["payload_json"],
+            i["concurrency_key"],
         )
         for i in items
     ]

@@ -27,9 +27,11 @@ from jobs.models import Client, OnFailure
 MAX_STEPS = 1000
 MAX_NAME = 200
 MAX_STEP_ID = 100
-STEP_FIELDS = ("id", "task", "payload", "queue", "priority", "max_retries", "after")
+STEP_FIELDS = (
+    "id", "task", "payload", "queue", "priority", "max_retries", "concurrency_key", "after",
+)  # fmt: skip
 WORKFLOW_FIELDS = ("name", "steps", "on_failure")
-_JOB_FIELDS = ("task", "payload", "queue", "priority", "max_retries")
+_JOB_FIELDS = ("task", "payload", "queue", "priority", "max_retries", "concurrency_key")
 
 
 @dataclass(frozen=True)
@@ -138,7 +140,10 @@ def build(body: Any, *, for_client: bool = False) -> Graph:
     canonical = {
         "name": name,
         "on_failure": on_failure,
-        "steps": [{"id": st.id, "after": list(st.after), **{k: st.job[k] for k in _JOB_FIELDS}}
+        # A field left out (null) is not hashed: requests from before it existed match.
+        "steps": [{"id": st.id, "after": list(st.after),
+                   **{k: st.job[k] for k in _JOB_FIELDS
+                      if k != "concurrency_key" or st.job[k] is not None}}
                   for st in steps],
     }  # fmt: skip
     digest = hashlib.sha256(
@@ -232,6 +237,7 @@ class Workflow:
         queue: str = "default",
         priority: int = 0,
         max_retries: int | None = None,
+        concurrency_key: str | None = None,
     ) -> Workflow:
         raw: dict[str, Any] = {
             "id": id,
@@ -243,6 +249,8 @@ class Workflow:
         }
         if max_retries is not None:
             raw["max_retries"] = max_retries
+        if concurrency_key is not None:
+            raw["concurrency_key"] = concurrency_key
         self.steps.append(raw)
         return self
 

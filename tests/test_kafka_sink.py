@@ -17,12 +17,12 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.db import connection
+from django.db import connection, transaction
 
 from jobs import metrics, services
-from jobs.events import kafka, signing
-from jobs.events.outbox import Dispatcher, OutboxLagCollector, WebhookFanout, lag
-from jobs.models import Client, JobEvent, Webhook, WebhookDelivery
+from jobs.events import kafka, publish, signing, subscriber
+from jobs.events.outbox import SOURCES, Dispatcher, OutboxLagCollector, WebhookFanout, lag
+from jobs.models import Client, DomainEvent, Job, JobEvent, Webhook, WebhookDelivery
 from tests.factories import raw
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -248,9 +248,117 @@ def test_create_topic_and_status_commands(broker, settings, capsys):
     assert "topic jobs.events.created created: 5 partitions, replication factor 1" in out
     assert "topic jobs.events.created already exists" in out
     assert "topic jobs.events.created: 5 partitions" in out
-    assert "relay: not started" in out
+    assert "relay: not started" in out and "domain events: not started" in out
     with pytest.raises(CommandError, match="at least 1"):
         call_command("kafka", "create-topic", "--partitions", "0")
     settings.JOBS_KAFKA_BOOTSTRAP_SERVERS = ""
     with pytest.raises(CommandError, match="JOBS_KAFKA_BOOTSTRAP_SERVERS is not set"):
         call_command("kafka", "status")
+
+
+# --- domain events: publish() ------------------------------------------------------------
+
+
+@subscriber("kafka.invoice.paid", name="tests.kafka_sink.invoice")
+def _invoice_subscriber(event, ctx):
+    return None
+
+
+def domain_relay(timeout: float = 10.0) -> Dispatcher:
+    """The Kafka relay as runreaper runs it: the history and the domain events."""
+    d = Dispatcher([sink(timeout)], sources=SOURCES)
+    d.tick()
+    return d
+
+
+def domain_cursor() -> int:
+    return raw("SELECT last_id FROM jobs_outboxcursor WHERE name = 'kafka.domain'")[0][0]
+
+
+def test_domain_events_are_produced_with_the_body_subscribers_get_and_the_publishers_key(
+    broker, topic
+):
+    d = domain_relay()
+    with transaction.atomic():
+        keyed = [publish("kafka.invoice.paid", {"invoice": i, "é": [1.5]}, key="customer-7")
+                 for i in range(3)]  # fmt: skip
+        unkeyed = publish("kafka.invoice.paid", {"invoice": 9})
+    (row,) = [r for r in lag() if r.subscriber == "kafka.domain"]
+    assert row.events == 4
+    assert drain(d) == 8  # and the queued events of the subscribers' four jobs
+    got = [m for m in broker.read(topic, expect=8) if m.event_id.startswith("dev_")]
+    ids = [f"dev_{i}" for i in [*keyed, unkeyed]]
+    assert sorted(m.event_id for m in got) == sorted(ids)
+    by_id = {m.event_id: m for m in got}
+    assert {by_id[i].key for i in ids[:3]} == {"customer-7"}
+    assert by_id[ids[3]].key == ids[3]  # no key: the event id
+    assert len({by_id[i].partition for i in ids[:3]}) == 1  # one key, one partition...
+    assert [by_id[i].offset for i in ids[:3]] == sorted(by_id[i].offset for i in ids[:3])
+    for m in got:  # ...in publish order; each body is what its subscriber's job got
+        assert m.type == "kafka.invoice.paid" and set(m.body) == {"id", "type", "payload",
+                                                                   "created_at"}  # fmt: skip
+        (job,) = Job.objects.filter(task="event:tests.kafka_sink.invoice",
+                                    payload__id=m.event_id)  # fmt: skip
+        assert m.body == job.payload
+    assert domain_cursor() == unkeyed
+    (row,) = [r for r in lag() if r.subscriber == "kafka.domain"]
+    assert row.events == 0 and row.seconds == 0
+
+
+def test_a_domain_event_committed_after_a_later_one_is_not_skipped(broker, topic):
+    """Ids are drawn in the publisher's transaction: a later id may commit first. The
+    cursor waits at the horizon until the earlier transaction has ended."""
+    d = domain_relay()
+    published, release = threading.Event(), threading.Event()
+    early: list[int] = []
+
+    def slow_publisher() -> None:
+        try:
+            with transaction.atomic():
+                # No subscriber: the transaction writes no history (whose lock would
+                # hold the horizon back for another reason).
+                early.append(publish("kafka.nobody.listens", {"slow": True}))
+                published.set()
+                release.wait(10)
+        finally:
+            connection.close()
+
+    t = threading.Thread(target=slow_publisher)
+    t.start()
+    try:
+        assert published.wait(10)
+        late = publish("kafka.nobody.listens", {"slow": False})  # commits first
+        assert late > early[0]
+        drain(d)
+        assert domain_cursor() < early[0]  # not past an id whose transaction is open
+        release.set()
+        t.join(10)
+    finally:
+        release.set()
+        t.join(10)
+    assert drain(d) == 2
+    got = broker.read(topic, expect=2)
+    assert sorted(m.event_id for m in got) == [f"dev_{early[0]}", f"dev_{late}"]
+    assert domain_cursor() == late
+
+
+def test_a_frozen_broker_holds_the_domain_cursor(broker, topic):
+    d = domain_relay(timeout=1.0)
+    event_id = publish("kafka.invoice.paid", {"frozen": True})
+    broker.freeze()
+    try:
+        assert drain(d, rounds=2) == 0
+        assert domain_cursor() < event_id
+    finally:
+        broker.thaw()
+    drain(d)
+    got = broker.read(topic, expect=2)
+    assert [m.event_id for m in got if m.event_id.startswith("dev_")] == [f"dev_{event_id}"]
+
+
+@pytest.mark.parametrize("key", ["", "k" * 256, 7])
+def test_publish_refuses_a_key_kafka_could_not_carry_and_writes_nothing(key):
+    with pytest.raises(ValueError, match="key must be"):
+        publish("kafka.invoice.paid", {}, key=key)
+    assert not DomainEvent.objects.exists()
+    assert not Job.objects.filter(task__startswith="event:").exists()

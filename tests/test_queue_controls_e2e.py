@@ -12,6 +12,7 @@ import os
 import threading
 import time
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.db import connection
@@ -34,23 +35,26 @@ class Sampler(threading.Thread):
     def __init__(self, queue: str, every: float = 0.05) -> None:
         super().__init__(daemon=True)
         self.queue, self.every = queue, every
-        self.samples: list[int] = []
+        self.samples: list = []
         self.halt = threading.Event()
 
     def run(self) -> None:
         try:
             while not self.halt.is_set():
                 with connection.cursor() as cur:
-                    cur.execute(
-                        "SELECT count(*) FROM jobs_job WHERE queue = %s AND status = 'processing'",
-                        [self.queue],
-                    )
-                    self.samples.append(cur.fetchone()[0])
+                    self.samples.append(self.sample(cur))
                 self.halt.wait(self.every)
         finally:
             connection.close()
 
-    def stop(self) -> list[int]:
+    def sample(self, cur) -> Any:
+        cur.execute(
+            "SELECT count(*) FROM jobs_job WHERE queue = %s AND status = 'processing'",
+            [self.queue],
+        )
+        return cur.fetchone()[0]
+
+    def stop(self) -> list:
         self.halt.set()
         self.join(10)
         return self.samples

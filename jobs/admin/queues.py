@@ -18,10 +18,11 @@ from jobs.models import Queue
 
 
 class QueueAdmin(admin.ModelAdmin):
-    list_display = ["name", "state", "concurrency", "rate", "weight", "updated_at"]
+    list_display = ["name", "state", "concurrency", "rate", "weight", "fair", "key_concurrency",
+                    "updated_at"]  # fmt: skip
     list_filter = ["paused"]
-    fields = ["name", "paused", "concurrency", "rate_limit", "rate_period", "weight",
-              "declared", "updated_at"]  # fmt: skip
+    fields = ["name", "paused", "concurrency", "rate_limit", "rate_period", "weight", "fair",
+              "key_concurrency", "declared", "updated_at"]  # fmt: skip
     readonly_fields = ["name", "paused", "declared", "updated_at"]
     actions = ["pause_queues", "resume_queues"]
 

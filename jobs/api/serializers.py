@@ -14,6 +14,18 @@ from jobs.models import PRIORITY_MAX, PRIORITY_MIN, Job, JobEvent, Schedule
 from jobs.selectors import progress_of
 
 
+def _key_field(help_text: str) -> serializers.RegexField:
+    """A client's key: 1-200 printable ASCII characters without spaces, or null."""
+    return serializers.RegexField(
+        r"^[\x21-\x7e]{1,200}$",
+        required=False,
+        allow_null=True,
+        default=None,
+        max_length=200,
+        help_text=help_text,
+    )
+
+
 class WaitReasonField(serializers.CharField):
     """A job's wait reason, its queue's pause included (jobs.selectors.wait_reason)."""
 
@@ -57,15 +69,14 @@ class JobSubmitSerializer(serializers.Serializer):
         max_value=submission.MAX_RETRIES_LIMIT,
         help_text="Retries after the first attempt; default JOBS_MAX_RETRIES (3).",
     )
-    unique_key = serializers.RegexField(
-        r"^[\x21-\x7e]{1,200}$",
-        required=False,
-        allow_null=True,
-        default=None,
-        max_length=200,
-        help_text="Per client. While a job with this key is queued, enqueue_failed or "
+    unique_key = _key_field(
+        "Per client. While a job with this key is queued, enqueue_failed or "
         "processing, submitting returns that job (200, `duplicate: true`) instead of "
-        "creating one; once it is done or failed the key is free again.",
+        "creating one; once it is done or failed the key is free again."
+    )
+    concurrency_key = _key_field(
+        "Per client. In a queue with `key_concurrency: N`, at most N of your jobs "
+        "with this key are processing at once; the others wait their turn, queued."
     )
 
 
@@ -75,13 +86,8 @@ class BatchItemSerializer(JobSubmitSerializer):
 
     unique_key = None
 
-    idempotency_key = serializers.RegexField(
-        r"^[\x21-\x7e]{1,200}$",
-        required=False,
-        allow_null=True,
-        default=None,
-        max_length=200,
-        help_text="Per client, like the Idempotency-Key header of a single submission.",
+    idempotency_key = _key_field(
+        "Per client, like the Idempotency-Key header of a single submission."
     )
 
 
@@ -175,6 +181,7 @@ class JobSerializer(serializers.ModelSerializer):
             "cancel_requested_at",
             "cancel_too_late",
             "unique_key",
+            "concurrency_key",
             "schedule",
             "fire_time",
             "wait_reason",
@@ -297,6 +304,7 @@ class ScheduleWriteSerializer(serializers.Serializer):
         required=False,
         help_text="skip: no new job while the previous one is queued or processing.",
     )
+    concurrency_key = _key_field("The jobs' concurrency key (as for POST /jobs/).")
 
 
 class ScheduleSerializer(serializers.ModelSerializer):
@@ -306,8 +314,8 @@ class ScheduleSerializer(serializers.ModelSerializer):
         model = Schedule
         fields = [
             "id", "name", "cron", "interval_seconds", "timezone", "task", "payload", "queue",
-            "priority", "max_retries", "enabled", "catch_up", "overlap", "next_fire_at",
-            "last_fire_at", "created_at", "updated_at",
+            "priority", "max_retries", "enabled", "catch_up", "overlap", "concurrency_key",
+            "next_fire_at", "last_fire_at", "created_at", "updated_at",
         ]  # fmt: skip
         read_only_fields = fields
 

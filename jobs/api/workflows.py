@@ -117,6 +117,9 @@ class WorkflowStepInSerializer(serializers.Serializer):
     queue = serializers.CharField(required=False)
     priority = serializers.IntegerField(required=False)
     max_retries = serializers.IntegerField(required=False)
+    concurrency_key = serializers.CharField(
+        required=False, allow_null=True, help_text="As for a job (POST /jobs/)."
+    )
     after = serializers.ListField(child=serializers.CharField(), required=False)
 
 

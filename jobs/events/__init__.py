@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from django.db import connection, transaction
@@ -42,9 +43,11 @@ class Subscriber:
 _subscribers: dict[str, list[Subscriber]] = {}
 
 _INSERT_SQL = f"""
-INSERT INTO {DomainEvent._meta.db_table} (type, payload, at) VALUES (%s, %s::jsonb, now())
+INSERT INTO {DomainEvent._meta.db_table} (type, payload, key, at)
+VALUES (%s, %s::jsonb, %s, now())
 RETURNING id, at
 """
+KEY_MAX_LENGTH = 255
 
 
 def subscriber(
@@ -72,17 +75,25 @@ def subscribers(event_type: str) -> list[Subscriber]:
     return list(_subscribers.get(event_type, ()))
 
 
-def publish(event_type: str, payload: Any = None) -> int:
+def domain_event_body(event_id: int, event_type: str, payload: Any, at: datetime) -> dict:
+    """What a subscriber gets as `event`, and the Kafka sink as the message value."""
+    return {"id": f"dev_{event_id}", "type": event_type, "payload": payload,
+            "created_at": at.isoformat()}  # fmt: skip
+
+
+def publish(event_type: str, payload: Any = None, key: str | None = None) -> int:
     """Write a domain event and one job per subscriber in the caller's transaction;
-    returns the event id."""
+    returns the event id. `key`: the Kafka message key (events sharing one share a
+    partition, in publish order); the event id when None."""
+    if key is not None and not (isinstance(key, str) and 0 < len(key) <= KEY_MAX_LENGTH):
+        raise ValueError(f"key must be a non-empty string of at most {KEY_MAX_LENGTH} characters")
     body = json.dumps(payload if payload is not None else {})
     subs = subscribers(event_type)
     with transaction.atomic():
         with connection.cursor() as cur:
-            cur.execute(_INSERT_SQL, [event_type, body])
+            cur.execute(_INSERT_SQL, [event_type, body, key])
             event_id, at = cur.fetchone()
-        event = {"id": f"dev_{event_id}", "type": event_type, "payload": json.loads(body),
-                 "created_at": at.isoformat()}  # fmt: skip
+        event = domain_event_body(event_id, event_type, json.loads(body), at)
         if subs:
             services.submit_many(
                 [services.NewJob(s.task, event, queue=s.queue, max_retries=s.max_retries)

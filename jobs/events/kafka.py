@@ -7,7 +7,8 @@ tick rolls back and the next one waits for the same events. So a broker that is 
 frozen delays events and never loses them, and a crash repeats a batch (at least once;
 consumers drop repeats by the `id` header or body field).
 
-Order: key = the job id, so one job's events share a partition, and the idempotent
+Order: key = the job id (a domain event's: its publisher's key, else its id), so one
+job's events share a partition, and the idempotent
 producer keeps each partition in produce order through its retries. Messages never
 time out in the producer (`message.timeout.ms` 0 unless configured): an event that has
 been produced once is waited for, never produced again behind a later one of its job by
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import Any
@@ -37,6 +37,9 @@ from jobs.transport import TransportError
 log = logging.getLogger(__name__)
 
 DEFAULT_TOPIC = "jobs.events"
+# Events per relay tick: one transaction, one cursor move and one wait for the broker's
+# acknowledgements each. A repeat after a crash is at most this many events.
+BATCH = 2000
 # What at-least-once in seq order needs: not overridable by JOBS_KAFKA_CONFIG.
 REQUIRED_CONFIG = {"enable.idempotence": True, "acks": "all"}
 # Overridable defaults: wait for the broker as long as it takes (the tick's own deadline
@@ -135,7 +138,7 @@ class KafkaSink:
             log.warning("kafka delivery of %s failed: %s", event_id, err)
 
     def handle(self, events: Sequence) -> int:
-        """`events`: the outbox's events (`msg_id`, `type`, `body`, `job_id`), in order."""
+        """`events`: the outbox's events (`msg_id`, `type`, `body`, `key`), in order."""
         producer = self._get_producer()
         wanted = {e.msg_id for e in events}
         # Forget what an earlier, since committed or abandoned, batch left acknowledged.
@@ -148,23 +151,18 @@ class KafkaSink:
                 self._state[e.msg_id] = _PENDING
                 producer.produce(
                     self.topic,
-                    key=str(e.job_id).encode(),
+                    key=e.key.encode(),
                     value=e.body.encode(),
                     headers=[("id", e.msg_id.encode()), ("type", e.type.encode())],
                     on_delivery=partial(self._delivered, e.msg_id),
                 )
-                producer.poll(0)
         except (BufferError, KafkaException) as exc:
             self._state.pop(e.msg_id, None)
             metrics.KAFKA_ERRORS.labels(reason=type(exc).__name__).inc()
             raise KafkaUnavailable(f"kafka: produce refused: {exc}") from exc
-        deadline = time.monotonic() + self.timeout
-        while True:
-            waiting = [e for e in events if self._state.get(e.msg_id) == _PENDING]
-            left = deadline - time.monotonic()
-            if not waiting or left <= 0:
-                break
-            producer.poll(min(left, 0.1))
+        # flush: sends what lingers at once and serves the delivery reports until every
+        # message in flight (this batch's, and any an abandoned one left) is settled.
+        producer.flush(self.timeout)
         unacked = [e for e in events if self._state.get(e.msg_id) != _ACKED]
         if unacked:
             metrics.KAFKA_ERRORS.labels(reason="not_acknowledged").inc()

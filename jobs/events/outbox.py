@@ -13,6 +13,10 @@ that was in progress then and could hold such an id (of this database, with a
 lock on jobs_jobevent) has ended. Every row at or below the horizon is then
 committed (visible) or rolled back (gone for good).
 
+Domain events (`jobs_domainevent`, written by `publish()`) are a second `Source` with
+ids of their own, read the same way behind their own cursors; only the Kafka sink
+relays them.
+
 Run by `runreaper` in a thread (`Dispatcher.run`), `tick()` being one pass.
 """
 
@@ -22,7 +26,7 @@ import json
 import logging
 import threading
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -33,7 +37,7 @@ from prometheus_client.registry import Collector
 
 from jobs import metrics, services, submission
 from jobs.conf import settings
-from jobs.events import kafka, signing
+from jobs.events import domain_event_body, kafka, signing
 from jobs.events.streams import StreamPublisher
 from jobs.lifecycle import TERMINAL, sql_list
 from jobs.runtime import Backoff
@@ -52,25 +56,25 @@ SELECT c.last_id, c.horizon_id, c.horizon_snapshot,
          WHERE pg_xact_status(x.xid) IS NOT DISTINCT FROM 'in progress')
 FROM jobs_outboxcursor c WHERE c.name = %s
 """
-# A new subscriber starts at the present: history written before it is not replayed.
+# A new subscriber starts at the present: events written before it are not replayed.
 _START_SQL = """
 INSERT INTO jobs_outboxcursor (name, last_id, updated_at)
-SELECT %s, COALESCE(max(id), 0), now() FROM jobs_jobevent
+SELECT %s, COALESCE(max(id), 0), now() FROM {table}
 ON CONFLICT (name) DO NOTHING
 """
-_SEQUENCE_SQL = "SELECT pg_get_serial_sequence('jobs_jobevent', 'id')"
-# The transactions in progress now that may hold history ids: those of this database
-# (xids are cluster-wide) holding a lock on jobs_jobevent, which an INSERT takes before
-# it draws an id. Another long transaction (a report, a handler that writes no history)
+_SEQUENCE_SQL = "SELECT pg_get_serial_sequence(%s, 'id')"
+# The transactions in progress now that may hold ids of the source's table: those of
+# this database (xids are cluster-wide) holding a lock on it, which an INSERT takes
+# before it draws an id. Another long transaction (a report, a handler that writes no history)
 # does not hold the horizon back. Top-level xids: a savepoint's comes after its parent's.
 _SNAPSHOT_SQL = """
 SELECT COALESCE(array_agg(x.xid), '{}')::text
 FROM pg_snapshot_xip(pg_current_snapshot()) AS x(xid)
-WHERE (x.xid::text::numeric % 4294967296)::bigint IN (
+WHERE mod(x.xid::text::numeric, 4294967296)::bigint IN (
   SELECT a.backend_xid::text::bigint
   FROM pg_stat_activity a JOIN pg_locks l ON l.pid = a.pid
   WHERE a.datname = current_database() AND a.backend_xid IS NOT NULL
-    AND l.locktype = 'relation' AND l.relation = 'jobs_jobevent'::regclass AND l.granted)
+    AND l.locktype = 'relation' AND l.relation = %s::regclass AND l.granted)
 """
 _MOVE_SQL = """
 UPDATE jobs_outboxcursor SET last_id = %s, horizon_id = %s, horizon_snapshot = %s,
@@ -115,6 +119,11 @@ class OutboxEvent:
     # Set when the job is itself a webhook delivery: (delivery id, webhook, source job).
     delivery: tuple[int, int, int] | None
 
+    @property
+    def key(self) -> str:
+        """The Kafka key: the job id, so one job's events share a partition."""
+        return str(self.job_id)
+
 
 def _event(row: Sequence[Any]) -> OutboxEvent:
     event_id, job_id, at, from_status, to_status, lease_version, seq = row[:7]
@@ -134,6 +143,70 @@ def _event(row: Sequence[Any]) -> OutboxEvent:
         json.dumps(body, separators=(",", ":")),
         tuple(row[25:28]) if row[25] is not None else None,
     )  # fmt: skip
+
+
+# --- domain events ----------------------------------------------------------------------
+
+_DOMAIN_EVENTS_SQL = """
+SELECT e.id, e.type, e.payload, e.at, e.key
+FROM jobs_domainevent e
+WHERE e.id > %s AND e.id <= %s
+ORDER BY e.id
+LIMIT %s
+"""
+
+
+@dataclass(slots=True)
+class DomainOutboxEvent:
+    """One event of `publish()`, with the body its subscribers got."""
+
+    id: int
+    type: str
+    msg_id: str
+    body: str
+    key: str  # the publisher's, else the event id
+
+
+def _domain_event(row: Sequence[Any]) -> DomainOutboxEvent:
+    event_id, kind, payload, at, key = row
+    if isinstance(payload, str):
+        payload = json.loads(payload)
+    body = domain_event_body(event_id, kind, payload, at)
+    return DomainOutboxEvent(event_id, kind, body["id"], json.dumps(body, separators=(",", ":")),
+                             key or body["id"])  # fmt: skip
+
+
+# --- sources ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Source:
+    """A table of events whose ids are drawn in their writers' transactions: each gets
+    its own cursor per subscriber (named subscriber + suffix) behind the same horizon."""
+
+    table: str
+    suffix: str
+    events_sql: str
+    event: Callable[[Sequence[Any]], Any]
+    # Which cursors are this source's, and which of its rows count as lag.
+    cursors_sql: str
+    rows_sql: str
+
+    @property
+    def start_sql(self) -> str:
+        return _START_SQL.format(table=self.table)
+
+    @property
+    def lag_sql(self) -> str:
+        return _LAG_SQL.format(table=self.table, rows=self.rows_sql, cursors=self.cursors_sql)
+
+
+HISTORY = Source("jobs_jobevent", "", _EVENTS_SQL, _event,
+                 cursors_sql="c.name NOT LIKE '%%.domain'",
+                 rows_sql="e.kind = 'transition'")  # fmt: skip
+DOMAIN = Source("jobs_domainevent", ".domain", _DOMAIN_EVENTS_SQL, _domain_event,
+                cursors_sql="c.name LIKE '%%.domain'", rows_sql="true")  # fmt: skip
+SOURCES = (HISTORY, DOMAIN)
 
 
 # --- webhooks ---------------------------------------------------------------------------
@@ -280,7 +353,8 @@ class Dispatcher:
     """Hands every new history row to each subscriber, each behind its own cursor."""
 
     def __init__(self, subscribers: Sequence | None = None, batch: int = 500,
-                 interval: float | None = None) -> None:  # fmt: skip
+                 interval: float | None = None,
+                 sources: Sequence[Source] = (HISTORY,)) -> None:  # fmt: skip
         if subscribers is None:
             subscribers = [WebhookFanout()]
             if settings.REDIS_URL:
@@ -288,34 +362,38 @@ class Dispatcher:
         self.subscribers = list(subscribers)
         self.batch = batch
         self.interval = settings.JOBS_OUTBOX_INTERVAL if interval is None else interval
-        self._sequence: str | None = None
+        self.sources = tuple(sources)
+        self._sequences: dict[str, str] = {}
 
     def tick(self) -> int:
         """One pass over every subscriber; the number of events handed out. A subscriber
         that fails (Redis down) rolls back alone and repeats its batch next time."""
         total = 0
-        for subscriber in self.subscribers:
-            try:
-                total += self._tick_one(subscriber)
-            except TransportError as exc:
-                log.warning("outbox subscriber %s failed, will retry: %s", subscriber.name, exc)
+        for source in self.sources:
+            for subscriber in self.subscribers:
+                try:
+                    total += self._tick_one(subscriber, source)
+                except TransportError as exc:
+                    log.warning("outbox subscriber %s failed, will retry: %s",
+                                subscriber.name + source.suffix, exc)  # fmt: skip
         return total
 
-    def _tick_one(self, subscriber) -> int:
+    def _tick_one(self, subscriber, source: Source = HISTORY) -> int:
+        name = subscriber.name + source.suffix
         with transaction.atomic(durable=True), connection.cursor() as cur:
-            cur.execute(_LOCK_SQL, [subscriber.name])
-            cur.execute(_CURSOR_SQL, [subscriber.name])
+            cur.execute(_LOCK_SQL, [name])
+            cur.execute(_CURSOR_SQL, [name])
             row = cur.fetchone()
             if row is None:
-                cur.execute(_START_SQL, [subscriber.name])
-                cur.execute(_CURSOR_SQL, [subscriber.name])
+                cur.execute(source.start_sql, [name])
+                cur.execute(_CURSOR_SQL, [name])
                 row = cur.fetchone()
             last_id, horizon_id, snapshot, settled = row
             upto = horizon_id if settled and horizon_id is not None else last_id
-            events: list[OutboxEvent] = []
+            events: list = []
             if upto > last_id:
-                cur.execute(_EVENTS_SQL, [last_id, upto, self.batch])
-                events = [_event(r) for r in cur.fetchall()]
+                cur.execute(source.events_sql, [last_id, upto, self.batch])
+                events = [source.event(r) for r in cur.fetchall()]
             if events:
                 subscriber.handle(events)
             release_held = getattr(subscriber, "release_held", None)
@@ -326,19 +404,20 @@ class Dispatcher:
             if not full and (horizon_id is None or settled):
                 # The next horizon: read the sequence first, then the snapshot, so every
                 # transaction holding an id up to it is either over or in the snapshot.
-                horizon_id = self._sequence_value(cur)
-                cur.execute(_SNAPSHOT_SQL)
+                horizon_id = self._sequence_value(cur, source.table)
+                cur.execute(_SNAPSHOT_SQL, [source.table])
                 snapshot = cur.fetchone()[0]
-            cur.execute(_MOVE_SQL, [new_last, horizon_id, snapshot, subscriber.name])
+            cur.execute(_MOVE_SQL, [new_last, horizon_id, snapshot, name])
         if events:
-            metrics.EVENTS_DISPATCHED.labels(subscriber.name).inc(len(events))
+            metrics.EVENTS_DISPATCHED.labels(name).inc(len(events))
         return len(events)
 
-    def _sequence_value(self, cur) -> int:
-        if self._sequence is None:
-            cur.execute(_SEQUENCE_SQL)
-            self._sequence = cur.fetchone()[0]
-        cur.execute(f"SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM {self._sequence}")
+    def _sequence_value(self, cur, table: str) -> int:
+        if table not in self._sequences:
+            cur.execute(_SEQUENCE_SQL, [table])
+            self._sequences[table] = cur.fetchone()[0]
+        sequence = self._sequences[table]
+        cur.execute(f"SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM {sequence}")
         return cur.fetchone()[0]
 
     def run(self, stop: threading.Event) -> None:
@@ -371,8 +450,8 @@ def dispatchers() -> list[Dispatcher]:
     the Kafka sink, when configured, in its own, so a broker that is slow or away never
     slows the other subscribers' ticks."""
     found = [Dispatcher()]
-    if kafka.configured():
-        found.append(Dispatcher([kafka.KafkaSink()]))
+    if kafka.configured():  # the domain events of publish() too, behind a cursor of their own
+        found.append(Dispatcher([kafka.KafkaSink()], batch=kafka.BATCH, sources=SOURCES))
     return found
 
 
@@ -381,13 +460,13 @@ def dispatchers() -> list[Dispatcher]:
 # The count stops at LAG_EVENTS_CAP so a scrape stays cheap however far behind.
 _LAG_SQL = """
 SELECT c.name, COALESCE(extract(epoch FROM now() - (
-         SELECT e.at FROM jobs_jobevent e
-         WHERE e.id > c.last_id AND e.kind = 'transition' ORDER BY e.id LIMIT 1)), 0),
+         SELECT e.at FROM {table} e
+         WHERE e.id > c.last_id AND {rows} ORDER BY e.id LIMIT 1)), 0),
        (SELECT count(*) FROM (
-          SELECT 1 FROM jobs_jobevent e WHERE e.id > c.last_id AND e.kind = 'transition'
+          SELECT 1 FROM {table} e WHERE e.id > c.last_id AND {rows}
           LIMIT %s) AS behind),
        c.last_id, c.updated_at
-FROM jobs_outboxcursor c ORDER BY c.name
+FROM jobs_outboxcursor c WHERE {cursors} ORDER BY c.name
 """
 LAG_EVENTS_CAP = 1_000_000
 
@@ -403,10 +482,13 @@ class Lag:
 
 def lag() -> list[Lag]:
     """Each subscriber's cursor and how far behind it is (metrics, admin dashboard)."""
+    found: list[Lag] = []
     with connection.cursor() as cur:
-        cur.execute(_LAG_SQL, [LAG_EVENTS_CAP])
-        return [Lag(name, float(seconds), count, last_id, updated)
-                for name, seconds, count, last_id, updated in cur.fetchall()]  # fmt: skip
+        for source in SOURCES:
+            cur.execute(source.lag_sql, [LAG_EVENTS_CAP])
+            found += [Lag(name, float(seconds), count, last_id, updated)
+                      for name, seconds, count, last_id, updated in cur.fetchall()]  # fmt: skip
+    return sorted(found, key=lambda row: row.subscriber)
 
 
 class OutboxLagCollector(Collector):

@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 NAME_MAX = 200
 FIELDS = (
     "name", "cron", "interval_seconds", "timezone", "task", "payload", "queue", "priority",
-    "max_retries", "enabled", "catch_up", "overlap",
+    "max_retries", "enabled", "catch_up", "overlap", "concurrency_key",
 )  # fmt: skip
 TIMING_FIELDS = frozenset({"cron", "interval_seconds", "timezone"})
 
@@ -101,6 +101,8 @@ def check(values: dict[str, Any], *, for_client: bool = False) -> dict[str, Any]
             None,
             values.get("max_retries"),
             None,
+            None,
+            values.get("concurrency_key"),
             for_client=for_client,
         )
     if len(problems) == 1:
@@ -126,6 +128,7 @@ DEFAULTS = {
     "overlap": Schedule.Overlap.ALLOW.value,
     "cron": None,
     "interval_seconds": None,
+    "concurrency_key": None,
 }
 
 

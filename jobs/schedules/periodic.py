@@ -33,6 +33,7 @@ def periodic(
     catch_up: str = "skip",
     overlap: str = "allow",
     task: str | None = None,
+    concurrency_key: str | None = None,
     interval: int | None = None,
 ) -> Callable:
     """Declare a schedule for the task registered on the decorated handler (put it
@@ -61,6 +62,7 @@ def periodic(
             "max_retries": max_retries,
             "catch_up": catch_up,
             "overlap": overlap,
+            "concurrency_key": concurrency_key,
         })  # fmt: skip
         return fn
 

@@ -34,6 +34,7 @@ JOB_FIELDS = {
     "cancel_requested_at",
     "cancel_too_late",
     "unique_key",
+    "concurrency_key",
     "schedule",
     "fire_time",
     "duplicate",

@@ -6,7 +6,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from jobs.events import kafka
-from jobs.events.outbox import lag
+from jobs.events.outbox import DOMAIN, HISTORY, lag
 
 
 class Command(BaseCommand):
@@ -52,11 +52,13 @@ class Command(BaseCommand):
         count = kafka.partitions(topic)
         shown = "missing" if count is None else f"{count} partitions"
         self.stdout.write(f"topic {topic}: {shown}")
-        row = next((r for r in lag() if r.subscriber == kafka.KafkaSink.name), None)
-        if row is None:
-            self.stdout.write("relay: not started (no runreaper has relayed yet)")
-        else:
-            self.stdout.write(
-                f"relay: acknowledged up to event {row.last_id}, {row.events} behind, "
-                f"oldest {row.seconds:.1f}s"
-            )
+        rows = {r.subscriber: r for r in lag()}
+        for label, suffix in (("relay", HISTORY.suffix), ("domain events", DOMAIN.suffix)):
+            row = rows.get(kafka.KafkaSink.name + suffix)
+            if row is None:
+                self.stdout.write(f"{label}: not started (no runreaper has relayed yet)")
+            else:
+                self.stdout.write(
+                    f"{label}: acknowledged up to event {row.last_id}, {row.events} behind, "
+                    f"oldest {row.seconds:.1f}s"
+                )

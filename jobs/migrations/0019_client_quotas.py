@@ -6,7 +6,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("jobs", "0016_linear_workflows_backpressure"),
+        ("jobs", "0018_domainevent_key"),
     ]
 
     operations = [

@@ -1,0 +1,148 @@
+"""Fair share and concurrency keys across real worker processes (issue 28).
+
+Checked against PostgreSQL itself: the table sampled while the workers run, and the
+history the trigger writes. The large run (20,000 jobs) is `python -m bench
+--scenario fair-share`; this is its small, fast version.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from django.db import connection
+
+from jobs import services
+from jobs.models import Job, Queue
+from tests.factories import ClientFactory
+from tests.harness import wait_until
+from tests.test_queue_controls_e2e import Sampler
+
+pytestmark = pytest.mark.slow
+
+
+def _declare(**queues: dict) -> dict[str, str]:
+    return {"JOBS_QUEUES": json.dumps({"default": {}, **queues})}
+
+
+def _submit(queue: str, n: int, task: str = "echo", payload=None, client=None, **fields):
+    items = [services.NewJob(task, payload or {}, queue=queue, **fields) for _ in range(n)]
+    ids = []
+    for start in range(0, n, 1000):
+        ids += [
+            s.job_id
+            for s in services.submit_many(
+                items[start : start + 1000], client_id=client.pk if client else None
+            )
+        ]
+    return ids
+
+
+def _count(sql: str, params: list) -> int:
+    with connection.cursor() as cur:
+        cur.execute(sql, params)
+        return cur.fetchone()[0]
+
+
+class KeySampler(Sampler):
+    """Every 20 ms: processing rows of the queue with the key, and with other keys."""
+
+    def __init__(self, queue: str, key: str) -> None:
+        super().__init__(queue, every=0.02)
+        self.key = key
+
+    def sample(self, cur) -> tuple[int, int]:
+        cur.execute(
+            "SELECT count(*) FILTER (WHERE concurrency_key = %s),"
+            " count(*) FILTER (WHERE concurrency_key <> %s)"
+            " FROM jobs_job WHERE queue = %s AND status = 'processing'",
+            [self.key, self.key, self.queue],
+        )
+        return cur.fetchone()
+
+
+def test_key_concurrency_one_never_runs_two_of_a_key_while_other_keys_run_alongside(stack):
+    """key_concurrency 1, three workers of 4 threads: 30 jobs of 0.3 s with key `one`
+    run one at a time (the table sampled every 20 ms, and the history's intervals never
+    overlap), while 12 jobs with other keys run beside them."""
+    env = _declare(keyed={"key_concurrency": 1})
+    for _ in range(3):
+        stack.worker("--queues", "keyed", "--concurrency", "4", ready=True, **env)
+    assert Queue.objects.get(name="keyed").key_concurrency == 1
+    sampler = KeySampler("keyed", "one")
+    sampler.start()
+    started = time.monotonic()
+    one = _submit("keyed", 30, "sleep", {"seconds": 0.3}, concurrency_key="one")
+    others = []
+    for n in range(4):
+        others += _submit("keyed", 3, "sleep", {"seconds": 0.3}, concurrency_key=f"other-{n}")
+    wait_until(
+        lambda: Job.objects.filter(pk__in=one + others, status="done").count() == 42,
+        90,
+        "42 keyed jobs done",
+        interval=0.2,
+    )
+    took = time.monotonic() - started
+    samples = sampler.stop()
+    peak_one = max(s[0] for s in samples)
+    alongside = sum(1 for s in samples if s[0] == 1 and s[1] >= 2)
+    print(
+        f"key_concurrency 1: 30 x 0.3 s of one key in {took:.1f}s (ideal 9.0s); "
+        f"{len(samples)} samples, peak of the key {peak_one}, samples with >= 2 other "
+        f"keys running beside it: {alongside}"
+    )
+    assert len(samples) > 100
+    assert peak_one == 1
+    assert alongside > 0, "other keys never ran alongside the capped key"
+    # The history: each attempt of key `one` ended before the next began.
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT e.job_id, e.to_status, e.at FROM jobs_jobevent e"
+            " WHERE e.job_id = ANY(%s) AND e.to_status IN ('processing', 'done')"
+            " ORDER BY e.at, e.id",
+            [one],
+        )
+        running = 0
+        for _, to_status, _ in cur.fetchall():
+            running += 1 if to_status == "processing" else -1
+            assert running <= 1, "two jobs of key `one` were processing at once"
+    assert took >= 9.0
+
+
+def test_a_fair_queue_runs_a_late_clients_jobs_before_an_earlier_backlog(stack):
+    """Client A queues 3,000 no-op jobs; one default worker drains them; client B then
+    submits 20: they are done while most of A's backlog still waits (FIFO would run
+    them after all of A's)."""
+    env = _declare(shared={"fair": True})
+    a, b = ClientFactory.create(name="a"), ClientFactory.create(name="b")
+    backlog = _submit("shared", 3000, client=a)
+    stack.worker("--queues", "shared", ready=True, **env)
+    wait_until(
+        lambda: Job.objects.filter(pk__in=backlog, status="done").exists(),
+        30,
+        "A's backlog draining",
+    )
+    before = Job.objects.filter(pk__in=backlog, status="queued").count()
+    started = time.monotonic()
+    late = _submit("shared", 20, client=b)
+    wait_until(
+        lambda: Job.objects.filter(pk__in=late, status="done").count() == 20,
+        30,
+        "B's 20 done",
+        interval=0.02,
+    )
+    took = time.monotonic() - started
+    waiting = Job.objects.filter(pk__in=backlog, status="queued").count()
+    print(
+        f"fair: B's 20 done in {took:.2f}s; of A's 3000, {before} were queued when B "
+        f"submitted and {waiting} still were when B's last job was done"
+    )
+    assert before > 500, "the backlog drained before B's turn could be shown"
+    assert waiting > before / 2, f"only {waiting} of A's {before} were left: B waited behind A"
+    wait_until(
+        lambda: Job.objects.filter(pk__in=backlog, status="done").count() == 3000,
+        120,
+        "A's backlog done",
+        interval=0.2,
+    )
