@@ -185,7 +185,7 @@ def _register(path: str) -> None:
     if path in _handlers:
         return
     _handlers[path] = handler = _handler_for(path)
-    registry.task(path)(handler)
+    registry.task(path, public=False)(handler)  # enqueued from code, never by a client
 
 
 def _handler_for(path: str) -> registry.Handler:

@@ -22,6 +22,12 @@ class Setting(NamedTuple):
     coerce: Callable[[Any], Any] | None = None
 
 
+def _names(value: Any) -> list[str]:
+    if isinstance(value, str):
+        value = [v.strip() for v in value.split(",") if v.strip()]
+    return list(value)
+
+
 def _task_modules(value: Any) -> list[str]:
     if isinstance(value, str):
         value = [v.strip() for v in value.split(",") if v.strip()]
@@ -39,6 +45,10 @@ SETTINGS: dict[str, Setting] = {
     "JOBS_REDIS_PREFIX": Setting("jobs:", "Prefix of every Redis key the app writes."),
     "JOBS_QUEUES": Setting({"default": {}}, "Queues that accept jobs and their settings (dict or JSON text; parsed by jobs.queues)."),
     "JOBS_TASK_MODULES": Setting([], "Modules imported by runworker for their tasks (list or comma-separated).", _task_modules),
+    "JOBS_PUBLIC_TASKS": Setting([], "Internal tasks clients may submit all the same (list or comma-separated).", _names),
+    "JOBS_MAX_SCHEDULES": Setting(100, "Schedules one API client may hold (the client's own limit, set in the admin, wins)."),
+    "JOBS_MAX_WEBHOOKS": Setting(10, "Webhooks one API client may hold (the client's own limit, set in the admin, wins)."),
+    "JOBS_MAX_SIGNALS_PER_JOB": Setting(20, "Signals one job may hold (its client's own limit, set in the admin, wins)."),
     "JOBS_LEASE_SECONDS": Setting(15.0, "How long a claim lasts without a heartbeat."),
     "JOBS_PROGRESS_INTERVAL": Setting(1.0, "At most one progress write per running job per this many seconds."),
     "JOBS_REAPER_INTERVAL": Setting(5.0, "Seconds between the reaper's sweeps."),

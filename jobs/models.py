@@ -53,6 +53,19 @@ class Client(models.Model):
     token_hash = models.CharField(max_length=64, unique=True)
     is_active = models.BooleanField(default=True)
     created_at = models.DateTimeField(db_default=Now())
+    # Per-client quotas (jobs.quotas): empty takes the setting's default; staff raise one
+    # client's limit in the admin.
+    max_schedules = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Schedules it may hold; empty: JOBS_MAX_SCHEDULES."
+    )
+    max_webhooks = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Webhooks it may hold; empty: JOBS_MAX_WEBHOOKS."
+    )
+    max_signals_per_job = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Signals one of its jobs may hold; empty: JOBS_MAX_SIGNALS_PER_JOB.",
+    )
 
     class Meta:
         ordering = ["name"]

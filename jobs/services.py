@@ -25,7 +25,7 @@ from typing import Any
 import psycopg
 from django.db import IntegrityError, connection, transaction
 
-from jobs import clientcache, lifecycle, metrics
+from jobs import clientcache, lifecycle, metrics, quotas
 from jobs.conf import settings
 from jobs.exceptions import (
     BatchIdempotencyConflict,
@@ -1820,6 +1820,7 @@ def deliver_signal(
             raise SignalRefused(
                 "not_waiting", f"job {job_id} is waiting for the signal {waits_for!r}, not {key!r}"
             )
+        quotas.check_room(quotas.SIGNALS_PER_JOB, rows[0][1], job_id)  # the job row is locked
         params = {"id": job_id, "key": key, "payload": payload_json, "actor": actor}
         if not _rows(_SIGNAL_INSERT_SQL, params):
             raise SignalRefused("duplicate", f"job {job_id} already has a signal {key!r}")

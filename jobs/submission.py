@@ -314,6 +314,7 @@ def _submit(
         unique_key,
         concurrency_key,
         timeout,
+        for_client=client is not None,
     )
     return _submit_checked(
         {
@@ -431,17 +432,27 @@ def _validate(
     unique_key: Any = None,
     concurrency_key: Any = None,
     timeout: Any = None,
+    *,
+    for_client: bool = False,
 ) -> tuple[datetime | None, int, str | None, str]:
     """Every rule one submission must pass; returns (run_at in UTC, max_retries,
     request hash or None, the payload as compact JSON).
 
     Raises a SubmissionError naming the field. Shared by submit and submit_many (and
     so by both API endpoints): a job in a batch is held to exactly the rules of a
-    single one.
+    single one. `for_client`: the job belongs to an API client, which may run public
+    tasks only (an internal one is refused exactly like a name that does not exist).
     """
-    if not isinstance(task, str) or len(task) > TASK_NAME_MAX or tasks.get(task) is None:
+    if (
+        not isinstance(task, str)
+        or len(task) > TASK_NAME_MAX
+        or tasks.get(task) is None
+        or (for_client and not tasks.is_public(task))
+    ):
         shown = repr(task) if len(repr(task)) <= 210 else repr(task)[:200] + "…"
-        raise UnknownTask(f"unknown task {shown}; known: {', '.join(tasks.names())}", field="task")
+        raise UnknownTask(
+            f"unknown task {shown}; known: {', '.join(tasks.public_names())}", field="task"
+        )
     if not queues.valid_name(queue):
         raise InvalidSubmission(
             "queue must be 1-100 characters of letters, digits, '_', '.', ':' or '-'",
@@ -534,7 +545,7 @@ BATCH_FIELDS = (*JOB_FIELDS, "idempotency_key", "concurrency_key")
 
 
 def _request_item(
-    raw: Any, allowed: Sequence[str], idempotency_key: Any = None
+    raw: Any, allowed: Sequence[str], idempotency_key: Any = None, *, for_client: bool = False
 ) -> tuple[dict[str, Any], list[SubmissionError]]:
     """One job as the API received it (decoded JSON) → the checked arguments of a
     submission, or every reason it is refused (unknown fields, missing ones, and the
@@ -575,7 +586,7 @@ def _request_item(
         item["run_at"] = parse_run_at(item["run_at"], text=True)
         item["timeout"] = check_timeout(item["timeout"])
         item["run_at"], item["max_retries"], item["request_hash"], item["payload_json"] = _validate(
-            **item
+            **item, for_client=for_client
         )
     except SubmissionError as exc:
         errors.append(exc)
@@ -594,7 +605,9 @@ def submit_request(
 
     One broken rule raises its own SubmissionError; several raise RequestInvalid.
     """
-    item, problems = _request_item(raw, REQUEST_FIELDS, idempotency_key)
+    item, problems = _request_item(
+        raw, REQUEST_FIELDS, idempotency_key, for_client=client is not None
+    )
     if problems:
         queue = raw.get("queue", "default") if isinstance(raw, dict) else None
         for exc in problems:
@@ -658,7 +671,7 @@ def submit_many(raw_items: Sequence[Any], *, client: Client | None = None) -> li
     errors: dict[str, list[dict[str, str]]] = {}
     refused = 0
     for n, raw in enumerate(raw_items):
-        item, problems = _request_item(raw, BATCH_FIELDS)
+        item, problems = _request_item(raw, BATCH_FIELDS, for_client=client is not None)
         if problems:
             refused += 1
             queue = raw.get("queue", "default") if isinstance(raw, dict) else None

@@ -177,6 +177,7 @@ class TaskSpec:
     validate: Validator | None = None
     durable: bool = False
     timeout: float | None = None  # seconds an attempt may run; None: the job's or the default
+    public: bool = True
 
 
 _registry: dict[str, TaskSpec] = {}
@@ -191,6 +192,7 @@ def task(
     validate: Validator | None = None,
     durable: bool = False,
     timeout: float | None = None,
+    public: bool = True,
 ) -> Callable[[Handler], Handler]:
     """Register a handler `fn(payload, ctx)`.
 
@@ -206,6 +208,8 @@ def task(
     timeout=SECONDS bounds each attempt (a job's own `timeout` wins; without either,
     JOBS_DEFAULT_TIMEOUT): `ctx.stop` is set and `ctx.timed_out` is true at the limit,
     and an attempt still running JOBS_TIMEOUT_GRACE seconds later is ended as failed.
+    public=False keeps the task off the API: a client cannot submit it (it answers
+    `unknown_task` like a name that does not exist) unless JOBS_PUBLIC_TASKS names it.
     """
     if durable and transactional:
         raise ValueError("a durable task cannot be transactional: its checkpoints commit alone")
@@ -219,7 +223,7 @@ def task(
         existing = _registry.get(key)
         if existing is not None and existing.fn is not fn:
             raise ValueError(f"task {key!r} is already registered")
-        _registry[key] = TaskSpec(key, fn, transactional, validate, durable, timeout)
+        _registry[key] = TaskSpec(key, fn, transactional, validate, durable, timeout, public)
         return fn
 
     return register
@@ -246,6 +250,17 @@ def get(name: str) -> TaskSpec | None:
 
 def names() -> list[str]:
     return sorted(load())
+
+
+def is_public(name: str) -> bool:
+    """A client may submit it: registered public, or made so by JOBS_PUBLIC_TASKS."""
+    spec = get(name)
+    return spec is not None and (spec.public or name in settings.JOBS_PUBLIC_TASKS)
+
+
+def public_names() -> list[str]:
+    """What an `unknown_task` error may list: internal names never appear."""
+    return [name for name in names() if is_public(name)]
 
 
 def validate_payload(name: str, payload: Any) -> None:

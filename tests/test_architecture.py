@@ -32,8 +32,10 @@ LAYERS: list[tuple[str, list[str]]] = [
         "jobs.schedules.periodic", "jobs.watchdog",
     ]),
     # Talk to the outside world; transport is the only module that imports redis.
+    # jobs.quotas: a client's limits, read (and its row locked) in the guarded write.
     ("infrastructure", ["jobs.transport", "jobs.runtime", "jobs.events.signing",
-                        "jobs.events.ssrf", "jobs.events.deadline"]),
+                        "jobs.events.ssrf", "jobs.events.deadline",
+                        "jobs.quotas"]),
     ("models", ["jobs.models", "jobs.graph"]),
     # Caches of model rows that the writes keep honest (the API clients by token hash).
     ("model caches", ["jobs.clientcache"]),
