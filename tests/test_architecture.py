@@ -66,8 +66,9 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("adapters", ["jobs.backends", "jobs.collectors", "jobs.checks", "jobs.deliveries"]),
     ("entry points", [
         # apps: its ready() wires the client cache's signal receivers in.
+        # metrics_urls: the web process's /metrics, an include of its own (docs/django.md).
         "jobs.apps", "jobs.api", "jobs.api.*", "jobs.admin", "jobs.admin.*", "jobs.health",
-        "jobs.management.commands.*",
+        "jobs.metrics_urls", "jobs.management.commands.*",
     ]),
 ]  # fmt: skip
 ENTRY_PACKAGES = ("jobs.api", "jobs.admin")

@@ -99,7 +99,10 @@ ADMIN_AND_API = (
     'assert c.login(username="admin", password="change-me"); '
     'page = c.get("/admin/jobs/job/").content.decode(); '
     'print("admin lists", page.count("shop.tasks.add") > 0); '
-    'print("api without token", Client(HTTP_HOST="localhost").get("/jobs/api/jobs/").status_code)\''
+    'print("api without token", Client(HTTP_HOST="localhost").get("/jobs/api/jobs/").status_code); '
+    'miss = c.get("/jobs/api/nope/"); print("api miss", miss.status_code, miss["Content-Type"]); '
+    'm = Client(HTTP_HOST="localhost").get("/jobs/metrics"); '
+    'print("metrics", m.status_code, b"# TYPE jobs_submitted_total counter" in m.content)\''
 )
 
 
@@ -150,6 +153,8 @@ def test_the_django_page_runs_in_a_fresh_project_from_the_wheel(tmp_path, projec
     assert "SUCCESSFUL 5" in done.stdout, out[-3000:]
     assert "admin lists True" in done.stdout, out[-3000:]
     assert "api without token 401" in done.stdout, out[-3000:]
+    assert "api miss 404 application/json" in done.stdout, out[-3000:]  # under jobs/api/
+    assert "metrics 200 True" in done.stdout, out[-3000:]  # the metrics include
     assert "sweep: 0 of gone workers" in done.stdout, out[-3000:]  # runreaper --once
     ran = time.monotonic()
 

@@ -11,7 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
+from django.core import signals
 from django.http import HttpResponse, JsonResponse
+from django.urls import NoReverseMatch, get_resolver, get_urlconf, reverse
+from django.utils.log import log_response
 from django.views import defaults
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions, status
@@ -117,7 +121,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
 
     response = drf_exception_handler(exc, context)
     if response is None:
-        return None  # unexpected: let Django answer 500
+        return unexpected_error(exc, context["request"])
     if isinstance(exc, exceptions.ValidationError):
         errors = _field_errors(exc.detail)
         codes = {e["code"] for items in errors.values() for e in items}
@@ -142,6 +146,38 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     return response
 
 
+def unexpected_error(exc: Exception, request: Any) -> Response | None:
+    """A bug in an API view. Where Django's own 500 path already ends in this shape (the
+    root URLconf's handler500 is ours and the path is under /api/), or DEBUG wants its
+    traceback page, it is left to Django (None). Elsewhere (the API included under another
+    prefix of a project with its own handler500) the same steps are taken here, the
+    got_request_exception signal and the django.request error log with the traceback,
+    and the answer is JSON."""
+    django_request = getattr(request, "_request", request)
+    if settings.DEBUG or settings.DEBUG_PROPAGATE_EXCEPTIONS:
+        return None
+    if _is_api(django_request) and _root_handler500() is handler500:
+        return None
+    signals.got_request_exception.send(sender=None, request=django_request)
+    response = Response(
+        error_body("Internal server error.", "server_error"),
+        status=status.HTTP_500_INTERNAL_SERVER_ERROR,
+    )
+    log_response(
+        "%s: %s",
+        "Internal Server Error",
+        django_request.path,
+        response=response,
+        request=django_request,
+        exception=exc,
+    )
+    return response
+
+
+def _root_handler500() -> Any:
+    return get_resolver(get_urlconf()).resolve_error_handler(500)
+
+
 # --- responses Django makes itself, for paths under /api/ ----------------------------
 
 
@@ -151,12 +187,16 @@ def _is_api(request: Any) -> bool:
 
 @csrf_exempt  # token-authenticated API: a POST to a miss is a 404, not a CSRF 403 page
 def api_not_found(request: Any, *args: Any, **kwargs: Any) -> JsonResponse:
-    """Catch-all for /api/ paths no route matches (as with DEBUG on, where handler404
-    is not used): a JSON 404, never Django's HTML page."""
+    """Catch-all for API paths no route matches (the last route of jobs.api.urls, so
+    under whatever prefix the API is included, and the deployment's /api/): a JSON 404,
+    never Django's HTML page, with DEBUG on or off."""
+    try:
+        schema = reverse("api-schema")
+    except NoReverseMatch:  # included under a namespace: the hint goes, the 404 stays
+        schema = "the API's schema/"
     return JsonResponse(
         error_body(
-            f"No API endpoint at {request.path!r} (API paths end with a slash; "
-            "see /api/v1/schema/).",
+            f"No API endpoint at {request.path!r} (API paths end with a slash; see {schema}).",
             "not_found",
         ),
         status=status.HTTP_404_NOT_FOUND,

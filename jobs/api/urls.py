@@ -1,14 +1,16 @@
-"""Routes under /api/v1/. The schema and its docs page are public: they describe
-the API, and every job endpoint still needs a client token."""
+"""Routes under /api/v1/ (or wherever a project includes them). The schema and its docs
+page are public: they describe the API, and every job endpoint still needs a client
+token. The last route answers every other path under the prefix with a JSON 404."""
 
 from __future__ import annotations
 
-from django.urls import path
+from django.urls import path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.permissions import AllowAny
 from rest_framework.renderers import JSONRenderer
 
 from jobs.api import schema  # noqa: F401  (registers the token scheme with drf-spectacular)
+from jobs.api.errors import api_not_found
 from jobs.api.schedules import ScheduleViewSet
 from jobs.api.views import JobHistoryView, JobViewSet
 from jobs.api.webhooks import DeliveryViewSet, WebhookViewSet
@@ -87,4 +89,6 @@ urlpatterns = [
     ),
     path("schema/", SchemaView.as_view(**_public), name="api-schema"),
     path("docs/", DocsView.as_view(url_name="api-schema", **_public), name="api-docs"),
+    # Last: a miss under the prefix is the API's JSON 404, not the host's HTML page.
+    re_path(r"^", api_not_found),
 ]
