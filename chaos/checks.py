@@ -25,7 +25,9 @@ from jobs.lifecycle import LEASE_BUMPING, NOT_STARTED, TERMINAL, Role, Status, i
 
 TERMINAL_STATES = frozenset(str(s) for s in TERMINAL)
 # Tasks that can never end as done: their handler always fails.
-NEVER_DONE_TASKS = frozenset({"demo.permanent", "fail", "demo.crash", "chaos.bad_result"})
+NEVER_DONE_TASKS = frozenset(
+    {"demo.permanent", "fail", "demo.crash", "chaos.bad_result", "chaos.hang", "chaos.exit"}
+)
 # The task that writes one demo_effect row inside its fenced completion.
 EFFECT_TASK = "demo.record"
 # Error prefixes of permanent failures (worker and services wording), which end a

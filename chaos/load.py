@@ -67,6 +67,8 @@ def make_request(kind: str, seq: int, rng: random.Random, profile: Profile, tag:
         "permanent": {"task": "demo.permanent", "payload": {}},
         "fail": {"task": "fail", "payload": {"message": "chaos"}, "max_retries": 1},
         "bad_result": {"task": "chaos.bad_result", "payload": {"kind": bad}},
+        "hang": {"task": "chaos.hang", "payload": {}, "max_retries": 0},
+        "exit": {"task": "chaos.exit", "payload": {}, "max_retries": 1},
         "scheduled": {"task": "echo", "payload": {"n": seq}, "run_at": ahead(1, 4)},
         "cancelled": {"task": "echo", "payload": {"n": seq}, "run_at": ahead(3, 6)},
         "idempotent_replay": {"task": "echo", "payload": {"n": seq}},

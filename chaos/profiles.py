@@ -29,6 +29,8 @@ DEFAULT_MIX: tuple[tuple[float, str], ...] = (
     (3, "permanent"),  # demo.permanent: failed at once
     (2, "fail"),  # built-in fail with max_retries 1: budget spent
     (1, "bad_result"),  # chaos.bad_result: a result jsonb cannot store fails the job (D20)
+    (1, "hang"),  # chaos.hang: ignores ctx.stop past its 1 s timeout (the watchdog ends it)
+    (1, "exit"),  # chaos.exit: sys.exit() in a handler fails the attempt, not the worker
     (5, "scheduled"),  # echo with run_at a few seconds ahead
     (2, "cancelled"),  # scheduled, then cancelled through the API (or started first)
     (8, "idempotent_replay"),  # echo submitted twice with the same Idempotency-Key

@@ -70,6 +70,7 @@ class Stack:
             JOBS_REAPER_INTERVAL=str(p.reaper_interval),
             JOBS_LOST_SIGNAL_SECONDS=str(p.lost_signal),
             JOBS_RETRY_BACKOFF_BASE=str(p.backoff_base),
+            JOBS_TIMEOUT_GRACE="1",  # chaos.hang's attempts end 1 s after their timeout
             BIND=f"127.0.0.1:{self.api_port}",
             WEB_CONCURRENCY=str(p.api_processes),
             WEB_THREADS=str(p.api_threads),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
@@ -19,6 +20,26 @@ def bad_result(payload: Any, ctx: JobContext) -> Any:
     """Return a result PostgreSQL cannot store: the job must fail, not the worker (D20)."""
     kind = payload.get("kind") if isinstance(payload, dict) else None
     return BAD_RESULTS.get(kind, BAD_RESULTS["set"])()
+
+
+HANG_TIMEOUT = 1  # seconds: chaos.hang's own timeout
+HANG_SECONDS = 6  # how long it really runs, ignoring ctx.stop (then its thread is free)
+
+
+@task("chaos.hang", timeout=HANG_TIMEOUT)
+def hang(payload: Any, ctx: JobContext) -> Any:
+    """Ignores ctx.stop past its timeout: the watchdog must end the attempt (issue 27),
+    and whatever it returns afterwards must not land."""
+    until = time.monotonic() + HANG_SECONDS
+    while time.monotonic() < until:
+        time.sleep(0.05)
+    return {"woke": True}
+
+
+@task("chaos.exit")
+def exit_(payload: Any, ctx: JobContext) -> Any:
+    """sys.exit() in a handler: a failed attempt, never a dead handler thread (issue 27)."""
+    sys.exit(2)
 
 
 def _work(seconds: float, n: int) -> dict:

@@ -96,6 +96,28 @@ def retries(max_retries: int) -> Callable[[Callable], Callable]:
     return mark
 
 
+_TIMEOUT_ATTR = "jobservice_timeout"
+
+
+def timeout(seconds: float) -> Callable[[Callable], Callable]:
+    """Bound each attempt of a task (the Task API has no argument for it); under @task:
+
+        @task
+        @timeout(30)
+        def render_invoice(order_id): ...
+
+    At the limit the context's `stop` is set; JOBS_TIMEOUT_GRACE seconds later the
+    attempt ends failed with a `timeout:` error and is retried per the budget.
+    Without it JOBS_DEFAULT_TIMEOUT applies.
+    """
+
+    def mark(fn: Callable) -> Callable:
+        setattr(fn, _TIMEOUT_ATTR, seconds)
+        return fn
+
+    return mark
+
+
 # --- idempotency ----------------------------------------------------------------------
 
 _idempotency_key: contextvars.ContextVar[str | None] = contextvars.ContextVar(
@@ -163,7 +185,7 @@ def _register(path: str) -> None:
     if path in _handlers:
         return
     _handlers[path] = handler = _handler_for(path)
-    registry.task(path)(handler)
+    registry.task(path, public=False)(handler)  # enqueued from code, never by a client
 
 
 def _handler_for(path: str) -> registry.Handler:
@@ -232,7 +254,7 @@ def _call(
         else:
             value = task.call(*args, **kwargs)
         value = check_result(value)  # a value jsonb cannot hold fails the task for good
-    except Exception as exc:
+    except BaseException as exc:  # SystemExit, KeyboardInterrupt: a failed attempt too
         final = isinstance(exc, registry.PermanentError) or ctx.attempt > job.max_retries
         if final:  # no retry follows: the task is finished, as FAILED
             object.__setattr__(result, "status", TaskResultStatus.FAILED)
@@ -310,6 +332,7 @@ class JobServiceBackend(BaseTaskBackend):
             run_at=task.run_after,
             max_retries=self._max_retries(task),
             idempotency_key=_idempotency_key.get(),
+            timeout=getattr(task.func, _TIMEOUT_ATTR, None),
         )
         if not created:  # an idempotent replay: the first enqueue's result, as it is now
             return self._result(job, task)

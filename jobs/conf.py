@@ -22,6 +22,12 @@ class Setting(NamedTuple):
     coerce: Callable[[Any], Any] | None = None
 
 
+def _names(value: Any) -> list[str]:
+    if isinstance(value, str):
+        value = [v.strip() for v in value.split(",") if v.strip()]
+    return list(value)
+
+
 def _task_modules(value: Any) -> list[str]:
     if isinstance(value, str):
         value = [v.strip() for v in value.split(",") if v.strip()]
@@ -39,10 +45,18 @@ SETTINGS: dict[str, Setting] = {
     "JOBS_REDIS_PREFIX": Setting("jobs:", "Prefix of every Redis key the app writes."),
     "JOBS_QUEUES": Setting({"default": {}}, "Queues that accept jobs and their settings (dict or JSON text; parsed by jobs.queues)."),
     "JOBS_TASK_MODULES": Setting([], "Modules imported by runworker for their tasks (list or comma-separated).", _task_modules),
+    "JOBS_PUBLIC_TASKS": Setting([], "Internal tasks clients may submit all the same (list or comma-separated).", _names),
+    "JOBS_MAX_SCHEDULES": Setting(100, "Schedules one API client may hold (the client's own limit, set in the admin, wins)."),
+    "JOBS_MAX_WEBHOOKS": Setting(10, "Webhooks one API client may hold (the client's own limit, set in the admin, wins)."),
+    "JOBS_MAX_SIGNALS_PER_JOB": Setting(20, "Signals one job may hold (its client's own limit, set in the admin, wins)."),
     "JOBS_LEASE_SECONDS": Setting(15.0, "How long a claim lasts without a heartbeat."),
     "JOBS_PROGRESS_INTERVAL": Setting(1.0, "At most one progress write per running job per this many seconds."),
     "JOBS_REAPER_INTERVAL": Setting(5.0, "Seconds between the reaper's sweeps."),
     "JOBS_WORKER_PREFETCH": Setting(128, "Most jobs a worker holds claimed (runworker --prefetch)."),
+    "JOBS_DEFAULT_TIMEOUT": Setting(3600.0, "Seconds an attempt may run when neither its job nor its task says (0: no limit)."),
+    "JOBS_MAX_TIMEOUT": Setting(86400.0, "Longest timeout a job or task may ask for, in seconds."),
+    "JOBS_TIMEOUT_GRACE": Setting(5.0, "Seconds between an attempt's soft stop (ctx.stop) and its hard end."),
+    "JOBS_MAX_ABANDONED_THREADS": Setting(4, "Stuck handler threads a worker abandons before it restarts itself."),
     "JOBS_SCHEDULER_POLL_SECONDS": Setting(0.5, "Longest wait of the scheduler when nothing is due sooner."),
     "JOBS_SCHEDULE_CATCH_UP_MAX": Setting(100, "Most missed slots `catch_up: all` makes."),
     "JOBS_MAX_RETRIES": Setting(3, "Retry budget of a job that names none."),

@@ -82,6 +82,13 @@ class QueueFull(SubmissionError):
         self.retry_after = RETRY_AFTER_SECONDS
 
 
+class QuotaExceeded(SubmissionError):
+    """A client holds as many schedules or webhooks, or a job as many signals, as its
+    quota allows (jobs.quotas); the message names the limit."""
+
+    code = "quota_exceeded"
+
+
 class _KeyReused(SubmissionError):
     """The idempotency key was used before, for `holder`, with a different request."""
 

@@ -56,6 +56,17 @@ RETRIES = Histogram(
     ["queue", "task", "outcome"],
     buckets=(0, 1, 2, 3, 4, 5, 10, 20),
 )
+ATTEMPTS_ENDED_BY_WATCHDOG = Counter(
+    "jobs_attempts_ended_by_watchdog_total",
+    "Attempts the worker ended itself: past timeout + grace (timeout) or whose handler "
+    "thread ended without a result (lost_handler)",
+    ["queue", "task", "reason"],
+)
+ABANDONED_THREADS = Counter(
+    "jobs_abandoned_threads_total",
+    "Handler threads left running a timed-out handler (a new thread took the slot)",
+    ["queue", "task"],
+)
 RETRIED = Counter("jobs_retried_total", "Failed attempts sent back to queued", ["queue", "task"])
 LEASE_EXPIRED = Counter("jobs_lease_expired_total", "Leases found expired by the reaper", ["queue"])
 REAPER_SWEEPS = Counter("jobs_reaper_sweeps_total", "Reaper sweeps completed")

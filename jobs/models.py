@@ -53,6 +53,19 @@ class Client(models.Model):
     token_hash = models.CharField(max_length=64, unique=True)
     is_active = models.BooleanField(default=True)
     created_at = models.DateTimeField(db_default=Now())
+    # Per-client quotas (jobs.quotas): empty takes the setting's default; staff raise one
+    # client's limit in the admin.
+    max_schedules = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Schedules it may hold; empty: JOBS_MAX_SCHEDULES."
+    )
+    max_webhooks = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Webhooks it may hold; empty: JOBS_MAX_WEBHOOKS."
+    )
+    max_signals_per_job = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Signals one of its jobs may hold; empty: JOBS_MAX_SIGNALS_PER_JOB.",
+    )
 
     class Meta:
         ordering = ["name"]
@@ -100,6 +113,8 @@ class Job(models.Model):
     error_traceback = models.TextField(null=True, blank=True)
     run_at = models.DateTimeField(db_default=Now())
     max_retries = models.IntegerField()
+    # Seconds one attempt may run (jobs.watchdog); NULL: the task's timeout or the default.
+    timeout = models.FloatField(null=True, blank=True)
     retry_count = models.IntegerField(default=0)
     lease_version = models.BigIntegerField(default=0)
     owned_by = models.CharField(max_length=200, null=True, blank=True)
@@ -483,6 +498,8 @@ class Schedule(models.Model):
     priority = models.SmallIntegerField(default=0)
     max_retries = models.IntegerField(null=True, blank=True)
     concurrency_key = models.CharField(max_length=200, null=True, blank=True)
+    # The attempt timeout of the jobs it makes (seconds); NULL: the task's or the default.
+    timeout = models.FloatField(null=True, blank=True)
     enabled = models.BooleanField(default=True)
     catch_up = models.CharField(max_length=10, choices=CatchUp.choices, default=CatchUp.SKIP)
     overlap = models.CharField(max_length=10, choices=Overlap.choices, default=Overlap.ALLOW)

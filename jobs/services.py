@@ -25,7 +25,7 @@ from typing import Any
 import psycopg
 from django.db import IntegrityError, connection, transaction
 
-from jobs import clientcache, lifecycle, metrics
+from jobs import clientcache, lifecycle, metrics, quotas
 from jobs.conf import settings
 from jobs.exceptions import (
     BatchIdempotencyConflict,
@@ -78,6 +78,7 @@ class Lease:
     # The previous attempt was requeued by crash recovery with no start on record: this
     # one's start is recorded before its handler is called (jobs.starts, D77).
     rerun: bool = False
+    timeout: float | None = None  # the job's own attempt timeout (jobs.watchdog)
 
     def log_fields(self, **more: Any) -> dict[str, Any]:
         return job_log_fields(
@@ -221,8 +222,8 @@ _JOB_FIELDS = [f.attname for f in Job._meta.concrete_fields]
 _INSERT_SQL = f"""
 INSERT INTO {T} (task, payload, queue, priority, run_at, max_retries, client_id,
                  idempotency_key, request_hash, updated_by, unique_key, concurrency_key,
-                 status, retry_count, lease_version)
-VALUES (%s, %s::jsonb, %s, %s, COALESCE(%s, now()), %s, %s, %s, %s, %s, %s, %s,
+                 timeout, status, retry_count, lease_version)
+VALUES (%s, %s::jsonb, %s, %s, COALESCE(%s, now()), %s, %s, %s, %s, %s, %s, %s, %s,
         '{Status.QUEUED}', 0, 0)
 ON CONFLICT DO NOTHING
 RETURNING {", ".join(_JOB_FIELDS)}, run_at <= now()
@@ -261,6 +262,7 @@ def submit(
     unique_key: str | None = None,
     payload_json: str | None = None,
     concurrency_key: str | None = None,
+    timeout: float | None = None,
 ) -> tuple[Job, bool]:
     """Insert a queued job inside the caller's transaction (the outbox of seed 002).
 
@@ -289,6 +291,7 @@ def submit(
         actor,
         unique_key,
         concurrency_key,
+        timeout,
     ]
     for _ in range(_KEY_ROUNDS):
         rows = _hot_rows(_INSERT_SQL, params)
@@ -348,6 +351,7 @@ class NewJob:
     request_hash: str | None = None
     payload_json: str | None = None  # the payload already serialised (saves a second dumps)
     concurrency_key: str | None = None
+    timeout: float | None = None  # seconds one attempt may run (jobs.watchdog)
 
 
 @dataclass(frozen=True, slots=True)
@@ -368,15 +372,15 @@ WITH input AS MATERIALIZED (
   SELECT u.*, nextval(pg_get_serial_sequence('{T}', 'id')) AS id
   FROM unnest(%(tasks)s::text[], %(payloads)s::text[], %(queues)s::text[],
               %(priorities)s::int[], %(run_ats)s::timestamptz[], %(max_retries)s::int[],
-              %(keys)s::text[], %(hashes)s::text[], %(ckeys)s::text[])
+              %(keys)s::text[], %(hashes)s::text[], %(ckeys)s::text[], %(timeouts)s::float8[])
        WITH ORDINALITY AS u(task, payload, queue, priority, run_at, max_retries, key, hash,
-                            ckey, ord)
+                            ckey, timeout, ord)
 ), ins AS (
   INSERT INTO {T} (id, task, payload, queue, priority, run_at, max_retries, client_id,
-                   idempotency_key, request_hash, updated_by, concurrency_key, status,
+                   idempotency_key, request_hash, updated_by, concurrency_key, timeout, status,
                    retry_count, lease_version)
   SELECT id, task, payload::jsonb, queue, priority, COALESCE(run_at, now()), max_retries,
-         %(client)s, key, hash, %(actor)s, ckey, '{Status.QUEUED}', 0, 0
+         %(client)s, key, hash, %(actor)s, ckey, timeout, '{Status.QUEUED}', 0, 0
   FROM input ORDER BY ord
   ON CONFLICT DO NOTHING
   RETURNING id, created_at, run_at
@@ -421,6 +425,7 @@ def submit_many(
         "keys": [i.idempotency_key for i in items],
         "hashes": [i.request_hash for i in items],
         "ckeys": [i.concurrency_key for i in items],
+        "timeouts": [i.timeout for i in items],
         "client": client_id,
         "actor": actor,
     }
@@ -495,10 +500,10 @@ UPDATE {T} j SET status = '{Status.PROCESSING}', lease_version = j.lease_version
 WHERE j.id = ANY(ARRAY(SELECT id FROM c))
 RETURNING j.id, j.lease_version, j.task, j.payload, j.queue, j.retry_count,
           j.max_retries, j.created_at, j.priority, j.run_at,
-          coalesce(j.error LIKE '%%{NOT_STARTED}', false) AS rerun
+          coalesce(j.error LIKE '%%{NOT_STARTED}', false) AS rerun, j.timeout
 )
 SELECT id, lease_version, task, payload, queue, retry_count, max_retries, created_at,
-       priority, rerun
+       priority, rerun, timeout
 FROM u ORDER BY priority DESC, run_at, id
 """
 QT = Queue._meta.db_table
@@ -546,7 +551,7 @@ def _leases(rows: list[tuple], worker_id: str) -> list[Lease]:
     for r in rows:
         payload = loads(r[3]) if isinstance(r[3], str) else r[3]
         leases.append(
-            Lease(r[0], r[1], worker_id, r[2], payload, r[4], r[5], r[6], r[7], r[8], r[9])
+            Lease(r[0], r[1], worker_id, r[2], payload, r[4], r[5], r[6], r[7], r[8], r[9], r[10])
         )
         per_queue[r[4]] += 1
     for queue, n in per_queue.items():
@@ -698,10 +703,10 @@ UPDATE {T} j SET status = '{Status.PROCESSING}', lease_version = j.lease_version
 WHERE j.id = ANY(ARRAY(SELECT id FROM {chosen}))
 RETURNING j.id, j.lease_version, j.task, j.payload, j.queue, j.retry_count,
           j.max_retries, j.created_at, j.priority,
-          coalesce(j.error LIKE '%%{NOT_STARTED}', false) AS rerun
+          coalesce(j.error LIKE '%%{NOT_STARTED}', false) AS rerun, j.timeout
 )
 SELECT u.id, lease_version, task, payload, queue, retry_count, max_retries, created_at,
-       priority, rerun, t.k, statement_timestamp()
+       priority, rerun, timeout, t.k, statement_timestamp()
 FROM u JOIN {chosen} t ON t.id = u.id ORDER BY t.ord
 """
 
@@ -720,7 +725,7 @@ _CLAIM_TURNS_SQL = {
 }
 
 
-_TURN_CLIENT = 10  # the client key's column in a turns claim's rows
+_TURN_CLIENT = 11  # the client key's column in a turns claim's rows
 # The turns claim costs milliseconds to plan, and PostgreSQL's plan cache kept planning
 # it anew each time (its custom plans looked cheaper than the generic one), which made
 # a fair drain tens of percent slower; the generic plan uses the same indexes.
@@ -823,9 +828,9 @@ FROM {QT} WHERE name = %(queue)s"""
 _QUEUE_STARTS_SQL = f"UPDATE {QT} SET rate_starts = %s WHERE name = %s"
 # The limited claim also returns its statement_timestamp(): the history's `at`.
 _CLAIM_LIMITED_SQL = _CLAIM_LIMITED_SQL.replace(
-    "rerun\nFROM u", "rerun, statement_timestamp()\nFROM u"
+    "timeout\nFROM u", "timeout, statement_timestamp()\nFROM u"
 )
-assert "rerun, statement_timestamp()\nFROM u" in _CLAIM_LIMITED_SQL
+assert "timeout, statement_timestamp()\nFROM u" in _CLAIM_LIMITED_SQL
 CAP_RECHECK_SECONDS = 0.2  # when a slot frees is not known: how soon to look again
 
 
@@ -1815,6 +1820,7 @@ def deliver_signal(
             raise SignalRefused(
                 "not_waiting", f"job {job_id} is waiting for the signal {waits_for!r}, not {key!r}"
             )
+        quotas.check_room(quotas.SIGNALS_PER_JOB, rows[0][1], job_id)  # the job row is locked
         params = {"id": job_id, "key": key, "payload": payload_json, "actor": actor}
         if not _rows(_SIGNAL_INSERT_SQL, params):
             raise SignalRefused("duplicate", f"job {job_id} already has a signal {key!r}")
@@ -1839,15 +1845,16 @@ _WORKFLOW_IDS_SQL = (
 )
 _WORKFLOW_JOBS_SQL = f"""
 INSERT INTO {T} (id, task, payload, queue, priority, run_at, max_retries, client_id,
-                 updated_by, status, retry_count, lease_version, wait_reason, concurrency_key)
+                 updated_by, status, retry_count, lease_version, wait_reason, concurrency_key,
+                 timeout)
 SELECT u.id, u.task, u.payload::jsonb, u.queue, u.priority,
        CASE WHEN u.blocked THEN %(blocked)s::timestamptz ELSE now() END,
        u.max_retries, %(client)s, %(actor)s, '{Status.QUEUED}', 0, 0,
-       CASE WHEN u.blocked THEN '{WaitReason.PARENTS}' END, u.ckey
+       CASE WHEN u.blocked THEN '{WaitReason.PARENTS}' END, u.ckey, u.timeout
 FROM unnest(%(ids)s::bigint[], %(tasks)s::text[], %(payloads)s::text[], %(queues)s::text[],
             %(priorities)s::int[], %(max_retries)s::int[], %(blocked_flags)s::boolean[],
-            %(ckeys)s::text[])
-     AS u(id, task, payload, queue, priority, max_retries, blocked, ckey)"""
+            %(ckeys)s::text[], %(timeouts)s::float8[])
+     AS u(id, task, payload, queue, priority, max_retries, blocked, ckey, timeout)"""
 _WORKFLOW_NODES_SQL = """
 INSERT INTO jobs_workflownode (job_id, workflow_id, key, pending_parents, ended)
 SELECT u.id, %(workflow)s, u.key, u.pending, false
@@ -1904,6 +1911,7 @@ def create_workflow(
                 ],
                 "blocked_flags": [bool(after) for _, after, _ in steps],
                 "ckeys": [j.get("concurrency_key") for j in jobs],
+                "timeouts": [j.get("timeout") for j in jobs],
                 "blocked": BLOCKED_RUN_AT,
                 "client": client_id,
                 "actor": actor,

@@ -19,10 +19,14 @@ MAX_KEY = 190  # the wait's checkpoint name adds "~signal:" to the key
 
 
 def check_key(key: Any) -> str:
-    if not isinstance(key, str) or not 1 <= len(key) <= MAX_KEY or "\x00" in key:
+    """The key exactly as sent or a refusal: never trimmed, never a number made text
+    (the job's wait names the key it waits for; a rewritten one would never match)."""
+    if not isinstance(key, str) or not 1 <= len(key) <= MAX_KEY:
         raise InvalidSubmission(
             f"key must be a string of 1-{MAX_KEY} characters", field="key", code="invalid_key"
         )
+    if why := submission._storable_text(key):
+        raise InvalidSubmission(f"key may not contain {why}", field="key", code="invalid_key")
     return key
 
 

@@ -148,10 +148,11 @@ def request_hash(
     max_retries: int,
     unique_key: str | None = None,
     concurrency_key: str | None = None,
+    timeout: float | None = None,
 ) -> str:
     """SHA-256 of the normalised request, canonical JSON: what an idempotent replay must match.
-    A unique_key or concurrency_key counts only when given, so hashes of requests without
-    one are unchanged."""
+    A unique_key, concurrency_key or timeout counts only when given, so hashes of requests
+    without one are unchanged."""
     doc = {
         "task": task,
         "payload": payload,
@@ -164,6 +165,8 @@ def request_hash(
         doc["unique_key"] = unique_key
     if concurrency_key is not None:
         doc["concurrency_key"] = concurrency_key
+    if timeout is not None:
+        doc["timeout"] = timeout
     canonical = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
@@ -249,6 +252,7 @@ def submit(
     idempotency_key: str | None = None,
     unique_key: str | None = None,
     concurrency_key: str | None = None,
+    timeout: float | None = None,
 ) -> tuple[Job, bool]:
     """Validate and enqueue a job inside the caller's transaction.
 
@@ -276,6 +280,7 @@ def submit(
             client=client,
             unique_key=unique_key,
             concurrency_key=concurrency_key,
+            timeout=timeout,
         )
     except SubmissionError as exc:
         metrics.SUBMISSIONS_REJECTED.labels(metric_queue, exc.code).inc()
@@ -295,7 +300,9 @@ def _submit(
     client: Client | None,
     unique_key: str | None = None,
     concurrency_key: str | None = None,
+    timeout: float | None = None,
 ) -> tuple[Job, bool]:
+    timeout = check_timeout(timeout)
     run_at, max_retries, digest, payload_json = _validate(
         task,
         payload,
@@ -306,6 +313,8 @@ def _submit(
         idempotency_key,
         unique_key,
         concurrency_key,
+        timeout,
+        for_client=client is not None,
     )
     return _submit_checked(
         {
@@ -320,6 +329,7 @@ def _submit(
             "payload_json": payload_json,
             "unique_key": unique_key,
             "concurrency_key": concurrency_key,
+            "timeout": timeout,
         },
         client,
     )
@@ -357,6 +367,7 @@ def _submit_checked(item: dict[str, Any], client: Client | None) -> tuple[Job, b
         payload_json=item["payload_json"],
         unique_key=item.get("unique_key"),
         concurrency_key=item.get("concurrency_key"),
+        timeout=item.get("timeout"),
     )
     if created:
         _count_accepted(queue)
@@ -420,17 +431,28 @@ def _validate(
     idempotency_key: Any,
     unique_key: Any = None,
     concurrency_key: Any = None,
+    timeout: Any = None,
+    *,
+    for_client: bool = False,
 ) -> tuple[datetime | None, int, str | None, str]:
     """Every rule one submission must pass; returns (run_at in UTC, max_retries,
     request hash or None, the payload as compact JSON).
 
     Raises a SubmissionError naming the field. Shared by submit and submit_many (and
     so by both API endpoints): a job in a batch is held to exactly the rules of a
-    single one.
+    single one. `for_client`: the job belongs to an API client, which may run public
+    tasks only (an internal one is refused exactly like a name that does not exist).
     """
-    if not isinstance(task, str) or len(task) > TASK_NAME_MAX or tasks.get(task) is None:
+    if (
+        not isinstance(task, str)
+        or len(task) > TASK_NAME_MAX
+        or tasks.get(task) is None
+        or (for_client and not tasks.is_public(task))
+    ):
         shown = repr(task) if len(repr(task)) <= 210 else repr(task)[:200] + "…"
-        raise UnknownTask(f"unknown task {shown}; known: {', '.join(tasks.names())}", field="task")
+        raise UnknownTask(
+            f"unknown task {shown}; known: {', '.join(tasks.public_names())}", field="task"
+        )
     if not queues.valid_name(queue):
         raise InvalidSubmission(
             "queue must be 1-100 characters of letters, digits, '_', '.', ':' or '-'",
@@ -464,6 +486,7 @@ def _validate(
                 field=field,
                 code=codes[field],
             )
+    check_timeout(timeout)
     payload_json = serialise_payload(payload).decode("utf-8")
     try:
         tasks.validate_payload(task, payload)
@@ -473,9 +496,36 @@ def _validate(
     digest = None
     if idempotency_key is not None:
         digest = request_hash(
-            task, payload, queue, priority, run_at, max_retries, unique_key, concurrency_key
+            task,
+            payload,
+            queue,
+            priority,
+            run_at,
+            max_retries,
+            unique_key,
+            concurrency_key,
+            timeout,
         )
     return run_at, max_retries, digest, payload_json
+
+
+def check_timeout(value: Any) -> float | None:
+    """A job's own attempt timeout in seconds: None, or a number > 0 and at most
+    JOBS_MAX_TIMEOUT (jobs.watchdog)."""
+    if value is None:
+        return None
+    limit = float(settings.JOBS_MAX_TIMEOUT)
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not 0 < value <= limit  # NaN fails this too
+    ):
+        raise InvalidSubmission(
+            f"timeout must be a number of seconds > 0 and at most {limit:g} (JOBS_MAX_TIMEOUT)",
+            field="timeout",
+            code="invalid_timeout",
+        )
+    return float(value)
 
 
 def _existing(client: Client | None, idempotency_key: str | None) -> Job | None:
@@ -488,14 +538,14 @@ def _existing(client: Client | None, idempotency_key: str | None) -> Job | None:
 
 # --- requests as JSON (both API endpoints) -------------------------------------------
 
-JOB_FIELDS = ("task", "payload", "queue", "priority", "run_at", "max_retries")
+JOB_FIELDS = ("task", "payload", "queue", "priority", "run_at", "max_retries", "timeout")
 REQUEST_FIELDS = (*JOB_FIELDS, "unique_key", "concurrency_key")
 # Unique keys: single submissions only.
 BATCH_FIELDS = (*JOB_FIELDS, "idempotency_key", "concurrency_key")
 
 
 def _request_item(
-    raw: Any, allowed: Sequence[str], idempotency_key: Any = None
+    raw: Any, allowed: Sequence[str], idempotency_key: Any = None, *, for_client: bool = False
 ) -> tuple[dict[str, Any], list[SubmissionError]]:
     """One job as the API received it (decoded JSON) → the checked arguments of a
     submission, or every reason it is refused (unknown fields, missing ones, and the
@@ -525,6 +575,7 @@ def _request_item(
         "idempotency_key": raw.get("idempotency_key", idempotency_key),
         "unique_key": raw.get("unique_key"),
         "concurrency_key": raw.get("concurrency_key"),
+        "timeout": raw.get("timeout"),
     }
     if item["payload"] is None:
         errors.append(
@@ -533,8 +584,9 @@ def _request_item(
         return {}, errors
     try:
         item["run_at"] = parse_run_at(item["run_at"], text=True)
+        item["timeout"] = check_timeout(item["timeout"])
         item["run_at"], item["max_retries"], item["request_hash"], item["payload_json"] = _validate(
-            **item
+            **item, for_client=for_client
         )
     except SubmissionError as exc:
         errors.append(exc)
@@ -553,7 +605,9 @@ def submit_request(
 
     One broken rule raises its own SubmissionError; several raise RequestInvalid.
     """
-    item, problems = _request_item(raw, REQUEST_FIELDS, idempotency_key)
+    item, problems = _request_item(
+        raw, REQUEST_FIELDS, idempotency_key, for_client=client is not None
+    )
     if problems:
         queue = raw.get("queue", "default") if isinstance(raw, dict) else None
         for exc in problems:
@@ -617,7 +671,7 @@ def submit_many(raw_items: Sequence[Any], *, client: Client | None = None) -> li
     errors: dict[str, list[dict[str, str]]] = {}
     refused = 0
     for n, raw in enumerate(raw_items):
-        item, problems = _request_item(raw, BATCH_FIELDS)
+        item, problems = _request_item(raw, BATCH_FIELDS, for_client=client is not None)
         if problems:
             refused += 1
             queue = raw.get("queue", "default") if isinstance(raw, dict) else None
@@ -645,6 +699,7 @@ def submit_many(raw_items: Sequence[Any], *, client: Client | None = None) -> li
             i["request_hash"],
             i["payload_json"],
             i["concurrency_key"],
+            i["timeout"],
         )
         for i in items
     ]

@@ -87,8 +87,9 @@ class JobContext:
     """What a handler knows about the attempt it runs.
 
     `stop` is set when the worker lost authority over the job (a heartbeat was
-    fenced off), is shutting down, or someone cancelled the job (`cancelled`):
-    long handlers should check it and return. `progress()` reports how far along
+    fenced off), is shutting down, someone cancelled the job (`cancelled`) or the
+    attempt reached its timeout (`timed_out`): long handlers should check it and
+    return. `progress()` reports how far along
     the attempt is; the worker writes the latest report with its heartbeat.
     """
 
@@ -99,6 +100,9 @@ class JobContext:
     queue: str
     task: str
     lost_authority: bool = False
+    # Set by the worker's watchdog when the attempt reached its timeout (the soft stop):
+    # the attempt ends failed with a `timeout:` error whatever the handler returns.
+    timed_out: bool = False
     _stop: _StopEvent | None = field(default=None, repr=False, compare=False)
     _cancel_requested: bool = field(default=False, repr=False, compare=False)
     _cancel_seen: bool = field(default=False, repr=False, compare=False)
@@ -124,6 +128,11 @@ class JobContext:
         if self._cancel_requested:
             self._cancel_seen = True
         return self._cancel_requested
+
+    def time_out(self) -> None:
+        """Called by the worker's watchdog when the attempt reached its timeout."""
+        self.timed_out = True
+        self.stop.set()
 
     def request_cancel(self) -> None:
         """Called by the worker when its heartbeat learns of a cancel request."""
@@ -167,6 +176,8 @@ class TaskSpec:
     transactional: bool = False
     validate: Validator | None = None
     durable: bool = False
+    timeout: float | None = None  # seconds an attempt may run; None: the job's or the default
+    public: bool = True
 
 
 _registry: dict[str, TaskSpec] = {}
@@ -180,6 +191,8 @@ def task(
     transactional: bool = False,
     validate: Validator | None = None,
     durable: bool = False,
+    timeout: float | None = None,
+    public: bool = True,
 ) -> Callable[[Handler], Handler]:
     """Register a handler `fn(payload, ctx)`.
 
@@ -192,16 +205,25 @@ def task(
     durable=True makes `ctx.sleep()` park the job instead of holding the worker
     (jobs.durable); `ctx.step()` and `ctx.wait_for_signal()` work in any
     non-transactional handler.
+    timeout=SECONDS bounds each attempt (a job's own `timeout` wins; without either,
+    JOBS_DEFAULT_TIMEOUT): `ctx.stop` is set and `ctx.timed_out` is true at the limit,
+    and an attempt still running JOBS_TIMEOUT_GRACE seconds later is ended as failed.
+    public=False keeps the task off the API: a client cannot submit it (it answers
+    `unknown_task` like a name that does not exist) unless JOBS_PUBLIC_TASKS names it.
     """
     if durable and transactional:
         raise ValueError("a durable task cannot be transactional: its checkpoints commit alone")
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0
+    ):
+        raise ValueError(f"timeout must be a number of seconds > 0, not {timeout!r}")
 
     def register(fn: Handler) -> Handler:
         key = name or fn.__name__
         existing = _registry.get(key)
         if existing is not None and existing.fn is not fn:
             raise ValueError(f"task {key!r} is already registered")
-        _registry[key] = TaskSpec(key, fn, transactional, validate, durable)
+        _registry[key] = TaskSpec(key, fn, transactional, validate, durable, timeout, public)
         return fn
 
     return register
@@ -228,6 +250,17 @@ def get(name: str) -> TaskSpec | None:
 
 def names() -> list[str]:
     return sorted(load())
+
+
+def is_public(name: str) -> bool:
+    """A client may submit it: registered public, or made so by JOBS_PUBLIC_TASKS."""
+    spec = get(name)
+    return spec is not None and (spec.public or name in settings.JOBS_PUBLIC_TASKS)
+
+
+def public_names() -> list[str]:
+    """What an `unknown_task` error may list: internal names never appear."""
+    return [name for name in names() if is_public(name)]
 
 
 def validate_payload(name: str, payload: Any) -> None:
@@ -261,7 +294,8 @@ def _validate_sleep(payload: Any) -> None:
         raise InvalidPayload(f"seconds must be between 0 and {MAX_SLEEP_SECONDS}")
 
 
-@task("sleep", validate=_validate_sleep)
+# Its own timeout: the longest sleep it accepts, and a little more.
+@task("sleep", validate=_validate_sleep, timeout=MAX_SLEEP_SECONDS + 60)
 def sleep(payload: dict, ctx: JobContext) -> dict:
     """Sleep `seconds`, waking early when cancelled, when the worker lost the job or
     when it stops (`ctx.stop`)."""

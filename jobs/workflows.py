@@ -28,10 +28,13 @@ MAX_STEPS = 1000
 MAX_NAME = 200
 MAX_STEP_ID = 100
 STEP_FIELDS = (
-    "id", "task", "payload", "queue", "priority", "max_retries", "concurrency_key", "after",
+    "id", "task", "payload", "queue", "priority", "max_retries", "concurrency_key", "timeout",
+    "after",
 )  # fmt: skip
 WORKFLOW_FIELDS = ("name", "steps", "on_failure")
-_JOB_FIELDS = ("task", "payload", "queue", "priority", "max_retries", "concurrency_key")
+_JOB_FIELDS = ("task", "payload", "queue", "priority", "max_retries", "concurrency_key", "timeout")
+# Hashed only when given, so requests from before these fields existed keep their hash.
+_HASHED_WHEN_GIVEN = frozenset({"concurrency_key", "timeout"})
 
 
 @dataclass(frozen=True)
@@ -55,7 +58,7 @@ def _err(errors: dict, where: str, message: str, code: str = "invalid") -> None:
     errors.setdefault(where, []).append({"message": message, "code": code})
 
 
-def _steps(raw_steps: list, errors: dict) -> list[Step]:
+def _steps(raw_steps: list, errors: dict, for_client: bool) -> list[Step]:
     steps: list[Step] = []
     for n, raw in enumerate(raw_steps):
         where = f"steps[{n}]"
@@ -69,12 +72,15 @@ def _steps(raw_steps: list, errors: dict) -> list[Step]:
         if not isinstance(step_id, str) or not 1 <= len(step_id) <= MAX_STEP_ID:
             _err(errors, f"{where}.id", f"id must be a string of 1-{MAX_STEP_ID} characters")
             continue
+        if why := submission._storable_text(step_id):
+            _err(errors, f"{where}.id", f"id may not contain {why}")
+            continue
         after = raw.get("after", [])
         if not isinstance(after, list) or not all(isinstance(a, str) for a in after):
             _err(errors, f"{where}.after", "after must be a list of step ids")
             continue
         item, refusals = submission._request_item(
-            {k: v for k, v in raw.items() if k in _JOB_FIELDS}, _JOB_FIELDS
+            {k: v for k, v in raw.items() if k in _JOB_FIELDS}, _JOB_FIELDS, for_client=for_client
         )
         for exc in refusals:
             _err(errors, f"{where}.{exc.field or 'step'}", exc.message, exc.code)
@@ -83,9 +89,10 @@ def _steps(raw_steps: list, errors: dict) -> list[Step]:
     return steps
 
 
-def build(body: Any) -> Graph:
+def build(body: Any, *, for_client: bool = False) -> Graph:
     """Check a workflow request (decoded JSON); raises RequestInvalid naming each
-    broken rule, SubmissionError for a refusal of the request as a whole."""
+    broken rule, SubmissionError for a refusal of the request as a whole. A client's
+    workflow runs public tasks only (`for_client`)."""
     if not isinstance(body, dict):
         raise InvalidSubmission("the request must be a JSON object", code="invalid")
     errors: dict[str, list[dict[str, str]]] = {}
@@ -93,8 +100,10 @@ def build(body: Any) -> Graph:
         _err(errors, submission._shown_name(name),
              f"Unknown field; allowed: {', '.join(WORKFLOW_FIELDS)}.", "unknown_field")  # fmt: skip
     name = body.get("name")
-    if not isinstance(name, str) or not 1 <= len(name) <= MAX_NAME or "\x00" in name:
+    if not isinstance(name, str) or not 1 <= len(name) <= MAX_NAME:
         _err(errors, "name", f"name must be a string of 1-{MAX_NAME} characters", "required")
+    elif why := submission._storable_text(name):
+        _err(errors, "name", f"name may not contain {why}")
     on_failure = body.get("on_failure", OnFailure.FAIL_DEPENDENTS.value)
     if on_failure not in OnFailure.values:
         _err(errors, "on_failure", f"on_failure must be one of {', '.join(OnFailure.values)}")
@@ -106,7 +115,7 @@ def build(body: Any) -> Graph:
         _err(errors, "steps", f"a workflow has at most {MAX_STEPS} steps, not {len(raw_steps)}",
              "too_many_steps")  # fmt: skip
         raise RequestInvalid(errors)
-    steps = _steps(raw_steps, errors)
+    steps = _steps(raw_steps, errors, for_client)
     edges, max_edges = sum(len(s.after) for s in steps), settings.JOBS_WORKFLOW_MAX_EDGES
     if edges > max_edges:
         # Before the graph checks: their cost grows with the edges (D107).
@@ -134,10 +143,9 @@ def build(body: Any) -> Graph:
     canonical = {
         "name": name,
         "on_failure": on_failure,
-        # A field left out (null) is not hashed: requests from before it existed match.
         "steps": [{"id": st.id, "after": list(st.after),
                    **{k: st.job[k] for k in _JOB_FIELDS
-                      if k != "concurrency_key" or st.job[k] is not None}}
+                      if st.job[k] is not None or k not in _HASHED_WHEN_GIVEN}}
                   for st in steps],
     }  # fmt: skip
     digest = hashlib.sha256(
@@ -200,7 +208,8 @@ def submit_request(
     actor: str = "app",
     idempotency_key: str | None = None,
 ) -> tuple[int, bool]:
-    return create(build(body), client=client, actor=actor, idempotency_key=idempotency_key)
+    graph = build(body, for_client=client is not None)
+    return create(graph, client=client, actor=actor, idempotency_key=idempotency_key)
 
 
 @dataclass
@@ -231,6 +240,7 @@ class Workflow:
         priority: int = 0,
         max_retries: int | None = None,
         concurrency_key: str | None = None,
+        timeout: float | None = None,
     ) -> Workflow:
         raw: dict[str, Any] = {
             "id": id,
@@ -244,6 +254,8 @@ class Workflow:
             raw["max_retries"] = max_retries
         if concurrency_key is not None:
             raw["concurrency_key"] = concurrency_key
+        if timeout is not None:
+            raw["timeout"] = timeout
         self.steps.append(raw)
         return self
 

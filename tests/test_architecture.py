@@ -29,11 +29,13 @@ LAYERS: list[tuple[str, list[str]]] = [
         "jobs.logconfig", "jobs.queues", "jobs.tasks", "jobs.tasks_compat", "jobs.dispatch",
         "jobs.templatetags", "jobs.templatetags.*", "jobs.management",
         "jobs.management.commands", "jobs.schedules", "jobs.schedules.timing",
-        "jobs.schedules.periodic",
+        "jobs.schedules.periodic", "jobs.watchdog",
     ]),
     # Talk to the outside world; transport is the only module that imports redis.
+    # jobs.quotas: a client's limits, read (and its row locked) in the guarded write.
     ("infrastructure", ["jobs.transport", "jobs.runtime", "jobs.events.signing",
-                        "jobs.events.ssrf", "jobs.events.deadline"]),
+                        "jobs.events.ssrf", "jobs.events.deadline",
+                        "jobs.quotas"]),
     ("models", ["jobs.models", "jobs.graph"]),
     # Caches of model rows that the writes keep honest (the API clients by token hash).
     ("model caches", ["jobs.clientcache"]),
@@ -52,6 +54,10 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("schedule definitions", ["jobs.schedules.define"]),
     # Durable jobs (steps, waits) and workflows: built on the services and the pipeline.
     ("durable jobs and workflows", ["jobs.durable", "jobs.workflows", "jobs.signals"]),
+    # The worker's rooms (issue 27): what they share, then one concern each, as mixins
+    # of jobs.worker.Worker.
+    ("worker attempts", ["jobs.worker.attempts"]),
+    ("worker rooms", ["jobs.worker.*"]),
     # The webhook delivery task parks a delivery its endpoint cannot take (a durable wait).
     ("processes", ["jobs.worker", "jobs.reaper", "jobs.schedules.scheduler",
                    "jobs.events.outbox", "jobs.events.webhooks"]),

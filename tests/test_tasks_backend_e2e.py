@@ -251,3 +251,39 @@ def test_rolled_back_enqueue_never_runs(stack, signal_log, tmp_path):
     assert log.read_text().split("\n") == ["committed", ""]
     assert not Job.objects.filter(pk=int(ghost.id)).exists()
     assert [e["id"] for e in heard(signal_log)].count(ghost.id) == 0
+
+
+# django-tasks' own backend tests for handlers that end the way scripts do
+# (test_system_exit_task, test_keyboard_interrupt_task, test_worker_doesnt_exit), on ours.
+
+
+@pytest.mark.parametrize(
+    ("task", "exception"),
+    [(app.exit_task, SystemExit), (app.keyboard_interrupt_task, KeyboardInterrupt)],
+    ids=["test_system_exit_task", "test_keyboard_interrupt_task"],
+)
+def test_base_exceptions_fail_the_task_and_the_worker_doesnt_exit(
+    stack, signal_log, task, exception
+):
+    w = worker(stack, signal_log, "--concurrency", "1")
+    result = task.enqueue()
+    wait_until(lambda: finished(result), 30, message="the task failed")  # with start-up
+    assert result.status == TaskResultStatus.FAILED
+    assert [e.exception_class for e in result.errors] == [exception]
+    assert exception.__name__ in result.errors[0].traceback
+    finished_signals = [e for e in heard(signal_log) if e["id"] == result.id]
+    assert finished_signals[-1]["signal"] == "finished"
+    assert finished_signals[-1]["status"] == "FAILED"
+    # test_worker_doesnt_exit: the same one-thread worker runs the next task.
+    after = app.add.enqueue(1, 2)
+    wait_until(lambda: finished(after), 10, message="the next task ran")
+    assert after.return_value == 3 and w.alive()
+
+
+def test_timeout_marker_bounds_the_task_and_sets_its_stop(stack, signal_log):
+    worker(stack, signal_log, JOBS_TIMEOUT_GRACE="1")
+    result = app.overruns.enqueue()
+    assert Job.objects.get(pk=int(result.id)).timeout == 1.0
+    wait_until(lambda: finished(result), 15, message="the task timed out")
+    assert result.status == TaskResultStatus.FAILED
+    assert Job.objects.get(pk=int(result.id)).error.startswith("timeout:")

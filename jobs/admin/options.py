@@ -399,7 +399,8 @@ class ClientAdmin(admin.ModelAdmin):
     actions = ["deactivate_clients"]
 
     def get_fields(self, request, obj=None):
-        return ("name",) if obj is None else ("name", "is_active", "created_at")
+        quotas = ("max_schedules", "max_webhooks", "max_signals_per_job")
+        return ("name",) if obj is None else ("name", "is_active", *quotas, "created_at")
 
     def has_delete_permission(self, request, obj=None) -> bool:
         return False

@@ -64,7 +64,8 @@ class ScheduleAdmin(admin.ModelAdmin):
         (None, {"fields": ("name", "client", "origin", "enabled")}),
         (gettext_lazy("When"), {"fields": ("cron", "interval_seconds", "timezone", "catch_up",
                                            "overlap", "next_run", "last_run")}),
-        (gettext_lazy("Job"), {"fields": ("task", "payload", "queue", "priority", "max_retries")}),
+        (gettext_lazy("Job"), {"fields": ("task", "payload", "queue", "priority", "max_retries",
+                                          "timeout")}),
         (gettext_lazy("Recent jobs"), {"fields": ("recent_jobs",)}),
     )  # fmt: skip
 

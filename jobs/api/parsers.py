@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 from django.utils.http import parse_header_parameters
 from rest_framework.exceptions import ParseError, UnsupportedMediaType
-from rest_framework.parsers import JSONParser
+from rest_framework.parsers import BaseParser
 
 from jobs.api.errors import RequestTooLarge
 from jobs.conf import settings
@@ -25,9 +25,15 @@ def max_body_bytes() -> int:
     return BODY_SLACK_FACTOR * settings.JOBS_MAX_PAYLOAD_BYTES + BODY_SLACK_BYTES
 
 
-class BoundedJSONParser(JSONParser):
+class BoundedJSONParser(BaseParser):
     """Reject a body far larger than JOBS_MAX_PAYLOAD_BYTES with 413, unread when
-    Content-Length says so, and never read more than the bound otherwise."""
+    Content-Length says so, and never read more than the bound otherwise.
+
+    Not a JSONParser subclass: DRF 3.18 hands those `request.body`, read whole and
+    refused past DATA_UPLOAD_MAX_MEMORY_SIZE with Django's HTML 400; any other parser
+    gets the raw stream, which this one reads only up to its bound."""
+
+    media_type = "application/json"
 
     def max_bytes(self) -> int:
         return max_body_bytes()

@@ -69,6 +69,15 @@ class JobSubmitSerializer(serializers.Serializer):
         max_value=submission.MAX_RETRIES_LIMIT,
         help_text="Retries after the first attempt; default JOBS_MAX_RETRIES (3).",
     )
+    timeout = serializers.FloatField(
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="Seconds one attempt may run, at most JOBS_MAX_TIMEOUT (86400); default "
+        "the task's timeout, else JOBS_DEFAULT_TIMEOUT (3600). At the limit the handler's "
+        "ctx.stop is set; JOBS_TIMEOUT_GRACE (5) seconds later the attempt ends failed "
+        "with a `timeout:` error and is retried per max_retries.",
+    )
     unique_key = _key_field(
         "Per client. While a job with this key is queued, enqueue_failed or "
         "processing, submitting returns that job (200, `duplicate: true`) instead of "
@@ -171,6 +180,7 @@ class JobSerializer(serializers.ModelSerializer):
             "error",
             "retry_count",
             "max_retries",
+            "timeout",
             "lease_version",
             "idempotency_key",
             "run_at",
@@ -292,6 +302,11 @@ class ScheduleWriteSerializer(serializers.Serializer):
     max_retries = serializers.IntegerField(
         required=False, allow_null=True, min_value=0, max_value=submission.MAX_RETRIES_LIMIT
     )
+    timeout = serializers.FloatField(
+        required=False,
+        allow_null=True,
+        help_text="Attempt timeout of the jobs it makes, seconds (see POST /api/v1/jobs/).",
+    )
     enabled = serializers.BooleanField(required=False, default=True)
     catch_up = serializers.ChoiceField(
         choices=Schedule.CatchUp.choices,
@@ -314,8 +329,8 @@ class ScheduleSerializer(serializers.ModelSerializer):
         model = Schedule
         fields = [
             "id", "name", "cron", "interval_seconds", "timezone", "task", "payload", "queue",
-            "priority", "max_retries", "enabled", "catch_up", "overlap", "concurrency_key",
-            "next_fire_at", "last_fire_at", "created_at", "updated_at",
+            "priority", "max_retries", "timeout", "enabled", "catch_up", "overlap",
+            "concurrency_key", "next_fire_at", "last_fire_at", "created_at", "updated_at",
         ]  # fmt: skip
         read_only_fields = fields
 

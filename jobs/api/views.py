@@ -194,7 +194,8 @@ class JobViewSet(APIPolicy, viewsets.GenericViewSet):
         )
 
     def get_parsers(self) -> list[Any]:
-        if getattr(self, "action", None) == "create_batch":
+        # DRF asks before it sets self.action: the route's action map says which it is.
+        if getattr(self, "action_map", {}).get("post") == "create_batch":
             return [BatchJSONParser()]
         return super().get_parsers()
 

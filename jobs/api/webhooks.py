@@ -13,7 +13,7 @@ from rest_framework import exceptions, serializers, status, viewsets
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from jobs import services
+from jobs import quotas, services
 from jobs.api.errors import Conflict, exception_handler
 from jobs.api.parsers import BoundedJSONParser
 from jobs.api.policy import APIPolicy
@@ -161,9 +161,11 @@ class WebhookViewSet(APIPolicy, viewsets.GenericViewSet):
     def create(self, request: Request) -> Response:
         ser = WebhookSerializer(data=request.data)
         ser.is_valid(raise_exception=True)
-        hook = Webhook.objects.create(
-            client=request.user, secret_salt=signing.new_salt(), **ser.validated_data
-        )
+        with transaction.atomic(durable=True):
+            quotas.check_room(quotas.WEBHOOKS, request.user.pk)
+            hook = Webhook.objects.create(
+                client=request.user, secret_salt=signing.new_salt(), **ser.validated_data
+            )
         return Response(self._with_secret(hook), status=status.HTTP_201_CREATED)
 
     @extend_schema(summary="A webhook", responses={200: WebhookSerializer, **_errors(401, 404)})
@@ -210,6 +212,7 @@ class DeliveryViewSet(APIPolicy, viewsets.GenericViewSet):
 
     serializer_class = DeliverySerializer
     pagination_class = DeliveryPagination
+    parser_classes = [BoundedJSONParser]
     filter_backends: list[Any] = []
 
     def get_exception_handler(self) -> Any:

@@ -61,7 +61,7 @@ def subscriber(
 
     def register(fn: Callable) -> Callable:
         task_name = SUBSCRIBER_TASK_PREFIX + (name or f"{fn.__module__}.{fn.__qualname__}")
-        tasks.task(task_name)(fn)
+        tasks.task(task_name, public=False)(fn)  # run for published events only
         subs = _subscribers.setdefault(event_type, [])
         if all(s.task != task_name for s in subs):
             subs.append(Subscriber(event_type, task_name, queue, max_retries))

@@ -28,9 +28,17 @@ def allow_private() -> bool:
     return bool(settings.JOBS_WEBHOOK_ALLOW_PRIVATE)
 
 
+# 6to4 (RFC 3056, deprecated by RFC 7526) embeds any IPv4 address, 127.0.0.1 and
+# 169.254.169.254 included, and no receiver needs it: the whole prefix is refused.
+SIX_TO_FOUR = ipaddress.ip_network("2002::/16")
+
+
 def _forbidden(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
+        elif ip in SIX_TO_FOUR or ip.is_site_local:  # fec0::/10: deprecated, not global
+            return True
     return (
         not ip.is_global
         or ip.is_multicast
@@ -59,20 +67,23 @@ def split(url: str) -> tuple[str, str, int, str]:
 
 def resolve(host: str, port: int) -> list[str]:
     """The addresses `host` resolves to, every one of them allowed, or UnsafeURL."""
+    # One refusal for a name that does not resolve and one that resolves to a forbidden
+    # address, naming no address: the message is no oracle for the internal DNS.
+    refusal = UnsafeURL(
+        f"{host} must resolve to public addresses only (no loopback, private, link-local, "
+        "metadata or unresolvable name); JOBS_WEBHOOK_ALLOW_PRIVATE=1 allows private ones"
+    )
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except (OSError, UnicodeError) as exc:
-        raise UnsafeURL(f"{host} does not resolve: {exc}") from None
+    except (OSError, UnicodeError):
+        raise refusal from None
     addresses = list(dict.fromkeys(info[4][0] for info in infos))
     if not addresses:
-        raise UnsafeURL(f"{host} does not resolve")
-    if not allow_private():
-        bad = [a for a in addresses if _forbidden(ipaddress.ip_address(a.split("%")[0]))]
-        if bad:
-            raise UnsafeURL(
-                f"{host} resolves to a loopback, private, link-local or metadata address "
-                f"({', '.join(bad)}); set JOBS_WEBHOOK_ALLOW_PRIVATE=1 to allow it"
-            )
+        raise refusal
+    if not allow_private() and any(
+        _forbidden(ipaddress.ip_address(a.split("%")[0])) for a in addresses
+    ):
+        raise refusal
     return addresses
 
 

@@ -44,7 +44,7 @@ SELECT d.body, d.event_id, w.id, w.url, w.enabled, w.secret_salt, e.at
 FROM jobs_webhookdelivery d
 JOIN jobs_webhook w ON w.id = d.webhook_id
 LEFT JOIN jobs_jobevent e ON e.id = d.event_id
-WHERE d.id = %s
+WHERE d.id = %(delivery)s AND d.job_id = %(job)s
 """
 # The attempt's own job must still be held by this worker: a stale attempt's
 # bookkeeping does not land (the same predicate as every holder write, SPEC §3).
@@ -162,16 +162,18 @@ def _outcome(outcome: str) -> None:
     metrics.WEBHOOK_DELIVERIES.labels(outcome).inc()
 
 
-@task(signing.DELIVER_TASK)
+@task(signing.DELIVER_TASK, public=False)
 def deliver(payload: dict, ctx: JobContext) -> dict:
     """Send one delivery (`{"delivery_id"}`); raise to retry, return when delivered."""
     delivery_id = payload["delivery_id"]
     with connection.cursor() as cur:
-        cur.execute(_LOAD_SQL, [delivery_id])
+        # Only the delivery the outbox attached to this very job: a payload naming
+        # another delivery (another client's) reads, sends and writes nothing.
+        cur.execute(_LOAD_SQL, {"delivery": delivery_id, "job": ctx.job_id})
         row = cur.fetchone()
     if row is None:
         _outcome("dropped")
-        return {"skipped": "the webhook was deleted"}
+        return {"skipped": "no delivery of this job (the webhook was deleted)"}
     body, event_id, webhook_id, url, enabled, salt, event_at = row
     if not enabled:
         _outcome("disabled")

@@ -11,7 +11,7 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 
-from jobs import submission, tasks
+from jobs import quotas, submission, tasks
 from jobs.exceptions import InvalidSubmission, RequestInvalid, SubmissionError
 from jobs.models import Client, Schedule
 from jobs.schedules import periodic, timing
@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 NAME_MAX = 200
 FIELDS = (
     "name", "cron", "interval_seconds", "timezone", "task", "payload", "queue", "priority",
-    "max_retries", "enabled", "catch_up", "overlap", "concurrency_key",
+    "max_retries", "enabled", "catch_up", "overlap", "concurrency_key", "timeout",
 )  # fmt: skip
 TIMING_FIELDS = frozenset({"cron", "interval_seconds", "timezone"})
 
@@ -39,15 +39,16 @@ def _choice(name: str, value: Any, choices: list[str]) -> str:
     return value
 
 
-def check(values: dict[str, Any]) -> dict[str, Any]:
+def check(values: dict[str, Any], *, for_client: bool = False) -> dict[str, Any]:
     """A complete definition → the values to store; raises RequestInvalid listing every
-    refused field (or the one SubmissionError when only one is)."""
+    refused field (or the one SubmissionError when only one is). A client's schedule
+    runs public tasks only (`for_client`)."""
     problems: list[SubmissionError] = []
     out = dict(values)
 
-    def attempt(fn, *args):
+    def attempt(fn, *args, **kwargs):
         try:
-            return fn(*args)
+            return fn(*args, **kwargs)
         except timing.InvalidTiming as exc:
             problems.append(_refuse(exc))
         except SubmissionError as exc:
@@ -60,6 +61,10 @@ def check(values: dict[str, Any]) -> dict[str, Any]:
             InvalidSubmission(
                 f"name must be 1-{NAME_MAX} characters", field="name", code="invalid_name"
             )
+        )
+    elif why := submission._storable_text(name):
+        problems.append(
+            InvalidSubmission(f"name may not contain {why}", field="name", code="invalid_name")
         )
     cron, interval = values.get("cron"), values.get("interval_seconds")
     if (cron is None) == (interval is None):
@@ -98,6 +103,8 @@ def check(values: dict[str, Any]) -> dict[str, Any]:
             None,
             None,
             values.get("concurrency_key"),
+            values.get("timeout"),
+            for_client=for_client,
         )
     if len(problems) == 1:
         raise problems[0]
@@ -117,6 +124,7 @@ DEFAULTS = {
     "queue": "default",
     "priority": 0,
     "max_retries": None,
+    "timeout": None,
     "enabled": True,
     "catch_up": Schedule.CatchUp.SKIP.value,
     "overlap": Schedule.Overlap.ALLOW.value,
@@ -147,10 +155,13 @@ def _save(schedule: Schedule) -> Schedule:
 
 def create(values: dict[str, Any], *, client: Client | None, origin: str) -> Schedule:
     """A new schedule from `values` (FIELDS; missing ones take DEFAULTS)."""
-    checked = check({**DEFAULTS, **values})
+    checked = check({**DEFAULTS, **values}, for_client=client is not None)
     schedule = Schedule(client=client, origin=origin, **{k: checked[k] for k in FIELDS})
     schedule.next_fire_at = first_slot(checked) if checked["enabled"] else None
-    return _save(schedule)
+    with transaction.atomic():
+        if client is not None:
+            quotas.check_room(quotas.SCHEDULES, client.pk)
+        return _save(schedule)
 
 
 def update(schedule: Schedule, changes: dict[str, Any]) -> Schedule:
@@ -166,7 +177,7 @@ def update(schedule: Schedule, changes: dict[str, Any]) -> Schedule:
         and ("cron" not in changes)
     ):
         merged["cron"] = None
-    checked = check(merged)
+    checked = check(merged, for_client=schedule.client_id is not None)
     restart = any(checked[k] != current[k] for k in TIMING_FIELDS) or (
         checked["enabled"] and not current["enabled"]
     )

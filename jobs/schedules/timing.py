@@ -50,8 +50,13 @@ def check_cron(expr: object) -> str:
     return " ".join(fields)
 
 
+# Files of the host's zoneinfo that are no zone of their own: "localtime" is whatever the
+# machine is set to, so a schedule in it would fire at other hours on another host.
+HOST_ZONES = frozenset({"localtime", "posixrules"})
+
+
 def check_zone(name: object) -> str:
-    if not isinstance(name, str) or name not in _zones():
+    if not isinstance(name, str) or name not in _zones() or name in HOST_ZONES:
         raise InvalidTiming(f"unknown time zone {name!r}; use an IANA name", "timezone")
     return name
 

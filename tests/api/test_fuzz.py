@@ -26,9 +26,10 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
-from jobs import queues, submission, tasks
+from jobs import queues, quotas, signals, submission, tasks
+from jobs.events import signing
 from jobs.lifecycle import STATUSES, is_legal
-from jobs.models import Job, JobEvent
+from jobs.models import Client, Job, JobEvent, JobSignal, Schedule, Webhook, Workflow
 from tests.api.conftest import EXERCISED, new_client
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -83,7 +84,7 @@ def test_fuzz_operation(schema, method, path, mode):
         derandomize=os.environ.get("FUZZ_RANDOM") is None,
         suppress_health_check=list(HealthCheck),
     )
-    @given(case=strategy, task=st.sampled_from([None, *sorted(tasks.names())]))
+    @given(case=strategy, task=st.sampled_from([None, *tasks.names()]))
     def run(case, task):
         case.headers = {**(case.headers or {}), **headers}
         if task is not None:  # a registered task, so the write path is reached too
@@ -103,8 +104,9 @@ def test_fuzz_operation(schema, method, path, mode):
 
 
 def _name_task(body, task: str) -> None:
-    jobs = body.get("jobs") if isinstance(body, dict) else None
-    for job in jobs if isinstance(jobs, list) else [body]:
+    """Every task name, internal ones included: those must be refused (unknown_task)."""
+    items = (body.get("jobs") or body.get("steps")) if isinstance(body, dict) else None
+    for job in items if isinstance(items, list) else [body]:
         if isinstance(job, dict) and "task" in job:
             job["task"] = task
 
@@ -118,6 +120,8 @@ def assert_only_legal_rows() -> None:
         assert job.status in STATUSES
         assert queues.is_declared(job.queue), job.queue
         assert job.task in known_tasks, job.task
+        if job.client_id is not None:  # a client's job runs a public task only
+            assert tasks.is_public(job.task), job.task
         assert job.payload is not None and job.run_at is not None
         submission.serialise_payload(job.payload)  # storable, within the limit
         if job.idempotency_key is not None:
@@ -127,12 +131,33 @@ def assert_only_legal_rows() -> None:
         for e in events[1:]:
             assert is_legal(e.from_status, e.to_status), (e.from_status, e.to_status)
         assert events[-1].to_status == job.status
+    assert_within_quotas_and_storable()
     with connection.cursor() as cur:  # the constraints are in place and validated
         cur.execute(
             "SELECT count(*) FROM pg_constraint WHERE conrelid = 'jobs_job'::regclass "
             "AND contype = 'c' AND convalidated"
         )
         assert cur.fetchone()[0] >= 10
+
+
+def assert_within_quotas_and_storable() -> None:
+    """No client past its schedule or webhook quota, no job past its signal quota, and
+    every name and key stored as text the API would accept again."""
+    for client in Client.objects.all():
+        for quota, held in (
+            (quotas.SCHEDULES, Schedule.objects.filter(client=client).count()),
+            (quotas.WEBHOOKS, Webhook.objects.filter(client=client).count()),
+        ):
+            assert held <= quotas.limit(quota, client.pk), (client.name, quota.what, held)
+    for signal in JobSignal.objects.all():
+        signals.check_key(signal.key)
+        client_id = Job.objects.get(pk=signal.job_id).client_id
+        held = JobSignal.objects.filter(job_id=signal.job_id).count()
+        assert held <= quotas.limit(quotas.SIGNALS_PER_JOB, client_id), signal.job_id
+    for name in Schedule.objects.values_list("name", flat=True):
+        assert not submission._storable_text(name), name
+    for name in Workflow.objects.values_list("name", flat=True):
+        assert not submission._storable_text(name), name
 
 
 def test_legal_row_check_catches_an_illegal_row(db):
@@ -144,3 +169,20 @@ def test_legal_row_check_catches_an_illegal_row(db):
 
 def test_idempotency_pattern_is_whole_match():
     assert not re.fullmatch(submission.IDEMPOTENCY_KEY_RE, "k\n")
+
+
+def test_legal_row_check_catches_an_internal_task_of_a_client(db):
+    client, _ = new_client("fuzz-internal")
+    Job.objects.create(task=signing.DELIVER_TASK, payload={}, queue="webhooks", max_retries=3,
+                       client=client)  # fmt: skip
+    with pytest.raises(AssertionError):
+        assert_only_legal_rows()
+
+
+def test_quota_check_catches_a_client_past_its_quota(db, settings):
+    settings.JOBS_MAX_WEBHOOKS = 0
+    client, _ = new_client("fuzz-quota")
+    Webhook.objects.create(client=client, url="http://127.0.0.1:9/", events=["*"],
+                           secret_salt=signing.new_salt())  # fmt: skip
+    with pytest.raises(AssertionError):
+        assert_within_quotas_and_storable()

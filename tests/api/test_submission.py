@@ -93,6 +93,18 @@ REFUSED = [
      "invalid_queue"),
     ("key empty", ("echo", {}), {"idempotency_key": ""}, submission.InvalidSubmission,
      "invalid_idempotency_key"),
+    ("timeout zero", ("echo", {}), {"timeout": 0}, submission.InvalidSubmission,
+     "invalid_timeout"),
+    ("timeout negative", ("echo", {}), {"timeout": -1}, submission.InvalidSubmission,
+     "invalid_timeout"),
+    ("timeout bool", ("echo", {}), {"timeout": True}, submission.InvalidSubmission,
+     "invalid_timeout"),
+    ("timeout NaN", ("echo", {}), {"timeout": float("nan")}, submission.InvalidSubmission,
+     "invalid_timeout"),
+    ("timeout string", ("echo", {}), {"timeout": "5"}, submission.InvalidSubmission,
+     "invalid_timeout"),
+    ("timeout over the max", ("echo", {}), {"timeout": 86401}, submission.InvalidSubmission,
+     "invalid_timeout"),
 ]  # fmt: skip
 
 

@@ -24,6 +24,7 @@ JOB_FIELDS = {
     "error",
     "retry_count",
     "max_retries",
+    "timeout",
     "lease_version",
     "idempotency_key",
     "run_at",

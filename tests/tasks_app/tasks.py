@@ -8,7 +8,7 @@ import os
 import time
 from pathlib import Path
 
-from jobs.backends import retries
+from jobs.backends import retries, timeout
 from jobs.tasks import PermanentError
 from jobs.tasks_compat import TaskContext, task
 from tests.tasks_app import signals  # noqa: F401  (the receivers)
@@ -99,3 +99,28 @@ def halfway(context: TaskContext, hold: float) -> str:
     context.progress(1, 2, "half way")
     context.stop.wait(hold)
     return "done" if not context.cancelled else "cancelled"
+
+
+@task
+@retries(0)
+def exit_task() -> None:
+    """Ends like a script: SystemExit (django-tasks' test_system_exit_task)."""
+    import sys
+
+    sys.exit(1)
+
+
+@task
+@retries(0)
+def keyboard_interrupt_task() -> None:
+    """Raises what Ctrl-C raises (django-tasks' test_keyboard_interrupt_task)."""
+    raise KeyboardInterrupt
+
+
+@task(takes_context=True)
+@retries(0)
+@timeout(1)
+def overruns(context: TaskContext) -> str:
+    """Waits on the context's stop, which its 1 s timeout sets."""
+    context.stop.wait(60)
+    return "stopped"

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import sys
+
 from django.core.management.base import BaseCommand, CommandError
 
 from jobs import deliveries, dispatch, queuecontrol
@@ -126,3 +129,8 @@ class Command(BaseCommand):
         finished = runner.run()
         if banners:
             self.stdout.write(f"worker {worker.worker_id} stopped after {finished} job(s)")
+        if worker.restart_requested:
+            # Threads stuck in handlers cannot be killed: a fresh process (same pid and
+            # arguments, so a supervisor sees no exit) serves in their place (D84).
+            self.stdout.flush()
+            os.execv(sys.executable, [sys.executable, *sys.argv])

@@ -1,0 +1,256 @@
+"""Running one attempt in a handler thread and settling its outcome."""
+
+from __future__ import annotations
+
+import heapq
+import threading
+import time
+
+from django.db import (
+    close_old_connections,
+    connection,
+    transaction,
+)
+
+from jobs import durable, metrics, services, tasks, watchdog
+from jobs.errors import (
+    AttemptError,
+    class_path,
+    log_failed_attempt,
+    storable,
+)
+from jobs.lifecycle import CANCELLED
+from jobs.services import Lease
+from jobs.starts import Verdict
+from jobs.tasks import InvalidPayload, JobContext, PermanentError
+from jobs.worker.attempts import (
+    InFlight,
+    InvalidResult,
+    Outcome,
+    OutcomeKind,
+    _Cancelled,
+    _FenceRejected,
+    _key,
+    check_result,
+    log,
+)
+
+
+class Execution:
+    """A room of `Worker` (jobs.worker): its methods run on the worker's own state."""
+
+    def _spawn_handler(self) -> None:
+        thread = threading.Thread(
+            target=self._handler_loop, name=f"job_{len(self._handlers)}", daemon=True
+        )
+        self._handlers.append(thread)
+        thread.start()
+
+    def _handler_loop(self) -> None:
+        get = self._ready.get
+        lock = self._lock
+        heap = self._heap
+        pop = heapq.heappop
+        me = threading.current_thread()
+        while True:
+            if get() is None:
+                return
+            with lock:  # one token per heap entry: the heap is not empty
+                item = pop(heap)[2]
+                if not item.waiting:  # released unrun meanwhile (shutdown, waited too long)
+                    continue
+                item.waiting = False
+                item.running_since = now = time.monotonic()
+                item.thread = me
+                self._waiting -= 1
+                self._running += 1
+            # A session the server ended while this thread was idle or in its last job
+            # is replaced before its next handler's ORM calls meet it.
+            close_old_connections()
+            if not self._admit(item):
+                continue
+            spec = tasks.get(item.lease.task)
+            item.limit = watchdog.limit_seconds(
+                item.lease.timeout, spec.timeout if spec is not None else None
+            )
+            if item.limit is not None:
+                item.deadline = now + item.limit
+            try:
+                self._run_one(item.lease, item.ctx)
+            except BaseException as exc:  # the worker's own code around the handler
+                log.exception("failed around an attempt", extra=item.lease.log_fields())
+                self._settle(self._failed(item.lease, exc, False))
+            if item.abandoned:  # the watchdog ended it and gave the slot to a new thread
+                return
+
+    def _admit(self, item: InFlight) -> bool:
+        """Record a prefetched attempt's start (before its handler runs where a crash
+        charge would decide, D77); a revoked or cancelled one is dropped unrun (D78)."""
+        verdict = self.starter.admit(item.lease, item.ctx, item.marked)
+        if verdict == Verdict.CANCELLED:
+            self._settle(Outcome(item.lease, OutcomeKind.FAIL, error=CANCELLED, permanent=True))
+        elif verdict != Verdict.RUN:
+            self._forget([item.lease])
+        return verdict == Verdict.RUN
+
+    def _run_one(self, lease: Lease, ctx: JobContext) -> None:
+        started = time.monotonic()
+        outcome = self._execute(lease, ctx)
+        durable.observe_steps(lease, ctx)
+        took = time.monotonic() - started
+        metrics.child(metrics.DURATION, lease.queue, lease.task).observe(took)
+        self._learn_run_time(took)
+        if (
+            outcome.kind in (OutcomeKind.DONE, OutcomeKind.FAIL)
+            and ctx.cancel_seen
+            and not ctx.lost_authority
+        ):
+            # The handler saw the cancel request and returned or raised: cancelled, no retry.
+            log.info("cancelled: the handler stopped on request", extra=lease.log_fields())
+            outcome = Outcome(
+                lease,
+                OutcomeKind.FAIL,
+                error=CANCELLED,
+                permanent=True,
+                error_class=outcome.error_class,
+                traceback=outcome.traceback,
+            )
+        elif (
+            outcome.kind in (OutcomeKind.DONE, OutcomeKind.FAIL)
+            and ctx.timed_out
+            and not ctx.lost_authority
+        ):
+            # Told its time was up, it returned or raised: a timeout, retried per budget.
+            outcome = self._timed_out(lease, outcome)
+        elif (
+            outcome.kind == OutcomeKind.FAIL
+            and ctx.stop.is_set()
+            and self.stopping.is_set()
+            and not ctx.lost_authority
+        ):
+            # Interrupted by shutdown, not by its own fault: hand it back without a retry.
+            outcome = Outcome(lease, OutcomeKind.RELEASE)
+        self._settle(outcome)
+
+    def _execute(self, lease: Lease, ctx: JobContext) -> Outcome:
+        spec = tasks.get(lease.task)
+        if spec is None:
+            return Outcome(
+                lease,
+                OutcomeKind.FAIL,
+                error=storable(f"unknown task {lease.task!r}"),
+                permanent=True,
+            )
+        try:
+            if spec.validate is not None:
+                spec.validate(lease.payload)
+            if spec.transactional:
+                return self._execute_transactional(spec, lease, ctx)
+            return Outcome(
+                lease, OutcomeKind.DONE, result=check_result(spec.fn(lease.payload, ctx))
+            )
+        except durable.Suspend as wait:  # the handler parks its job (jobs.durable)
+            self._mark_finishing(lease)  # its heartbeat stops before the lease is bumped
+            durable.park(lease, ctx, wait)
+            return Outcome(lease, OutcomeKind.SETTLED)
+        except durable.FencedOff:  # a stale checkpoint, refused and recorded
+            return Outcome(lease, OutcomeKind.SETTLED)
+        except InvalidPayload as exc:
+            return self._failed(lease, exc, True, f"invalid payload: {exc}")
+        except InvalidResult as exc:
+            return self._failed(lease, exc, True, f"invalid result: {exc}")
+        except PermanentError as exc:
+            return self._failed(lease, exc, True)
+        except BaseException as exc:  # SystemExit and KeyboardInterrupt too: the worker goes on
+            return self._failed(lease, exc, False)
+
+    def _timed_out(self, lease: Lease, outcome: Outcome) -> Outcome:
+        with self._lock:
+            item = self._inflight.get(_key(lease))
+            limit = item.limit if item is not None else None
+        return Outcome(
+            lease,
+            OutcomeKind.FAIL,
+            error=watchdog.timed_out_error(limit or 0),
+            error_class=outcome.error_class or class_path(watchdog.AttemptTimeout()),
+            traceback=outcome.traceback,
+        )
+
+    def _failed(
+        self, lease: Lease, exc: BaseException, permanent: bool, message: str | None = None
+    ) -> Outcome:
+        """A failed attempt: storable error text, class and traceback, logged (rate-limited)."""
+        err = AttemptError.of(exc, message, skip_from=__file__)
+        log_failed_attempt(
+            log, self._traceback_log, lease.task, exc, err.message,
+            lease.log_fields(permanent=permanent, error_class=err.error_class),
+        )  # fmt: skip
+        return Outcome(
+            lease,
+            OutcomeKind.FAIL,
+            error=err.message,
+            permanent=permanent,
+            error_class=err.error_class,
+            traceback=err.traceback,
+            retry_after=getattr(exc, "retry_after", None),
+        )
+
+    def _execute_transactional(
+        self, spec: tasks.TaskSpec, lease: Lease, ctx: JobContext
+    ) -> Outcome:
+        """Handler writes and the fenced completion commit together or not at all."""
+        try:
+            with transaction.atomic(durable=True):
+                result = check_result(spec.fn(lease.payload, ctx))
+                if ctx.cancel_seen:
+                    raise _Cancelled  # its writes roll back; the job fails "cancelled"
+                if not self._mark_finishing(lease):  # ended by the watchdog meanwhile
+                    raise _FenceRejected
+                if lease.job_id not in services.complete([(lease, result)]):
+                    raise _FenceRejected
+        except _FenceRejected:
+            services.record_fence_rejections([lease], "complete")
+            return Outcome(lease, OutcomeKind.SETTLED)
+        except _Cancelled:
+            return Outcome(lease, OutcomeKind.FAIL, error=CANCELLED, permanent=True)
+        finally:
+            connection.close_if_unusable_or_obsolete()
+        self._count_finished(1)
+        return Outcome(lease, OutcomeKind.SETTLED)
+
+    def _mark_finishing(self, lease: Lease) -> bool:
+        """Stop heartbeats for the attempt; False if the watchdog ended it already."""
+        with self._lock:
+            item = self._inflight.get(_key(lease))
+            if item is not None and item.abandoned:
+                return False
+            if item is not None and not item.finishing:
+                item.finishing = True
+                self._running -= 1
+            return True
+
+    def _settle(self, outcome: Outcome) -> None:
+        self.starter.ended(outcome.lease)
+        if outcome.kind == OutcomeKind.SETTLED:
+            self._forget([outcome.lease])
+            self._quiet.set()  # written by the handler itself: an idle dispatcher resumes
+        else:
+            if not self._mark_finishing(outcome.lease):
+                return  # the watchdog wrote this attempt off: its late outcome is dropped
+            self._outcomes.put(outcome)
+            # A handler thread is free again: the next claim overlaps this write-back.
+            self._slot_free.set()
+
+    def _forget(self, leases: list[Lease]) -> None:
+        with self._lock:
+            for lease in leases:
+                item = self._inflight.pop(_key(lease), None)
+                if item is None:
+                    continue
+                if item.waiting:
+                    item.waiting = False
+                    self._waiting -= 1
+                elif not item.finishing:
+                    self._running -= 1
+        self.gate.freed({lease.queue for lease in leases})
+        self._slot_free.set()
