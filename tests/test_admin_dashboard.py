@@ -189,3 +189,27 @@ def test_dashboard_shows_the_kafka_sinks_state(client, staff, settings):
     raw("UPDATE jobs_outboxcursor SET last_id = (SELECT max(id) FROM jobs_jobevent)")
     html = client.get(reverse("admin:jobs_job_dashboard")).content.decode()
     assert "caught up" in html and "0 events" in html
+
+
+def kafka_rows(html: str) -> dict[str, str]:
+    """The Kafka table's rows by their events column."""
+    table = html.split('id="kafka-sink"')[1].split("</table>")[0]
+    rows = table.split("<tbody>")[1].split("</tr>")[:-1]
+    return {r.split("<td>")[3].split("</td>")[0]: r for r in rows}
+
+
+def test_dashboard_shows_the_domain_events_cursor_of_the_kafka_sink(client, staff, settings):
+    settings.JOBS_KAFKA_BOOTSTRAP_SERVERS = "kafka-1:9092"
+    rows = kafka_rows(client.get(reverse("admin:jobs_job_dashboard")).content.decode())
+    assert set(rows) == {"job events", "domain events"}
+    assert all("not relaying" in r for r in rows.values())
+    raw("INSERT INTO jobs_outboxcursor (name, last_id, updated_at) "
+        "VALUES ('kafka', 0, now()), ('kafka.domain', 0, now())")  # fmt: skip
+    raw(
+        "INSERT INTO jobs_domainevent (type, payload, at) VALUES "
+        "('order.placed', '{}', now() - interval '90 seconds'), ('order.paid', '{}', now())"
+    )
+    rows = kafka_rows(client.get(reverse("admin:jobs_job_dashboard")).content.decode())
+    assert "caught up" in rows["job events"] and "0 events" in rows["job events"]
+    domain = rows["domain events"]
+    assert "behind" in domain and "2 events" in domain and "90.0 s" in domain

@@ -13,12 +13,14 @@ import json
 import threading
 import time
 
+import psycopg
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection, transaction
 
+from harness import database_url
 from jobs import metrics, services
 from jobs.events import kafka, publish, signing, subscriber
 from jobs.events.outbox import SOURCES, Dispatcher, OutboxLagCollector, WebhookFanout, lag
@@ -126,6 +128,28 @@ def test_the_same_body_as_the_stream_and_webhooks(broker, topic):
     (message,) = [m for m in broker.read(topic, expect=2) if m.job_id == job.pk]
     (delivery,) = WebhookDelivery.objects.filter(source_job_id=job.pk)
     assert message.body == json.loads(delivery.body)
+
+
+def test_a_burst_from_the_newest_open_transaction_reaches_the_topic_whole(broker, topic):
+    """Issue 30: one transaction writes a burst of history and nothing commits after it
+    began (its transaction id is then not in a snapshot's list of those in progress).
+    The relay must wait for it rather than move past the burst's first ids."""
+    d = relay()
+    with psycopg.connect(database_url()) as burst:
+        burst.execute(
+            "INSERT INTO jobs_job (task, payload, queue, priority, run_at, max_retries, "
+            "updated_by, status, retry_count, lease_version) SELECT 'echo', '{}', "
+            "'default', 0, now(), 0, 'api', 'queued', 0, 0 FROM generate_series(1, 33)"
+        )
+        job_ids = [r[0] for r in burst.execute("SELECT id FROM jobs_job").fetchall()]
+        (first,) = burst.execute("SELECT min(id) FROM jobs_jobevent").fetchone()
+        assert drain(d) == 0
+        assert cursor() < first  # not past ids whose transaction is open
+        burst.commit()
+    assert drain(d) == 33
+    want = history(job_ids)
+    got = broker.read(topic, expect=len(want))
+    assert sorted(m.event_id for m in got) == sorted(want)
 
 
 def test_a_frozen_broker_holds_the_cursor_and_loses_nothing(broker, topic):

@@ -15,7 +15,7 @@ from django.db import transaction
 from harness import database_url
 from jobs import services
 from jobs.events import publish, signing, subscriber
-from jobs.events.outbox import Dispatcher, OutboxLagCollector, WebhookFanout
+from jobs.events.outbox import DOMAIN, HISTORY, Dispatcher, OutboxLagCollector, WebhookFanout
 from jobs.models import Client, DomainEvent, Job, JobEvent, Webhook, WebhookDelivery
 from jobs.worker import Worker
 from tests.factories import raw
@@ -243,3 +243,46 @@ def test_an_open_transaction_that_writes_no_history_does_not_hold_the_outbox(cli
         drain(d)
         assert list(WebhookDelivery.objects.values_list("source_job_id", flat=True)) == [job.pk]
         other.rollback()
+
+
+class Recorder:
+    """A subscriber that keeps the ids it was handed."""
+
+    name = "recorder"
+
+    def __init__(self) -> None:
+        self.ids: list[int] = []
+
+    def handle(self, events) -> int:
+        self.ids += [e.id for e in events]
+        return len(events)
+
+
+@pytest.mark.parametrize("table", ["jobs_jobevent", "jobs_domainevent"])
+def test_the_newest_open_transaction_holds_the_horizon(table):
+    """The open writer has the newest transaction id and nothing has committed since it
+    began: a snapshot's xmax is then its own id, so it is not in the snapshot's list of
+    transactions in progress (issue 30: the first events of a burst were skipped while
+    the one transaction writing them was still open). Its rows must wait, not be passed."""
+    recorder = Recorder()
+    source = {"jobs_jobevent": HISTORY, "jobs_domainevent": DOMAIN}[table]
+    d = Dispatcher([recorder], sources=[source])
+    start(d)
+    with psycopg.connect(database_url()) as other:
+        if source is HISTORY:
+            other.execute(
+                "INSERT INTO jobs_job (task, payload, queue, priority, run_at, max_retries, "
+                "updated_by, status, retry_count, lease_version) VALUES "
+                "('echo', '{}', 'default', 0, now(), 0, 'api', 'queued', 0, 0)"
+            )
+        else:  # publish()'s insert may be the first write of its transaction
+            other.execute("INSERT INTO jobs_domainevent (type, payload, at) "
+                          "VALUES ('order.placed', '{}', now())")  # fmt: skip
+        (open_id,) = other.execute(f"SELECT max(id) FROM {table}").fetchone()
+        drain(d)  # notes a horizon past open_id while its transaction is open, then ticks
+        name = "recorder" + source.suffix
+        (last_id,) = raw("SELECT last_id FROM jobs_outboxcursor WHERE name = %s", [name])[0]
+        assert last_id < open_id
+        other.commit()
+    drain(d)
+    assert recorder.ids == [open_id]

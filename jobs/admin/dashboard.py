@@ -296,20 +296,25 @@ def throughput_chart(board: Dashboard, width: int = 720, height: int = 140) -> d
 
 
 def kafka_sink() -> dict[str, Any] | None:
-    """The Kafka sink's state (None when it is off): where it produces, whether a reaper
-    relays yet, and how far behind the broker's acknowledgements are."""
+    """The Kafka sink's state (None when it is off): where it produces and, for each of
+    its cursors (the history's and the domain events'), whether a reaper relays yet and
+    how far behind the broker's acknowledgements are."""
     if not kafka.configured():
         return None
-    row = next((r for r in outbox.lag() if r.subscriber == kafka.KafkaSink.name), None)
-    return {
-        "topic": kafka.topic(),
-        "servers": settings.JOBS_KAFKA_BOOTSTRAP_SERVERS,
-        "relaying": row is not None,
-        "behind": row.events if row else None,
-        "oldest_seconds": row.seconds if row else None,
-        "last_id": row.last_id if row else None,
-        "updated_at": row.updated_at if row else None,
-    }
+    rows = {r.subscriber: r for r in outbox.lag()}
+    cursors = []
+    for source, label in ((outbox.HISTORY, "job events"), (outbox.DOMAIN, "domain events")):
+        row = rows.get(kafka.KafkaSink.name + source.suffix)
+        cursors.append({
+            "label": label,
+            "relaying": row is not None,
+            "behind": row.events if row else None,
+            "oldest_seconds": row.seconds if row else None,
+            "last_id": row.last_id if row else None,
+            "updated_at": row.updated_at if row else None,
+        })  # fmt: skip
+    return {"topic": kafka.topic(), "servers": settings.JOBS_KAFKA_BOOTSTRAP_SERVERS,
+            "cursors": cursors}  # fmt: skip
 
 
 def dashboard_view(modeladmin: admin.ModelAdmin, request: HttpRequest) -> TemplateResponse:

@@ -9,9 +9,10 @@ change never had a row to dispatch.
 Ids are taken before their transactions commit, so a committed row may appear
 behind one already handled. A tick therefore reads only up to a *horizon*: the
 sequence's value noted at the end of the previous tick, once every transaction
-that was in progress then and could hold such an id (of this database, with a
-lock on jobs_jobevent) has ended. Every row at or below the horizon is then
-committed (visible) or rolled back (gone for good).
+that was in progress then and could hold such an id (of this database, with the
+write lock on jobs_jobevent; named by virtual transaction id, D124) has ended.
+Every row at or below the horizon is then committed (visible) or rolled back (gone
+for good).
 
 Domain events (`jobs_domainevent`, written by `publish()`) are a second `Source` with
 ids of their own, read the same way behind their own cursors; only the Kafka sink
@@ -49,11 +50,18 @@ log = logging.getLogger(__name__)
 # row lock: a tick waiting on an outside system (the Kafka broker) then holds no
 # transaction id, so it never holds the other subscribers' horizon back.
 _LOCK_SQL = "SELECT pg_advisory_xact_lock(hashtext('jobs_outboxcursor'), hashtext(%s))"
+# Settled: every transaction noted with the horizon has ended, its own lock on its
+# virtual transaction id gone. (A number: a transaction id noted by an earlier release.)
 _CURSOR_SQL = """
 SELECT c.last_id, c.horizon_id, c.horizon_snapshot,
        c.horizon_snapshot IS NOT NULL AND NOT EXISTS (
-         SELECT 1 FROM unnest(c.horizon_snapshot::xid8[]) AS x(xid)
-         WHERE pg_xact_status(x.xid) IS NOT DISTINCT FROM 'in progress')
+         SELECT 1 FROM pg_locks l
+         WHERE l.locktype = 'virtualxid' AND l.mode = 'ExclusiveLock' AND l.granted
+           AND l.virtualxid = ANY(c.horizon_snapshot::text[]))
+       AND NOT EXISTS (
+         SELECT 1 FROM unnest(c.horizon_snapshot::text[]) AS x(held)
+         WHERE strpos(x.held, '/') = 0
+           AND pg_xact_status(x.held::xid8) IS NOT DISTINCT FROM 'in progress')
 FROM jobs_outboxcursor c WHERE c.name = %s
 """
 # A new subscriber starts at the present: events written before it are not replayed.
@@ -64,17 +72,18 @@ ON CONFLICT (name) DO NOTHING
 """
 _SEQUENCE_SQL = "SELECT pg_get_serial_sequence(%s, 'id')"
 # The transactions in progress now that may hold ids of the source's table: those of
-# this database (xids are cluster-wide) holding a lock on it, which an INSERT takes
-# before it draws an id. Another long transaction (a report, a handler that writes no history)
-# does not hold the horizon back. Top-level xids: a savepoint's comes after its parent's.
+# this database holding its write lock, which an INSERT takes before it draws an id.
+# Named by virtual transaction id, which a transaction has from its start: not by
+# transaction id, which the newest writer's is not in the snapshot's list of those in
+# progress when nothing has committed since it began (xid >= xmax; issue 30), and which a
+# first write gets only after drawing its id. Readers and other long transactions (a
+# report, a handler that writes no history) do not hold the horizon back.
 _SNAPSHOT_SQL = """
-SELECT COALESCE(array_agg(x.xid), '{}')::text
-FROM pg_snapshot_xip(pg_current_snapshot()) AS x(xid)
-WHERE mod(x.xid::text::numeric, 4294967296)::bigint IN (
-  SELECT a.backend_xid::text::bigint
-  FROM pg_stat_activity a JOIN pg_locks l ON l.pid = a.pid
-  WHERE a.datname = current_database() AND a.backend_xid IS NOT NULL
-    AND l.locktype = 'relation' AND l.relation = %s::regclass AND l.granted)
+SELECT COALESCE(array_agg(DISTINCT l.virtualtransaction), '{}')::text
+FROM pg_locks l
+WHERE l.locktype = 'relation' AND l.relation = %s::regclass AND l.granted
+  AND l.mode = 'RowExclusiveLock'
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
 """
 _MOVE_SQL = """
 UPDATE jobs_outboxcursor SET last_id = %s, horizon_id = %s, horizon_snapshot = %s,
