@@ -139,7 +139,10 @@ def test_a_fair_queue_runs_a_late_clients_jobs_before_an_earlier_backlog(stack):
         f"submitted and {waiting} still were when B's last job was done"
     )
     assert before > 500, "the backlog drained before B's turn could be shown"
-    assert waiting > before / 2, f"only {waiting} of A's {before} were left: B waited behind A"
+    # First in, first out would run B's jobs only after every one of A's queued before
+    # them (none left); how many are left otherwise depends on the machine's speed.
+    assert waiting > 0, f"none of A's {before} were left: B waited behind A"
+    assert took < 3.0, f"B's 20 took {took:.2f}s"
     wait_until(
         lambda: Job.objects.filter(pk__in=backlog, status="done").count() == 3000,
         120,
