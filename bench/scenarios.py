@@ -27,6 +27,7 @@ from bench.measure import (
     sql,
 )
 from harness import ROOT, Processes, RedisServer, ScratchDatabase, wait_until
+from jobs.migrations import _triggers
 
 
 @dataclass
@@ -57,24 +58,7 @@ class Context:
 VARIANTS: dict[str, str | tuple[str, ...]] = {
     "default": "",
     # The history trigger as it was before 0006: one trigger call per changed row.
-    "row-history": """
-        DROP TRIGGER IF EXISTS jobs_job_history_insert ON jobs_job;
-        DROP TRIGGER IF EXISTS jobs_job_history_update ON jobs_job;
-        CREATE OR REPLACE FUNCTION jobs_job_history() RETURNS trigger LANGUAGE plpgsql AS $$
-        BEGIN
-          IF TG_OP = 'INSERT' OR NEW.status <> OLD.status THEN
-            INSERT INTO jobs_jobevent
-              (job_id, at, from_status, to_status, actor, lease_version, retry_count, error)
-            VALUES (NEW.id, now(), CASE WHEN TG_OP = 'INSERT' THEN NULL ELSE OLD.status END,
-                    NEW.status, COALESCE(NEW.updated_by, ''), NEW.lease_version,
-                    NEW.retry_count, CASE WHEN NEW.status = 'done' THEN NULL ELSE NEW.error END);
-          END IF;
-          RETURN NULL;
-        END $$;
-        DROP TRIGGER IF EXISTS jobs_job_history ON jobs_job;
-        CREATE TRIGGER jobs_job_history AFTER INSERT OR UPDATE ON jobs_job
-          FOR EACH ROW EXECUTE FUNCTION jobs_job_history();
-    """,
+    "row-history": _triggers.HISTORY_PER_ROW,
     # Without the storage settings of migration 0004 (fillfactor, autovacuum), for a
     # before/after of that migration.
     "no-table-storage": (
