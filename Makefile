@@ -38,6 +38,7 @@ endef
 tools:
 	$(call apt_tool,wrk,wrk,http-single-wrk will say NOT MEASURED)
 	$(call apt_tool,promtool,prometheus,the promtool checks will be skipped)
+	$(call apt_tool,pgbouncer,pgbouncer,the PgBouncer tests will be skipped)
 
 ## migrate: create the database DATABASE_URL names when missing (or the embedded one), migrate.
 migrate: install

@@ -10,6 +10,10 @@ requeues the worker's jobs at its next check instead of waiting for the lease.
 If only the connection dies (pg_terminate_backend, a network blip) the thread
 reconnects at once, takes the lock again and beats, well inside the three beats
 the reaper allows; jobs requeued meanwhile are fenced off as after any reap.
+
+Behind a pooler in transaction mode a session lock would be held by whichever server
+connection ran the statement, not by this process: JOBS_DIRECT_DATABASE_URL names the
+server itself, and only this one connection per worker process goes there (D145).
 """
 
 from __future__ import annotations
@@ -22,11 +26,22 @@ from collections.abc import Sequence
 
 import psycopg
 from django.db import connection
+from psycopg.conninfo import conninfo_to_dict
 
 from jobs import metrics, services
 from jobs.conf import settings
 
 log = logging.getLogger(__name__)
+
+
+def direct_connection_params() -> dict:
+    """Django's connection parameters, with the server's own address, user and database
+    from JOBS_DIRECT_DATABASE_URL when it is set (the pooler's otherwise)."""
+    params = connection.get_connection_params()
+    direct = settings.JOBS_DIRECT_DATABASE_URL
+    if direct:
+        params.update({k: v for k, v in conninfo_to_dict(direct).items() if v})
+    return params
 
 
 class Presence:
@@ -94,7 +109,7 @@ class Presence:
             return False
 
     def _connect(self) -> None:
-        conn = connection.get_new_connection(connection.get_connection_params())
+        conn = connection.get_new_connection(direct_connection_params())
         conn.autocommit = True
         self._conn = conn
         self.locked = False  # a new session holds no lock yet

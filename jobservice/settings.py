@@ -120,11 +120,18 @@ DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 # connection broke (jobservice/postgresql).
 if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     DATABASES["default"]["ENGINE"] = "jobservice.postgresql"
-# Behind PgBouncer in transaction mode, named (server-side) cursors cannot span
-# transactions; set this to 1 there. Prepared statements are already off (Django's default).
+# Behind PgBouncer in transaction mode (JOBS_DIRECT_DATABASE_URL set: DATABASE_URL is the
+# pooler), named (server-side) cursors cannot span transactions: off there by default.
+_POOLED = bool(env.str("JOBS_DIRECT_DATABASE_URL", ""))
 DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = env.bool(
-    "DB_DISABLE_SERVER_SIDE_CURSORS", default=False
+    "DB_DISABLE_SERVER_SIDE_CURSORS", default=_POOLED
 )
+# Named prepared statements (the worker's hot path asks for them, D23) only with
+# DB_PREPARED_STATEMENTS=1: straight to PostgreSQL, or PgBouncer >= 1.21 with
+# max_prepared_statements. Off (Django's default) they are bound on the server unnamed,
+# which any pooler passes (D146).
+if env.bool("DB_PREPARED_STATEMENTS", default=False):
+    DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = 5
 DATABASES["default"].setdefault("TEST", {})
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
