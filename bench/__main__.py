@@ -21,7 +21,7 @@ from pathlib import Path
 
 from bench import scenarios
 from bench.env import Code, processes, scratch_database, setup_django
-from harness import ROOT, RedisServer
+from harness import ROOT, PgBouncer, RedisServer
 
 RESULTS = ROOT / "bench" / "results"
 
@@ -86,6 +86,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=None,
         help="gunicorn workers for the HTTP scenarios (default: each tree's gunicorn.conf.py).",
     )
+    p.add_argument(
+        "--pgbouncer",
+        action="store_true",
+        help="Run the stack's processes through a PgBouncer of the bench's own (transaction "
+        "mode; presence sessions direct, JOBS_DIRECT_DATABASE_URL).",
+    )
     p.add_argument("--out", type=Path, default=None, help="JSON lines file to append to.")
     p.add_argument("--keep-db", action="store_true", help="Do not drop the scratch database.")
     return p.parse_args(argv)
@@ -110,11 +116,16 @@ def main(argv: list[str] | None = None) -> int:
     redis = RedisServer().start()
     logdir = Path(tempfile.mkdtemp(prefix="jobservice-bench-logs-"))
     code = Code()
+    bouncer = None
     baseline = Code(args.baseline) if args.baseline else None
     print(f"bench {run_id}: database {db.name}, redis {redis.url}, logs {logdir}", flush=True)
     try:
         setup_django(db.url(), redis.url)
         procs = processes(db.url(), redis.url, logdir)
+        if args.pgbouncer:
+            bouncer = PgBouncer(db.admin_url).start()
+            procs.env.update(DATABASE_URL=bouncer.url(db.url()), JOBS_DIRECT_DATABASE_URL=db.url())
+            meta["pgbouncer"] = True
         ctx = scenarios.Context(args, db, redis, procs, code, baseline, logdir)
         summary: list[dict] = []
         with open(out, "a") as fh:
@@ -136,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         except Exception:
             pass
         redis.stop()
+        if bouncer is not None:
+            bouncer.stop()
         if not args.keep_db:
             db.drop()
         code.close()
@@ -160,6 +173,10 @@ def command_for(name: str, args: argparse.Namespace, record: dict) -> str:
         parts += ["--finished-rows", str(args.finished_rows)]
     if args.baseline:
         parts += ["--baseline", args.baseline]
+    if args.pgbouncer:
+        parts.append("--pgbouncer")
+    if os.environ.get("DB_PREPARED_STATEMENTS"):
+        parts.insert(0, f"DB_PREPARED_STATEMENTS={os.environ['DB_PREPARED_STATEMENTS']}")
     for v in args.variant or []:
         parts += ["--variant", v]
     return shlex.join(parts)

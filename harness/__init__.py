@@ -6,6 +6,7 @@ polling helpers, so the three users cannot drift apart.
 """
 
 from harness.kafka_broker import KafkaBroker
+from harness.pgbouncer import PgBouncer
 from harness.procs import (
     ROOT,
     Processes,
@@ -24,6 +25,7 @@ from harness.scratch import DEFAULT_ADMIN_URL, ScratchDatabase, checkout_tag, da
 __all__ = [
     "DEFAULT_ADMIN_URL",
     "KafkaBroker",
+    "PgBouncer",
     "ROOT",
     "Processes",
     "RedisServer",

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -26,7 +27,7 @@ from django.db import DatabaseError, InterfaceError, connection
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from jobs import metrics, selectors
+from jobs import metrics, replica, selectors
 from jobs.conf import settings
 from jobs.lifecycle import NON_TERMINAL, Status, WaitReason
 
@@ -59,12 +60,14 @@ def read_on_scrape_thread(what: str, read: Callable[[], T]) -> T | None:
     read, not left behind (a test's own transaction is left alone).
     """
     try:
-        return read()
+        with replica.reads():  # scrapes tolerate the replica's lag (D147)
+            return read()
     except (DatabaseError, InterfaceError) as exc:
         metrics.DB_ERRORS.labels(op="depth").inc()
         log.warning("%s unavailable, postgres failed: %s", what, exc)
         return None
     finally:
+        replica.close_read_connection()
         if not connection.in_atomic_block:
             connection.close()
 
@@ -280,6 +283,22 @@ def reaper_gauges(reaper: Reaper) -> LiveGauges:
         ("jobs_reaper_last_sweep_timestamp_seconds",
          "Unix time the last sweep finished (0: none yet)", lambda: reaper.last_sweep_at),
         ("jobs_reaper_interval_seconds", "Seconds between sweeps", lambda: reaper.interval),
+    ])  # fmt: skip
+
+
+def replica_gauges() -> LiveGauges:
+    """The replica's lag as the routing sees it (NaN: not streaming, so not used)."""
+
+    def read() -> float:
+        seconds = replica.lag.measure()
+        replica.close_read_connection()
+        return math.nan if seconds is None else seconds
+
+    return LiveGauges([
+        ("jobs_replica_lag_seconds",
+         "Seconds the read replica is behind the primary (0: replayed all it received; "
+         "NaN: not streaming). Past JOBS_REPLICA_MAX_LAG_SECONDS reads go to the primary",
+         read),
     ])  # fmt: skip
 
 

@@ -70,6 +70,8 @@ SETTINGS: dict[str, Setting] = {
     "JOBS_SLO_SECONDS": Setting(25.0, "The latency SLO: due to finished."),
     "JOBS_PRESENCE_SECONDS": Setting(1.0, "How often each worker beats its jobs_worker row."),
     "JOBS_SESSION_CRASH_DETECTION": Setting(True, "Requeue a dead worker's jobs by its PostgreSQL session (behind a transaction-mode pooler, with JOBS_DIRECT_DATABASE_URL)."),
+    "JOBS_REPLICA_MAX_LAG_SECONDS": Setting(5.0, "Past this replica lag, reads meant for the replica go to the primary (and a client that wrote reads its listings from the primary this long)."),
+    "JOBS_REPLICA_LAG_CHECK_SECONDS": Setting(1.0, "How often each process measures the replica's lag."),
     "JOBS_DIRECT_DATABASE_URL": Setting("", "PostgreSQL itself (not a pooler) for the worker's presence session, which holds its crash-detection lock; empty: the default database."),
     "JOBS_METRICS_CACHE_SECONDS": Setting(5.0, "How long depth/age readings are reused across scrapes."),
     "JOBS_METRICS_HOST": Setting("127.0.0.1", "Where runworker/runreaper --metrics-port listen."),

@@ -21,6 +21,7 @@ from django.db import connection
 from django.db.models import F, QuerySet
 from django.db.models.functions import Now
 
+from jobs import replica
 from jobs.conf import settings
 from jobs.lifecycle import NON_TERMINAL, Status, due_sql, sql_list
 from jobs.models import Job, Queue, WorkerProcess
@@ -39,7 +40,8 @@ NOW_SQL = "SELECT now()"
 
 
 def _fetch(sql: str, params: dict[str, Any] | list[Any]) -> list[tuple]:
-    with connection.cursor() as cur:
+    """A raw read: on the replica inside `replica.reads()`, else the primary."""
+    with replica.connection().cursor() as cur:
         cur.execute(sql, params)
         return cur.fetchall()
 
@@ -74,7 +76,7 @@ def table_estimate(model: type = Job) -> int:
 def plan_estimate(queryset: QuerySet) -> int:
     """The planner's row estimate for a queryset, from EXPLAIN (no rows are read)."""
     sql, params = queryset.order_by().values("pk").query.sql_with_params()
-    with connection.cursor() as cur:
+    with replica.connection().cursor() as cur:
         cur.execute("EXPLAIN (FORMAT JSON) " + sql, params)
         plan = cur.fetchone()[0]
     if isinstance(plan, str):

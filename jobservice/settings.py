@@ -122,7 +122,8 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     DATABASES["default"]["ENGINE"] = "jobservice.postgresql"
 # Behind PgBouncer in transaction mode (JOBS_DIRECT_DATABASE_URL set: DATABASE_URL is the
 # pooler), named (server-side) cursors cannot span transactions: off there by default.
-_POOLED = bool(env.str("JOBS_DIRECT_DATABASE_URL", ""))
+_DIRECT = env.str("JOBS_DIRECT_DATABASE_URL", "")
+_POOLED = bool(_DIRECT) and _DIRECT != env.str("DATABASE_URL", "")
 DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = env.bool(
     "DB_DISABLE_SERVER_SIDE_CURSORS", default=_POOLED
 )
@@ -133,6 +134,16 @@ DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = env.bool(
 if env.bool("DB_PREPARED_STATEMENTS", default=False):
     DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = 5
 DATABASES["default"].setdefault("TEST", {})
+# A streaming replica for reads that may lag (listings, history, admin lists, scrapes,
+# reports; jobs/replica.py, D147): same engine and options as the primary, never
+# migrated, never written.
+if env.str("DATABASE_REPLICA_URL", ""):
+    DATABASES["replica"] = {
+        **{k: v for k, v in DATABASES["default"].items() if k not in ("TEST",)},
+        **{k: v for k, v in env.db("DATABASE_REPLICA_URL").items() if k != "ENGINE"},
+        "TEST": {"MIRROR": "default"},
+    }
+    DATABASE_ROUTERS = ["jobs.replica.ReplicaRouter"]
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

@@ -35,7 +35,9 @@ LAYERS: list[tuple[str, list[str]]] = [
     # jobs.quotas: a client's limits, read (and its row locked) in the guarded write.
     ("infrastructure", ["jobs.transport", "jobs.runtime", "jobs.events.signing",
                         "jobs.events.ssrf", "jobs.events.deadline",
-                        "jobs.quotas"]),
+                        "jobs.quotas",
+                        # the read replica: where reads that may lag go (D147)
+                        "jobs.replica"]),
     ("models", ["jobs.models", "jobs.graph"]),
     # Caches of model rows that the writes keep honest (the API clients by token hash).
     ("model caches", ["jobs.clientcache"]),

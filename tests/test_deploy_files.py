@@ -109,11 +109,33 @@ def test_app_environment(services):
         db = urlsplit(interpolated(env["DATABASE_URL"]))
         assert db.scheme in ("postgres", "postgresql")
         assert "${POSTGRES_PASSWORD" in env["DATABASE_URL"]
-        assert db.hostname == "postgres"
+        if name != "migrate":  # migrations always go straight to PostgreSQL
+            assert "@${JOBS_DATABASE_ADDRESS:-postgres:5432}/" in env["DATABASE_URL"], name
+        assert urlsplit(interpolated(env["JOBS_DIRECT_DATABASE_URL"])).hostname == "postgres"
         assert urlsplit(interpolated(env["REDIS_URL"])).hostname == "redis"
         # The health check asks for localhost, Prometheus for api: both must be allowed.
         hosts = re.sub(r"\$\{[^}]*\}", "", env["ALLOWED_HOSTS"]).split(",")
         assert {"localhost", "api"} <= set(hosts)
+
+
+def test_pgbouncer_profile_pools_everything_but_presence_and_migrations(services):
+    """The profile's pooler is transaction mode, recent enough for prepared statements,
+    and in front of the same server the direct address names."""
+    bouncer = services["pgbouncer"]
+    assert bouncer["profiles"] == ["pgbouncer"]
+    env = bouncer["environment"]
+    assert (env["POOL_MODE"], env["DB_HOST"], str(env["LISTEN_PORT"])) == (
+        "transaction",
+        "postgres",
+        "6432",
+    )
+    version = re.search(r":v?(\d+)\.(\d+)", bouncer["image"])
+    assert (int(version[1]), int(version[2])) >= (1, 21), bouncer["image"]
+    assert int(env["MAX_PREPARED_STATEMENTS"]) > 0
+    migrate = urlsplit(interpolated(services["migrate"]["environment"]["DATABASE_URL"]))
+    assert (migrate.hostname, migrate.port) == ("postgres", 5432)
+    example = (ROOT / ".env.example").read_text()
+    assert "# JOBS_DATABASE_ADDRESS=pgbouncer:6432" in example
 
 
 def test_worker_scales_without_collisions(services):

@@ -45,7 +45,7 @@ from jobs.admin.display import (
 )
 from jobs.admin.filters import InternalFilter, QueueFilter, StuckFilter, TaskFilter
 from jobs.admin.paginator import CappedCountPaginator
-from jobs.admin.readonly import SeenWithJobs, WrittenByServices
+from jobs.admin.readonly import ListsFromReplica, SeenWithJobs, WrittenByServices
 from jobs.admin.workflows import JobSignalInline, JobStepInline, send_signal_view
 from jobs.conf import settings
 from jobs.lifecycle import TERMINAL, Status
@@ -114,7 +114,7 @@ class JobChangeList(ChangeList):
         return super().get_queryset(request, exclude_parameters).defer("error_traceback")
 
 
-class JobAdmin(WrittenByServices, admin.ModelAdmin):
+class JobAdmin(ListsFromReplica, WrittenByServices, admin.ModelAdmin):
     """Jobs, read-only, with the staff actions of `jobs.admin.actions` and a dashboard."""
 
     list_display = (

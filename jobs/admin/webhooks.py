@@ -17,7 +17,7 @@ from django.utils.translation import gettext, gettext_lazy, ngettext_lazy
 
 from jobs import services
 from jobs.admin.actions import log_changed, staff_actor, tally
-from jobs.admin.readonly import WrittenByServices
+from jobs.admin.readonly import ListsFromReplica, WrittenByServices
 from jobs.events import circuit, signing
 from jobs.lifecycle import Status
 from jobs.models import CircuitState, Webhook, WebhookDelivery
@@ -91,7 +91,7 @@ def redeliver(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: Quer
     modeladmin.message_user(request, text, messages.WARNING if skipped else messages.SUCCESS)
 
 
-class WebhookDeliveryAdmin(WrittenByServices, admin.ModelAdmin):
+class WebhookDeliveryAdmin(ListsFromReplica, WrittenByServices, admin.ModelAdmin):
     list_display = ("id", "webhook", "type", "source_job_id", "seq", "delivery_status",
                     "attempts", "last_status_code", "last_error", "last_attempt_at",
                     "job")  # fmt: skip

@@ -21,7 +21,7 @@ from django.utils.translation import gettext_lazy, ngettext
 from jobs import signals, workflows
 from jobs.admin.actions import log_change, staff_actor
 from jobs.admin.display import iso_time, time_column
-from jobs.admin.readonly import SeenWithJobs, WrittenByServices
+from jobs.admin.readonly import ListsFromReplica, SeenWithJobs, WrittenByServices
 from jobs.exceptions import SubmissionError
 from jobs.models import Job, JobSignal, JobStep, Workflow
 
@@ -186,7 +186,7 @@ def graph_layout(steps: list[dict[str, Any]]) -> dict[str, Any]:
     return {"nodes": nodes, "edges": edges, "width": width, "height": height}
 
 
-class WorkflowAdmin(_ReadOnly, admin.ModelAdmin):
+class WorkflowAdmin(ListsFromReplica, _ReadOnly, admin.ModelAdmin):
     list_display = ("id", "name", "on_failure", "unfinished", "created", "finished")
     list_per_page = 100
     ordering = ("-id",)

@@ -8,8 +8,10 @@ from __future__ import annotations
 from typing import Any
 
 from drf_spectacular.openapi import AutoSchema
+from rest_framework.permissions import SAFE_METHODS
 from rest_framework.renderers import BrowsableAPIRenderer
 
+from jobs import replica
 from jobs.api.auth import ClientRateThrottle, ClientTokenAuthentication, IsClient
 from jobs.api.errors import exception_handler
 from jobs.api.renderers import JSONFirstNegotiation, ORJSONRenderer
@@ -25,3 +27,11 @@ class APIPolicy:
 
     def get_exception_handler(self) -> Any:
         return exception_handler
+
+    def finalize_response(self, request: Any, response: Any, *args: Any, **kwargs: Any) -> Any:
+        """A client that wrote reads its listings from the primary for a while (D147)."""
+        response = super().finalize_response(request, response, *args, **kwargs)
+        client_id = getattr(request.user, "pk", None)
+        if request.method not in SAFE_METHODS and response.status_code < 400 and client_id:
+            replica.pin(client_id)
+        return response

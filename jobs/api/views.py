@@ -18,7 +18,7 @@ from rest_framework.pagination import Cursor, CursorPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from jobs import services, submission
+from jobs import replica, services, submission
 from jobs.api.errors import Conflict, InvalidCursor, exception_handler
 from jobs.api.filters import JobFilter
 from jobs.api.parsers import BatchJSONParser, BoundedJSONParser
@@ -267,9 +267,10 @@ class JobViewSet(APIPolicy, viewsets.GenericViewSet):
         responses={200: JobSerializer(many=True), **_errors(400, 401)},
     )
     def list(self, request: Request) -> Response:
-        qs = self.filter_queryset(self.get_queryset())
-        page = self.paginate_queryset(qs)
-        return self.get_paginated_response(JobSerializer(page, many=True).data)
+        with replica.reads(request.user.pk):  # a listing may lag; a job by id does not
+            qs = self.filter_queryset(self.get_queryset())
+            page = self.paginate_queryset(qs)
+            return self.get_paginated_response(JobSerializer(page, many=True).data)
 
     @extend_schema(
         summary="Cancel a job",
@@ -352,4 +353,5 @@ class JobHistoryView(APIPolicy, generics.ListAPIView):
                     for name in unknown
                 }
             )
-        return super().get(request, *args, **kwargs)
+        with replica.reads(request.user.pk):
+            return super().get(request, *args, **kwargs)

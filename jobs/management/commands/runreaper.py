@@ -7,13 +7,14 @@ import threading
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
-from jobs import metrics
+from jobs import metrics, replica
 from jobs.collectors import (
     ConsumersCollector,
     DepthCollector,
     QueueControlsCollector,
     WaitingCollector,
     reaper_gauges,
+    replica_gauges,
     scheduler_gauges,
 )
 from jobs.conf import settings
@@ -94,6 +95,8 @@ class Command(BaseCommand):
             REGISTRY.register(reaper_gauges(reaper))
             REGISTRY.register(scheduler_gauges(scheduler))
             REGISTRY.register(OutboxLagCollector())
+            if replica.configured():
+                REGISTRY.register(replica_gauges())  # jobs_replica_lag_seconds
             for kind in RECOVERY_KINDS:  # every kind shows 0 before its first repair
                 metrics.RECOVERED.labels(kind)
         # Handlers first: whoever sees the metrics answer may already send SIGTERM.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
+from jobs import replica
 from jobs.conf import settings
 from jobs.selectors import slo_report
 
@@ -40,7 +41,8 @@ class Command(BaseCommand):
     def handle(self, *args, **opts):
         window = parse_duration(opts["window"])
         slo = opts["slo"] or settings.JOBS_SLO_SECONDS
-        r = slo_report(window, slo)
+        with replica.reads():  # a report reads the replica when one is usable
+            r = slo_report(window, slo)
         if not r.terminal:
             self.stdout.write(f"no job reached a terminal state in the last {opts['window']}")
             return
