@@ -18,6 +18,13 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# The bench's own extra (matplotlib for the scaling plot), on top of install.
+BENCH_STAMP := $(VENV)/.bench-$(shell cat pyproject.toml | md5sum | cut -c1-12)
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[deploy,dev,bench]'
+	rm -f $(VENV)/.bench-*
+	touch $(BENCH_STAMP)
+
 # $(call apt_tool,COMMAND,PACKAGE,WITHOUT IT): install a Debian package as root when its
 # command is missing (the package lists are refreshed only if the first try fails).
 define apt_tool
@@ -85,7 +92,7 @@ fuzz: install
 
 ## bench: throughput and latency figures against real processes on a scratch database
 ## (BENCH_ARGS="--scenario drain-2 --baseline main" for a side-by-side run; --quick to smoke-test).
-bench: install tools
+bench: install tools $(BENCH_STAMP)
 	$(PY) -m bench $(BENCH_ARGS)
 
 ## crash-bench: kill -9 a worker mid-job CRASH_KILLS times (default 20) with the default lease

@@ -19,7 +19,7 @@ import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bench import scenarios
+from bench import scaling, scenarios  # noqa: F401  (scaling registers `scale`)
 from bench.env import Code, processes, scratch_database, setup_django
 from harness import ROOT, PgBouncer, RedisServer
 

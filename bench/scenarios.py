@@ -95,8 +95,13 @@ def scenario(name: str):
     return register
 
 
+# Run only when named: the scaling curve (bench/scaling.py) takes minutes and starts
+# its own PgBouncer.
+ON_REQUEST = {"scale"}
+
+
 def default_names(quick: bool) -> list[str]:
-    skip = {"claim-big"} if quick else set()
+    skip = ON_REQUEST | ({"claim-big"} if quick else set())
     return [n for n in ALL if n not in skip]
 
 
