@@ -54,6 +54,11 @@ class PgBouncer:
             (parts.scheme, f"{auth}127.0.0.1:{self.port}", parts.path, parts.query, "")
         )
 
+    @property
+    def admin_url(self) -> str:
+        """The admin console (SHOW POOLS, SHOW SERVERS, ...)."""
+        return self.url(urlunsplit(self.server._replace(path="/pgbouncer")))
+
     def _config(self) -> str:
         user = self.server.username or "postgres"
         host = self.server.hostname or "127.0.0.1"

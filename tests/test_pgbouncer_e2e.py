@@ -8,13 +8,13 @@ import json
 import urllib.request
 
 import pytest
-from django.db import connection
 
 from harness.pgbouncer import PgBouncer, available
 from jobs import selectors, services
 from jobs.models import Client, JobEvent, WorkerProcess
 from tests.conftest import job_row
 from tests.harness import database_url, free_port, wait_until
+from tests.runbook import run_check
 
 pytestmark = pytest.mark.slow
 
@@ -46,25 +46,6 @@ def _registered(pid: int) -> WorkerProcess | None:
     return WorkerProcess.objects.filter(pid=pid).first()
 
 
-def _backend_port(backend_pid: int) -> int | None:
-    with connection.cursor() as cur:
-        cur.execute("SELECT client_port FROM pg_stat_activity WHERE pid = %s", [backend_pid])
-        row = cur.fetchone()
-    return row[0] if row else None
-
-
-def _pooler_ports(bouncer: PgBouncer) -> set[int]:
-    """Local ports of the pooler's server connections, from its admin console."""
-    import psycopg
-
-    url = bouncer.url(database_url()).rsplit("/", 1)[0] + "/pgbouncer"
-    with psycopg.connect(url, autocommit=True, prepare_threshold=None) as admin:
-        cur = admin.cursor()
-        cur.execute("SHOW SERVERS")
-        cols = [c.name for c in cur.description]
-        return {dict(zip(cols, r, strict=True))["local_port"] for r in cur.fetchall()}
-
-
 def test_kill_9_behind_pgbouncer_runs_the_job_elsewhere_within_seconds(pooled, bouncer):
     """Reaper and two workers through the pooler: the presence lock is held on a direct
     session (not a pooled one), and kill -9 of the job's owner → claimed by the other
@@ -78,10 +59,13 @@ def test_kill_9_behind_pgbouncer_runs_the_job_elsewhere_within_seconds(pooled, b
     assert all(r.lock_key is not None for r in rows)
     job, _ = services.submit("sleep", {"seconds": 3}, queue="bounced")
     wait_until(lambda: job_row(job.pk)["status"] == "processing", 15, message="claimed")
-    # The claim went through the pooler, the lock sits on a session of the worker's own.
-    pooler_ports = _pooler_ports(bouncer)
-    assert pooler_ports, bouncer.log()
-    assert not {_backend_port(r.backend_pid) for r in rows} & pooler_ports
+    # The runbook's checks (docs/operations.md "Past one Postgres"): transaction mode, the
+    # processes are the pooler's clients, each lock sits on a session of the worker's own.
+    env = {**pooled.env, "PGBOUNCER_ADMIN_URL": bouncer.admin_url}
+    assert run_check("pool-mode", env)
+    assert int(run_check("pooled-clients", env)) > 0
+    assert run_check("presence-direct", env) == "2 of 2"
+    assert run_check("prepared", env) == "None"  # Debian's 1.18 would drop the connection
     owner = job_row(job.pk)["owned_by"]
     workers.pop(int(owner.split(":")[1])).kill()
     killed_at = selectors.db_now()
@@ -96,6 +80,7 @@ def test_kill_9_behind_pgbouncer_runs_the_job_elsewhere_within_seconds(pooled, b
     assert again.actor != f"worker:{owner}"
     assert JobEvent.objects.get(job_id=job.pk, actor="reaper").error.startswith("worker gone")
     assert took <= RECOVERY_BOUND, took
+    assert int(run_check("worker-gone", env)) > 0
     wait_until(lambda: job_row(job.pk)["status"] == "done", 20, message="done")
 
 

@@ -23,6 +23,7 @@ from django.conf import settings as dj_settings
 
 from harness import Processes, free_port, manage, service_env, wait_until
 from harness.pgpair import PostgresPair, available
+from tests.runbook import run_check
 from tests.scrape import port_scrape
 
 pytestmark = pytest.mark.slow
@@ -205,3 +206,13 @@ def test_lag_is_exported_and_scrapes_read_the_replica(paused):
         30,
         "the depth from the caught-up replica",
     )
+
+
+def test_runbook_checks_for_the_replica(topo):
+    """docs/operations.md "Past one Postgres", step 5, as written."""
+    wait_until(topo.pair.caught_up, 30, "the replica to catch up")
+    env = {**topo.env, "REAPER_METRICS": f"http://127.0.0.1:{topo.reaper_port}/metrics"}
+    assert run_check("replica-streaming", env) == "streaming"
+    wait_until(lambda: _lag(topo) == 0.0, 30, "no lag")
+    assert run_check("replica-lag", env) == "jobs_replica_lag_seconds 0.0"
+    assert run_check("replica-used", env) == "True"
