@@ -143,6 +143,11 @@ if env.str("DATABASE_REPLICA_URL", ""):
         **{k: v for k, v in env.db("DATABASE_REPLICA_URL").items() if k != "ENGINE"},
         "TEST": {"MIRROR": "default"},
     }
+    # An unreachable replica must cost a request seconds, not the TCP timeout (D148).
+    DATABASES["replica"]["OPTIONS"] = {
+        **DATABASES["replica"].get("OPTIONS", {}),
+        "connect_timeout": env.int("DB_REPLICA_CONNECT_TIMEOUT", default=2),
+    }
     DATABASE_ROUTERS = ["jobs.replica.ReplicaRouter"]
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
