@@ -444,6 +444,10 @@ README_COMMANDS = [
     (r"^docker compose|^cp \.env\.example", "needs docker: tests/test_deploy_files.py"),
     (r"^python -m bench --quick", "tests/test_bench.py"),
     (r"^python -m bench ", "minutes per scenario: tests/test_bench.py runs them with --quick"),
+    (
+        r"^python -m bench\.plot_scaling ",
+        "needs a scale run's results and make bench's matplotlib: docs/scaling.png is its output",
+    ),
     (r"^\.venv/bin/python -m chaos --profile short", "tests/test_chaos_short.py (short profile)"),
 ]
 SECTIONS_TESTED_AS_A_WHOLE = {
@@ -457,6 +461,11 @@ DOCUMENTS = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "doc
 DOCUMENTS_TESTED_AS_A_WHOLE = {
     "docs/django.md": "tests/test_fresh_project.py runs the page in a startproject project",
 }
+# Sections of the guides whose commands other tests run, by (document, section title).
+GUIDE_SECTIONS_TESTED_AS_A_WHOLE = {
+    ("docs/operations.md", "Past one Postgres"): "tests/runbook.py: test_pgbouncer_e2e.py and "
+    "test_replica_e2e.py run each check block against a real PgBouncer and replica",
+}
 
 
 def readme_commands() -> list[str]:
@@ -469,6 +478,8 @@ def readme_commands() -> list[str]:
     commands = []
     for path, part in parts:
         if path == "README.md" and part.split("\n", 1)[0] in SECTIONS_TESTED_AS_A_WHOLE:
+            continue
+        if (path, part.split("\n", 1)[0]) in GUIDE_SECTIONS_TESTED_AS_A_WHOLE:
             continue
         for block in re.findall(r"```sh\n(.*?)```", part, flags=re.S):
             for line in block.replace("\\\n", " ").splitlines():

@@ -29,7 +29,7 @@ def bouncer(django_db_setup, django_db_blocker):
         pytest.skip(reason)
     with django_db_blocker.unblock():
         server = database_url()
-    pooler = PgBouncer(server).start()
+    pooler = PgBouncer(server, pool_size=5).start()  # the shared server has 100 slots
     yield pooler
     pooler.stop()
 
