@@ -121,7 +121,7 @@ webhooks: install
 
 ## table-health: claim latency and table size with N finished jobs, before and after
 ## prunejobs, in a scratch database of its own (not part of `make test`; N=1000000 takes minutes).
-## TABLE_HEALTH_ARGS passes more options (--claims, --queued, --db; see --help).
+## TABLE_HEALTH_ARGS passes more options (--claims, --queued; see --help).
 N ?= 1000000
 table-health: install
 	$(PY) -m bench.table_health --rows $(N) $(TABLE_HEALTH_ARGS)

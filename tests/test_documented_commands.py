@@ -47,15 +47,10 @@ SKIPPED = {
     "fresh-project": "the suite runs its test with this checkout's dependencies; "
     "test_sized_target_runs_suite_tests",
 }
-# The long targets' quickest options. table-health: 100 claims per phase and the fewest
-# queued jobs that allows, in a scratch database of this run's own (the default name is
-# one per server: two checkouts' suites would drop each other's).
+# The long targets' quickest options (table-health: 100 claims per phase, and the
+# fewest queued jobs that allows).
 QUICK = {
-    "table-health": [
-        "N=2000",
-        f"TABLE_HEALTH_ARGS=--claims 100 --queued 1000 "
-        f"--db jobservice_tablehealth_{CHECKOUT.lower()}_{os.getpid()}",
-    ],
+    "table-health": ["N=2000", "TABLE_HEALTH_ARGS=--claims 100 --queued 1000"],
     "chaos-long": ["CHAOS_DURATION=8"],  # faults, the drain and every check still run
     # The positive cases only: the suite runs both modes itself (tests/api/test_fuzz.py).
     "fuzz": ["FUZZ_EXAMPLES=2", "FUZZ_ARGS=-k positive"],
