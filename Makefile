@@ -129,9 +129,10 @@ webhooks: install
 
 ## table-health: claim latency and table size with N finished jobs, before and after
 ## prunejobs, in a scratch database of its own (not part of `make test`; N=1000000 takes minutes).
+## TABLE_HEALTH_ARGS passes more options (--claims, --queued; see --help).
 N ?= 1000000
 table-health: install
-	$(PY) -m bench.table_health --rows $(N)
+	$(PY) -m bench.table_health --rows $(N) $(TABLE_HEALTH_ARGS)
 
 ## fresh-project: docs/django.md in a startproject project, the wheel installed with its
 ## dependencies by pip into a clean virtualenv (`make test` runs it with this checkout's
