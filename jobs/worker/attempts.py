@@ -174,16 +174,18 @@ def call_handler(spec: tasks.TaskSpec, lease: Lease, ctx: JobContext) -> Outcome
 
 def guarded(
     lease: Lease,
-    run: Callable[[], Outcome],
+    spec: tasks.TaskSpec,
+    ctx: JobContext,
+    run: Callable[[tasks.TaskSpec, Lease, JobContext], Outcome],
     failed: Callable[..., Outcome],
-    park: Callable[[durable.Suspend], Outcome],
+    park: Callable[[Lease, JobContext, durable.Suspend], Outcome],
 ) -> Outcome:
-    """`run()`'s outcome, whatever the handler raises (BaseException included): the one
-    mapping of handler exceptions to outcomes, shared by both pools."""
+    """`run(spec, lease, ctx)`'s outcome, whatever the handler raises (BaseException
+    included): the one mapping of handler exceptions to outcomes, in either pool."""
     try:
-        return run()
+        return run(spec, lease, ctx)
     except durable.Suspend as wait:
-        return park(wait)
+        return park(lease, ctx, wait)
     except durable.FencedOff:  # a stale checkpoint, refused and recorded
         return Outcome(lease, OutcomeKind.SETTLED)
     except InvalidPayload as exc:

@@ -145,10 +145,7 @@ class Execution:
         if spec is None:
             return unknown_task(lease)
         run = self._execute_transactional if spec.transactional else call_handler
-        return guarded(
-            lease, lambda: run(spec, lease, ctx), self._failed,
-            lambda wait: self._park(lease, ctx, wait),
-        )  # fmt: skip
+        return guarded(lease, spec, ctx, run, self._failed, self._park)
 
     def _park(self, lease: Lease, ctx: JobContext, wait: durable.Suspend) -> Outcome:
         """The handler parks its job (jobs.durable)."""

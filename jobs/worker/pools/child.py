@@ -27,6 +27,7 @@ from django.db import close_old_connections, connections
 from jobs import durable, tasks
 from jobs.errors import PerKeyRateLimit
 from jobs.services import Lease
+from jobs.tasks import JobContext
 from jobs.worker.attempts import (
     Outcome,
     OutcomeKind,
@@ -200,13 +201,11 @@ def run(lease: Lease, ctx: ChildContext, channel: Channel, limiter: PerKeyRateLi
     if spec is None:
         return unknown_task(lease)
 
-    def park(wait: durable.Suspend) -> Outcome:
+    def park(lease: Lease, ctx: JobContext, wait: durable.Suspend) -> Outcome:
         channel.call("park", wait.reason, wait.key, wait.seconds, wait.until, wait.checkpoint)
         return Outcome(lease, OutcomeKind.SETTLED)
 
-    return guarded(
-        lease,
-        lambda: call_handler(spec, lease, ctx),
-        lambda *a: failed_outcome(limiter, *a),
-        park,
-    )
+    def failed(*args: Any) -> Outcome:
+        return failed_outcome(limiter, *args)
+
+    return guarded(lease, spec, ctx, call_handler, failed, park)
