@@ -166,3 +166,35 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def test_kill_9_of_a_child_from_outside_fails_its_attempt_at_once(stack):
+    """An OOM kill or an operator's kill -9 of the child running a job."""
+    job_id = submit("contain.report", {"hold": 60})
+    w = pool(stack)
+    wait_until(lambda: job_row(job_id)["status"] == "processing", 10, message="running")
+    wait_until(lambda: job_row(job_id)["progress"] is not None, 10, message="in its handler")
+    killed_at = time.monotonic()
+    children = _children(w.pid)
+    assert children
+    for child in children:
+        os.kill(child, signal.SIGKILL)
+    wait_until(lambda: job_row(job_id)["status"] == "failed", 10, message="the attempt ended")
+    assert time.monotonic() - killed_at < 5
+    assert job_row(job_id)["error"] == "worker child exited: signal 9 (SIGKILL)"
+    after = submit("contain.pid")
+    wait_until(lambda: job_row(after)["status"] == "done", 10, message="a new child ran it")
+
+
+def _children(pid: int) -> list[int]:
+    """Every process whose parent is `pid` (forked from any of its threads)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = open(f"/proc/{entry}/stat").read()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry))
+    return found
