@@ -101,3 +101,10 @@ def spin(payload: dict, ctx: JobContext) -> int:
 def tx_pid(payload: Any, ctx: JobContext) -> int:
     """Transactional: the process its transaction (and completion) ran in."""
     return os.getpid()
+
+
+@task("contain.tx_hang", transactional=True, timeout=1)
+def tx_hang(payload: Any, ctx: JobContext) -> str:
+    """Transactional and ignoring ctx.stop: in the process pool it runs in the parent."""
+    time.sleep(payload.get("seconds", 10))
+    return "woke up"

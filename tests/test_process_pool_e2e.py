@@ -198,3 +198,15 @@ def _children(pid: int) -> list[int]:
             if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
                 found.append(int(entry))
     return found
+
+
+def test_a_stuck_transactional_handler_is_abandoned_and_its_slot_served_again(stack):
+    """D129: it runs in the parent's dispatcher thread, which cannot be killed: the
+    attempt ends at timeout + grace and a new slot (with its own child) serves on."""
+    stuck = submit("contain.tx_hang", {"seconds": 30})
+    after = submit("contain.pid")
+    w = pool(stack)
+    wait_until(lambda: job_row(stuck)["status"] == "failed", 15, message="timed out")
+    assert job_row(stuck)["error"].startswith("timeout:")
+    wait_until(lambda: job_row(after)["status"] == "done", 15, message="the next job ran")
+    assert job_row(after)["result"] != w.pid

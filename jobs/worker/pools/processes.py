@@ -18,6 +18,7 @@ and recycled after --max-tasks-per-child attempts or above --max-memory-per-chil
 from __future__ import annotations
 
 import multiprocessing
+import pickle
 import signal
 import threading
 import time
@@ -145,6 +146,9 @@ class Slot:
             outcome, rss = self.relay(lease, ctx)
         except OSError:  # the pipe broke under the send: the child is gone
             outcome, rss = self.died(lease), None
+        except BaseException:
+            self.kill()  # in an unknown state: the next attempt gets a new child
+            raise
         finally:
             with self.lock:
                 self.current = None
@@ -182,7 +186,12 @@ class Slot:
             if kind == "progress":
                 ctx._progress = message[1]
             elif kind == "call":
-                conn.send(("reply", *self.answer(lease, ctx, message[1], message[2])))
+                ok, value = self.answer(lease, ctx, message[1], message[2])
+                try:
+                    conn.send(("reply", ok, value))
+                except (pickle.PicklingError, TypeError, AttributeError):
+                    # An exception pickle cannot carry: its text is raised in the child.
+                    conn.send(("reply", False, RuntimeError(f"{type(value).__name__}: {value}")))
             elif kind == "end":
                 outcome, seen, names, rss = message[1:]
                 if seen:

@@ -32,4 +32,6 @@ class ThreadPool:
         """Handler threads end on the worker's exit tokens; stuck ones die with it."""
 
     def alive(self) -> int:
-        return sum(1 for t in self.worker._handlers if t.is_alive()) - self.worker.abandoned
+        """Live handler threads, at most `capacity` (abandoned ones still running are
+        not told apart: they end with the worker's restart)."""
+        return min(self.capacity, sum(1 for t in self.worker._handlers if t.is_alive()))
