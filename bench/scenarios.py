@@ -287,6 +287,62 @@ def drain(ctx: Context, workers: int, *, tuned: bool = True) -> Iterator[dict]:
         }
 
 
+def pool_drain(
+    ctx: Context, name: str, figure: str, n: int, concurrency: int, task: str, payload: Any
+) -> Iterator[dict]:
+    """One runworker per pool (`--pool threads`, then `processes`) drains the same n jobs
+    of `task`, side by side in one run (current tree only: the baseline has no pools)."""
+    seconds: dict[str, float] = {}
+    for pool in ("threads", "processes"):
+        reset(ctx)
+        args = ["--pool", pool, *worker_args(ctx, concurrency)]
+        proc = ctx.procs.worker(*args, root=ctx.code.root, ready=True)
+        load_s = preload(n, task, payload)
+        wait_terminal(n, timeout=max(120, n / 20))
+        first_claim, last_finish = sql(
+            """SELECT min(e.at), (SELECT max(finished_at) FROM jobs_job)
+               FROM jobs_jobevent e WHERE e.to_status = 'processing'"""
+        )[0]
+        seconds[pool] = (last_finish - first_claim).total_seconds()
+        proc.stop()
+        status = counts_by_status()
+        faster = seconds["threads"] / seconds[pool]
+        yield {
+            "scenario": name,
+            "code": f"{ctx.code.label} --pool {pool}",
+            "figure": f"{figure}, one runworker --concurrency {concurrency} --pool {pool}",
+            "value": n / seconds[pool],
+            "unit": "jobs/s",
+            "target": ">= 1.6x threads" if name == "cpu-pool" and pool != "threads" else None,
+            "summary": f"first claim -> last finish {seconds[pool]:.3f}s "
+            f"({faster:.2f}x the thread pool's rate), statuses {status}, preload {load_s:.2f}s",
+            "details": {"jobs": n, "pool": pool, "seconds": seconds[pool], "statuses": status,
+                        "vs_threads": faster, "concurrency": concurrency},
+        }  # fmt: skip
+
+
+@scenario("cpu-pool")
+def cpu_pool(ctx: Context) -> Iterator[dict]:
+    """CPU-bound handlers (a pure-Python loop holding the GIL): 2 threads against 2
+    children on the same jobs. Threads take turns on the GIL; children use both cores."""
+    n = ctx.args.jobs or (24 if ctx.quick else 120)
+    turns = 1_000_000 if ctx.quick else 3_000_000
+    yield from pool_drain(
+        ctx, "cpu-pool", f"drain {n} CPU-bound jobs ({turns:,} loop turns each)", n,
+        ctx.args.concurrency or 2, "bench.spin", {"n": turns},
+    )  # fmt: skip
+
+
+@scenario("drain-pool")
+def drain_pool(ctx: Context) -> Iterator[dict]:
+    """No-op jobs through each pool at runworker's default --concurrency (4): what a
+    child's round trip (a pipe message each way, pickling) costs per job."""
+    n = ctx.args.jobs or (300 if ctx.quick else 5000)
+    yield from pool_drain(
+        ctx, "drain-pool", f"drain {n} no-op jobs", n, ctx.args.concurrency or 4, "echo", {}
+    )
+
+
 @scenario("drain-1")
 def drain_1(ctx: Context) -> Iterator[dict]:
     yield from drain(ctx, 1)

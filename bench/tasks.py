@@ -14,3 +14,12 @@ def hold_first(payload: Any, ctx: JobContext) -> dict:
     if ctx.attempt == 1 and not ctx.sleep(float(payload.get("seconds", 60))):
         raise RetryableError("interrupted")
     return {"attempt": ctx.attempt}
+
+
+@task("bench.spin")
+def spin(payload: Any, ctx: JobContext) -> int:
+    """Pure-Python CPU work that holds the GIL: `n` loop turns."""
+    total = 0
+    for i in range(int(payload.get("n", 2_000_000))):
+        total += i & 7
+    return total

@@ -26,7 +26,15 @@ from jobs.lifecycle import LEASE_BUMPING, NOT_STARTED, TERMINAL, Role, Status, i
 TERMINAL_STATES = frozenset(str(s) for s in TERMINAL)
 # Tasks that can never end as done: their handler always fails.
 NEVER_DONE_TASKS = frozenset(
-    {"demo.permanent", "fail", "demo.crash", "chaos.bad_result", "chaos.hang", "chaos.exit"}
+    {
+        "demo.permanent",
+        "fail",
+        "demo.crash",
+        "chaos.bad_result",
+        "chaos.hang",
+        "chaos.exit",
+        "chaos.die",
+    }
 )
 # The task that writes one demo_effect row inside its fenced completion.
 EFFECT_TASK = "demo.record"

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from chaos.profiles import Profile
+from chaos.profiles import POOL_QUEUE, Profile
 
 JOBS_PATH = "/api/v1/jobs/"
 WORKFLOWS_PATH = "/api/v1/workflows/"
@@ -69,6 +69,7 @@ def make_request(kind: str, seq: int, rng: random.Random, profile: Profile, tag:
         "bad_result": {"task": "chaos.bad_result", "payload": {"kind": bad}},
         "hang": {"task": "chaos.hang", "payload": {}, "max_retries": 0},
         "exit": {"task": "chaos.exit", "payload": {}, "max_retries": 1},
+        "die": {"task": "chaos.die", "payload": {}, "max_retries": 1, "queue": POOL_QUEUE},
         "scheduled": {"task": "echo", "payload": {"n": seq}, "run_at": ahead(1, 4)},
         "cancelled": {"task": "echo", "payload": {"n": seq}, "run_at": ahead(3, 6)},
         "idempotent_replay": {"task": "echo", "payload": {"n": seq}},

@@ -17,6 +17,8 @@ FAULT_KINDS: tuple[str, ...] = (
     "orphan_submit",  # commit rows and die before the on-commit push: signal-less queued rows
 )
 
+POOL_QUEUE = "children"  # served by process-pool workers only
+
 # (weight, name): the workload mix. Names are resolved by chaos.load.make_request.
 DEFAULT_MIX: tuple[tuple[float, str], ...] = (
     (38, "echo"),
@@ -31,6 +33,7 @@ DEFAULT_MIX: tuple[tuple[float, str], ...] = (
     (1, "bad_result"),  # chaos.bad_result: a result jsonb cannot store fails the job (D20)
     (1, "hang"),  # chaos.hang: ignores ctx.stop past its 1 s timeout (the watchdog ends it)
     (1, "exit"),  # chaos.exit: sys.exit() in a handler fails the attempt, not the worker
+    (1, "die"),  # chaos.die: os._exit() in a process-pool child (queue POOL_QUEUE)
     (5, "scheduled"),  # echo with run_at a few seconds ahead
     (2, "cancelled"),  # scheduled, then cancelled through the API (or started first)
     (8, "idempotent_replay"),  # echo submitted twice with the same Idempotency-Key
@@ -50,6 +53,9 @@ class Profile:
     lost_signal: float  # JOBS_LOST_SIGNAL_SECONDS
     backoff_base: float  # JOBS_RETRY_BACKOFF_BASE
     workers: int = 3
+    # The last `pool_workers` workers run `--pool processes` and alone serve POOL_QUEUE
+    # (chaos.die would take a thread-pool worker down with it).
+    pool_workers: int = 1
     concurrency: int = 4
     reapers: int = 2
     api_processes: int = 2
@@ -127,6 +133,7 @@ PROFILES["slo"] = PROFILES["short"].with_(
     concurrency=5,
     fault_kinds=("worker_kill",),
     fault_every=3.0,
+    pool_workers=0,
     mix=((60, "echo"), (25, "record"), (15, "record_brief")),
     drain_timeout=60,
 )

@@ -46,7 +46,9 @@ def observed(conn: Any) -> Counter[str]:
                         AND t.lease_version > s.lease_version),
                       (SELECT count(*) FROM jobs_workflow),
                       (SELECT count(*) FROM jobs_jobstep WHERE name LIKE '~sleep:%%'),
-                      (SELECT count(*) FROM jobs_job WHERE error LIKE 'dependency failed:%%')"""
+                      (SELECT count(*) FROM jobs_job WHERE error LIKE 'dependency failed:%%'),
+                      (SELECT count(*) FROM jobs_jobevent
+                       WHERE error LIKE 'worker child exited:%%')"""
         )
         row = (*row, *cur.fetchone())
     names = [
@@ -64,6 +66,7 @@ def observed(conn: Any) -> Counter[str]:
         "workflows",
         "parked_sleeps",
         "dependency_failed",
+        "child_deaths",  # attempts a process-pool child died under (chaos.die)
     ]
     return Counter(dict(zip(names, (int(x) for x in row), strict=True)))
 

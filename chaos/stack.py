@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import psycopg
 
-from chaos.profiles import Profile
+from chaos.profiles import POOL_QUEUE, Profile
 from harness import (
     ROOT,
     RedisServer,
@@ -38,7 +39,12 @@ class Stack:
         self.api_port = free_port()
         self.api = self._service("api", gunicorn())
         worker = manage("runworker", "--concurrency", str(profile.concurrency), "--grace", "2")
-        self.workers = [self._service(f"worker-{i + 1}", worker) for i in range(profile.workers)]
+        pool = [*worker, "--pool", "processes", "--queues", f"default,{POOL_QUEUE},webhooks"]
+        first_pool = profile.workers - profile.pool_workers
+        self.workers = [
+            self._service(f"worker-{i + 1}", pool if i >= first_pool else worker)
+            for i in range(profile.workers)
+        ]
         self.reapers = [
             self._service(f"reaper-{i + 1}", manage("runreaper")) for i in range(profile.reapers)
         ]
@@ -71,6 +77,7 @@ class Stack:
             JOBS_LOST_SIGNAL_SECONDS=str(p.lost_signal),
             JOBS_RETRY_BACKOFF_BASE=str(p.backoff_base),
             JOBS_TIMEOUT_GRACE="1",  # chaos.hang's attempts end 1 s after their timeout
+            JOBS_QUEUES=json.dumps({"default": {}, POOL_QUEUE: {}}),
             BIND=f"127.0.0.1:{self.api_port}",
             WEB_CONCURRENCY=str(p.api_processes),
             WEB_THREADS=str(p.api_threads),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import Any
@@ -40,6 +41,13 @@ def hang(payload: Any, ctx: JobContext) -> Any:
 def exit_(payload: Any, ctx: JobContext) -> Any:
     """sys.exit() in a handler: a failed attempt, never a dead handler thread (issue 27)."""
     sys.exit(2)
+
+
+@task("chaos.die")
+def die(payload: Any, ctx: JobContext) -> Any:
+    """os._exit() mid-job, served only by process-pool workers (queue "children"): the
+    child dies, its attempt fails at once, and the worker goes on with a new child."""
+    os._exit(9)
 
 
 def _work(seconds: float, n: int) -> dict:

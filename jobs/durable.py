@@ -114,8 +114,28 @@ class DurableContext(JobContext):
 
     def _stored(self) -> dict[str, Any]:
         if self._steps is None:
-            self._steps, self._loaded_at = selectors.job_steps(self.job_id)
+            self._steps, self._loaded_at = self._read_steps()
         return self._steps
+
+    # The database work of steps and waits, in four methods a process-pool child
+    # overrides to ask its parent instead (jobs.worker.pools.child).
+
+    def _read_steps(self) -> tuple[dict[str, Any], datetime | None]:
+        return selectors.job_steps(self.job_id)
+
+    def _read_signal(self, key: str) -> tuple[bool, Any]:
+        return selectors.job_signal(self.job_id, key)
+
+    def _read_parents(self) -> tuple[dict, dict]:
+        return selectors.parent_outcomes(self.job_id)
+
+    def _write_checkpoint(self, name: str, text: str) -> bool:
+        """The fenced checkpoint write; False (recorded as a fence rejection) if refused."""
+        assert self.lease is not None
+        held = services.checkpoint_step(self.lease, name, text)
+        if not held:
+            services.record_fence_rejections([self.lease], "step")
+        return held
 
     def _claim_name(self, name: str) -> None:
         if self._names is None:
@@ -135,15 +155,13 @@ class DurableContext(JobContext):
             # or roll back with it, not alone: a step would not be a step.
             raise StepError(f"step {name!r} inside a transaction: a checkpoint commits alone")
         text = _json(name, value)
-        assert self.lease is not None
         try:
-            held = services.checkpoint_step(self.lease, name, text)
+            held = self._write_checkpoint(name, text)
         except DataError as exc:
             raise StepError(f"step {name!r} result refused by PostgreSQL: {exc}") from None
         if not held:
             self.lost_authority = True
             self.stop.set()
-            services.record_fence_rejections([self.lease], "step")
             raise FencedOff(name)
         self._stored()[name] = json.loads(text)
         return self._steps[name]  # type: ignore[index]
@@ -200,7 +218,7 @@ class DurableContext(JobContext):
             if stored[got].get("timed_out"):
                 raise SignalTimeout(key, stored[got].get("timeout"))
             return stored[got].get("payload")
-        found, payload = selectors.job_signal(self.job_id, key)
+        found, payload = self._read_signal(key)
         if found:
             return self._checkpoint(got, {"payload": payload})["payload"]
         parked, until = self._deadline(wait)
@@ -217,7 +235,7 @@ class DurableContext(JobContext):
 
     def _load_parents(self) -> tuple[dict, dict]:
         if self._parents is None:
-            self._parents = selectors.parent_outcomes(self.job_id)
+            self._parents = self._read_parents()
         return self._parents
 
     @property

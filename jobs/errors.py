@@ -53,12 +53,13 @@ def class_path(exc: BaseException) -> str:
 def format_traceback(exc: BaseException, skip_from: str | None = None) -> str:
     """The last TRACEBACK_FRAMES frames, cut to the last TRACEBACK_CHARS characters.
 
-    Leading frames from the file `skip_from` (the worker that called the handler) are
-    left out: the traceback starts where the task's own code does.
+    Leading frames from the file `skip_from` (the worker that called the handler; a
+    directory ending in a separator: any file in it) are left out: the traceback
+    starts where the task's own code does.
     """
     try:
         tb = exc.__traceback__
-        while skip_from and tb is not None and tb.tb_frame.f_code.co_filename == skip_from:
+        while skip_from and tb is not None and tb.tb_frame.f_code.co_filename.startswith(skip_from):
             tb = tb.tb_next
         text = "".join(
             traceback.format_exception(

@@ -67,6 +67,18 @@ ABANDONED_THREADS = Counter(
     "Handler threads left running a timed-out handler (a new thread took the slot)",
     ["queue", "task"],
 )
+# The process pool (jobs.worker.pools.processes).
+POOL_CHILDREN_REPLACED = Counter(
+    "jobs_pool_children_replaced_total",
+    "Process-pool children replaced: died under an attempt or between attempts, killed at "
+    "timeout + grace, or recycled (max_tasks, max_memory)",
+    ["reason"],
+)
+POOL_CHILD_STARTS = Histogram(
+    "jobs_pool_child_start_seconds",
+    "Time to fork a process-pool child",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1),
+)
 RETRIED = Counter("jobs_retried_total", "Failed attempts sent back to queued", ["queue", "task"])
 LEASE_EXPIRED = Counter("jobs_lease_expired_total", "Leases found expired by the reaper", ["queue"])
 REAPER_SWEEPS = Counter("jobs_reaper_sweeps_total", "Reaper sweeps completed")

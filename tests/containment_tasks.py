@@ -3,6 +3,8 @@ the fault suite: JOBS_TASK_MODULES=tests.containment_tasks."""
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -39,3 +41,70 @@ def cooperative(payload: dict, ctx: JobContext) -> str:
     stopped = ctx.stop.wait(HANG_LIMIT)
     Path(payload["report"]).write_text(f"stopped={stopped} timed_out={ctx.timed_out}")
     return "returned after the stop"
+
+
+# --- the process pool (runworker --pool processes) -------------------------------------
+
+
+@task("contain.pid")
+def pid(payload: Any, ctx: JobContext) -> int:
+    """The process that ran the handler."""
+    return os.getpid()
+
+
+@task("contain.os_exit")
+def os_exit(payload: Any, ctx: JobContext) -> None:
+    os._exit(1)
+
+
+@task("contain.kill9")
+def kill9(payload: Any, ctx: JobContext) -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@task("contain.grow")
+def grow(payload: dict, ctx: JobContext) -> int:
+    """Keeps `mb` megabytes alive in its process (a leak), returns the pid."""
+    _leak.append(bytearray(payload["mb"] * 2**20))
+    return os.getpid()
+
+
+_leak: list[bytearray] = []
+
+
+@task("contain.report")
+def report(payload: dict, ctx: JobContext) -> dict:
+    """Progress, a step, a signal read and the cancel flag, seen from the handler."""
+    ctx.progress(1, 2, "half")
+    stepped = ctx.step("one", lambda: payload.get("value", 1))
+    if payload.get("wait_cancel"):
+        Path(payload["wait_cancel"]).write_text("running")
+        ctx.stop.wait(HANG_LIMIT)
+        return {"cancelled": ctx.cancelled}
+    if payload.get("signal"):
+        return {"pid": os.getpid(), "signal": ctx.wait_for_signal(payload["signal"])}
+    if payload.get("hold"):
+        time.sleep(payload["hold"])
+    return {"pid": os.getpid(), "step": stepped}
+
+
+@task("contain.spin")
+def spin(payload: dict, ctx: JobContext) -> int:
+    """Pure-Python CPU work (holds the GIL): `n` loop turns."""
+    total = 0
+    for i in range(payload.get("n", 1_000_000)):
+        total += i & 7
+    return total
+
+
+@task("contain.tx_pid", transactional=True)
+def tx_pid(payload: Any, ctx: JobContext) -> int:
+    """Transactional: the process its transaction (and completion) ran in."""
+    return os.getpid()
+
+
+@task("contain.tx_hang", transactional=True, timeout=1)
+def tx_hang(payload: Any, ctx: JobContext) -> str:
+    """Transactional and ignoring ctx.stop: in the process pool it runs in the parent."""
+    time.sleep(payload.get("seconds", 10))
+    return "woke up"

@@ -59,6 +59,9 @@ LAYERS: list[tuple[str, list[str]]] = [
     # The worker's rooms (issue 27): what they share, then one concern each, as mixins
     # of jobs.worker.Worker.
     ("worker attempts", ["jobs.worker.attempts"]),
+    # The process pool: a child's side, then the pools both implementing Pool.
+    ("worker pool child", ["jobs.worker.pools.child"]),
+    ("worker pools", ["jobs.worker.pools.threads", "jobs.worker.pools.processes"]),
     ("worker rooms", ["jobs.worker.*"]),
     # The webhook delivery task parks a delivery its endpoint cannot take (a durable wait).
     ("processes", ["jobs.worker", "jobs.reaper", "jobs.schedules.scheduler",

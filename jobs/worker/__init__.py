@@ -14,7 +14,8 @@ Rooms: `Worker` (here) discovers, claims and hands jobs out; each other concern 
 module of its own, mixed into it: `execution` (a handler thread runs one attempt and
 settles it), `prefetch`, `heartbeat`, `watch` (the watchdog's loop; its rules are
 jobs.watchdog), `writeback` (the flusher) and `shutdown`; `attempts` holds what they
-share (an attempt in flight, its outcome, the result check).
+share (an attempt in flight, its outcome, the result check). `pools` says where
+handlers run: threads of this process (the default) or pre-forked children.
 
 Prefetch: for short jobs a claim takes more than the free threads, what they finish
 within 1/15 of the lease at the measured run time (bounded by --prefetch); the
@@ -57,6 +58,7 @@ from jobs.services import Lease
 from jobs.starts import Starter
 from jobs.tasks import JobContext
 from jobs.transport import TransportError, get_transport
+from jobs.worker import pools
 from jobs.worker.attempts import (
     DB_BACKOFF_MAX,
     HEALTH_CHECK_EVERY,
@@ -109,6 +111,9 @@ class Worker(Execution, Prefetch, WriteBack, Heartbeats, Watch, Shutdown):
         worker_id: str | None = None,
         progress_interval: float | None = None,
         prefetch: int | None = None,
+        pool: str = "threads",
+        max_tasks_per_child: int = 0,
+        max_memory_per_child: int = 0,
     ) -> None:
         if not isinstance(queues, QueueSpec):
             queues = parse_queues(",".join(queues or ["default"]))
@@ -187,6 +192,8 @@ class Worker(Execution, Prefetch, WriteBack, Heartbeats, Watch, Shutdown):
         # it again in a fresh process (the stuck threads cannot be killed otherwise).
         self.restart_requested = False
         self._handlers: list[threading.Thread] = []
+        # Where handlers run: threads of this process or pre-forked children (jobs.worker.pools).
+        self.pool = pools.make(pool, self, max_tasks_per_child, max_memory_per_child)
 
     def _count_finished(self, n: int) -> None:
         with self._finished_lock:
@@ -213,14 +220,14 @@ class Worker(Execution, Prefetch, WriteBack, Heartbeats, Watch, Shutdown):
                 "worker_id": self.worker_id,
                 "queues": self.queues,
                 "concurrency": self.concurrency,
+                "pool": self.pool.kind,
             },
         )
         tasks.load()
         # Registered (and, with session crash detection, locked) before the first claim.
         presence = Presence(self.worker_id, self.queues, self.concurrency)
         presence.start()
-        for _ in range(self.concurrency):
-            self._spawn_handler()
+        self.pool.start()
         flusher = threading.Thread(target=self._flush_loop, name="flusher", daemon=True)
         beater = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
         watcher = threading.Thread(target=self._watch_loop, name="watchdog", daemon=True)
@@ -262,6 +269,7 @@ class Worker(Execution, Prefetch, WriteBack, Heartbeats, Watch, Shutdown):
             self.halt.set()
             for _ in range(self.concurrency):  # one per serving thread (abandoned ones exit)
                 self._ready.put(None)
+            self.pool.stop(self._stops.cold)
             # A cold stop does not wait for a write-back in flight: the reaper has it.
             flusher.join(timeout=1 if self._stops.cold else 30)
             beater.join(timeout=1 if self._stops.cold else 5)

@@ -11,6 +11,7 @@ import secrets
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,10 +20,11 @@ from django.db import (
     IntegrityError,
 )
 
-from jobs.errors import storable
+from jobs import durable, tasks
+from jobs.errors import AttemptError, PerKeyRateLimit, log_failed_attempt, storable
 from jobs.lifecycle import Status
 from jobs.services import Lease
-from jobs.tasks import JobContext, PermanentError
+from jobs.tasks import InvalidPayload, JobContext, PermanentError
 
 log = logging.getLogger("jobs.worker")
 
@@ -40,6 +42,8 @@ STALE_CHECK_EVERY = 0.25  # seconds between looks for prefetched jobs waiting to
 # Longest an idle worker's dispatcher waits, after handing a claim to a handler, for its
 # write-back to start before looking for more work (D74): a no-op job needs ~0.3 ms.
 IDLE_HANDOFF_WAIT = 0.002
+# Frames of the worker's own code (either pool) are left out of a handler's traceback.
+WORKER_DIR = os.path.dirname(__file__) + os.sep
 WATCHDOG_TICK = 0.25  # seconds between the watchdog's looks at running attempts
 
 
@@ -134,8 +138,10 @@ class InFlight:
     thread: threading.Thread | None = None
     limit: float | None = None
     deadline: float | None = None
-    # Ended by the watchdog: whatever its handler returns later is dropped.
+    # Ended by the watchdog: whatever its handler returns later is dropped; `replaced`:
+    # a new thread took its slot, so the one running it leaves the pool when it returns.
     abandoned: bool = False
+    replaced: bool = False
 
     def handler_alive(self) -> bool:
         return self.thread is None or self.thread.is_alive()
@@ -151,3 +157,66 @@ class _FenceRejected(Exception):
 
 class _Cancelled(Exception):
     """Raised inside a transactional handler's transaction when it saw a cancel request."""
+
+
+def unknown_task(lease: Lease) -> Outcome:
+    return Outcome(
+        lease, OutcomeKind.FAIL, error=storable(f"unknown task {lease.task!r}"), permanent=True
+    )
+
+
+def call_handler(spec: tasks.TaskSpec, lease: Lease, ctx: JobContext) -> Outcome:
+    """Validate the payload, run the handler, check its result: in either pool."""
+    if spec.validate is not None:
+        spec.validate(lease.payload)
+    return Outcome(lease, OutcomeKind.DONE, result=check_result(spec.fn(lease.payload, ctx)))
+
+
+def guarded(
+    lease: Lease,
+    spec: tasks.TaskSpec,
+    ctx: JobContext,
+    run: Callable[[tasks.TaskSpec, Lease, JobContext], Outcome],
+    failed: Callable[..., Outcome],
+    park: Callable[[Lease, JobContext, durable.Suspend], Outcome],
+) -> Outcome:
+    """`run(spec, lease, ctx)`'s outcome, whatever the handler raises (BaseException
+    included): the one mapping of handler exceptions to outcomes, in either pool."""
+    try:
+        return run(spec, lease, ctx)
+    except durable.Suspend as wait:
+        return park(lease, ctx, wait)
+    except durable.FencedOff:  # a stale checkpoint, refused and recorded
+        return Outcome(lease, OutcomeKind.SETTLED)
+    except InvalidPayload as exc:
+        return failed(lease, exc, True, f"invalid payload: {exc}")
+    except InvalidResult as exc:
+        return failed(lease, exc, True, f"invalid result: {exc}")
+    except PermanentError as exc:
+        return failed(lease, exc, True)
+    except BaseException as exc:  # SystemExit and KeyboardInterrupt too: the worker goes on
+        return failed(lease, exc, False)
+
+
+def failed_outcome(
+    limiter: PerKeyRateLimit,
+    lease: Lease,
+    exc: BaseException,
+    permanent: bool,
+    message: str | None = None,
+) -> Outcome:
+    """A failed attempt: storable error text, class and traceback, logged (rate-limited)."""
+    err = AttemptError.of(exc, message, skip_from=WORKER_DIR)
+    log_failed_attempt(
+        log, limiter, lease.task, exc, err.message,
+        lease.log_fields(permanent=permanent, error_class=err.error_class),
+    )  # fmt: skip
+    return Outcome(
+        lease,
+        OutcomeKind.FAIL,
+        error=err.message,
+        permanent=permanent,
+        error_class=err.error_class,
+        traceback=err.traceback,
+        retry_after=getattr(exc, "retry_after", None),
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import heapq
 import threading
 import time
+from collections.abc import Callable
 
 from django.db import (
     close_old_connections,
@@ -14,25 +15,25 @@ from django.db import (
 
 from jobs import durable, metrics, services, tasks, watchdog
 from jobs.errors import (
-    AttemptError,
     class_path,
-    log_failed_attempt,
-    storable,
 )
 from jobs.lifecycle import CANCELLED
 from jobs.services import Lease
 from jobs.starts import Verdict
-from jobs.tasks import InvalidPayload, JobContext, PermanentError
+from jobs.tasks import JobContext
 from jobs.worker.attempts import (
     InFlight,
-    InvalidResult,
     Outcome,
     OutcomeKind,
     _Cancelled,
     _FenceRejected,
     _key,
+    call_handler,
     check_result,
+    failed_outcome,
+    guarded,
     log,
+    unknown_task,
 )
 
 
@@ -46,7 +47,9 @@ class Execution:
         self._handlers.append(thread)
         thread.start()
 
-    def _handler_loop(self) -> None:
+    def _handler_loop(self, execute: Callable[[Lease, JobContext], Outcome] | None = None) -> None:
+        """Take attempts off the heap and run them (`execute`: a process pool's slot
+        runs them in its child; None: in this thread) until told to exit."""
         get = self._ready.get
         lock = self._lock
         heap = self._heap
@@ -76,11 +79,11 @@ class Execution:
             if item.limit is not None:
                 item.deadline = now + item.limit
             try:
-                self._run_one(item.lease, item.ctx)
+                self._run_one(item.lease, item.ctx, execute)
             except BaseException as exc:  # the worker's own code around the handler
                 log.exception("failed around an attempt", extra=item.lease.log_fields())
                 self._settle(self._failed(item.lease, exc, False))
-            if item.abandoned:  # the watchdog ended it and gave the slot to a new thread
+            if item.replaced:  # the watchdog ended it and gave the slot to a new thread
                 return
 
     def _admit(self, item: InFlight) -> bool:
@@ -93,9 +96,14 @@ class Execution:
             self._forget([item.lease])
         return verdict == Verdict.RUN
 
-    def _run_one(self, lease: Lease, ctx: JobContext) -> None:
+    def _run_one(
+        self,
+        lease: Lease,
+        ctx: JobContext,
+        execute: Callable[[Lease, JobContext], Outcome] | None = None,
+    ) -> None:
         started = time.monotonic()
-        outcome = self._execute(lease, ctx)
+        outcome = (execute or self._execute)(lease, ctx)
         durable.observe_steps(lease, ctx)
         took = time.monotonic() - started
         metrics.child(metrics.DURATION, lease.queue, lease.task).observe(took)
@@ -135,34 +143,15 @@ class Execution:
     def _execute(self, lease: Lease, ctx: JobContext) -> Outcome:
         spec = tasks.get(lease.task)
         if spec is None:
-            return Outcome(
-                lease,
-                OutcomeKind.FAIL,
-                error=storable(f"unknown task {lease.task!r}"),
-                permanent=True,
-            )
-        try:
-            if spec.validate is not None:
-                spec.validate(lease.payload)
-            if spec.transactional:
-                return self._execute_transactional(spec, lease, ctx)
-            return Outcome(
-                lease, OutcomeKind.DONE, result=check_result(spec.fn(lease.payload, ctx))
-            )
-        except durable.Suspend as wait:  # the handler parks its job (jobs.durable)
-            self._mark_finishing(lease)  # its heartbeat stops before the lease is bumped
-            durable.park(lease, ctx, wait)
-            return Outcome(lease, OutcomeKind.SETTLED)
-        except durable.FencedOff:  # a stale checkpoint, refused and recorded
-            return Outcome(lease, OutcomeKind.SETTLED)
-        except InvalidPayload as exc:
-            return self._failed(lease, exc, True, f"invalid payload: {exc}")
-        except InvalidResult as exc:
-            return self._failed(lease, exc, True, f"invalid result: {exc}")
-        except PermanentError as exc:
-            return self._failed(lease, exc, True)
-        except BaseException as exc:  # SystemExit and KeyboardInterrupt too: the worker goes on
-            return self._failed(lease, exc, False)
+            return unknown_task(lease)
+        run = self._execute_transactional if spec.transactional else call_handler
+        return guarded(lease, spec, ctx, run, self._failed, self._park)
+
+    def _park(self, lease: Lease, ctx: JobContext, wait: durable.Suspend) -> Outcome:
+        """The handler parks its job (jobs.durable)."""
+        self._mark_finishing(lease)  # its heartbeat stops before the lease is bumped
+        durable.park(lease, ctx, wait)
+        return Outcome(lease, OutcomeKind.SETTLED)
 
     def _timed_out(self, lease: Lease, outcome: Outcome) -> Outcome:
         with self._lock:
@@ -179,26 +168,14 @@ class Execution:
     def _failed(
         self, lease: Lease, exc: BaseException, permanent: bool, message: str | None = None
     ) -> Outcome:
-        """A failed attempt: storable error text, class and traceback, logged (rate-limited)."""
-        err = AttemptError.of(exc, message, skip_from=__file__)
-        log_failed_attempt(
-            log, self._traceback_log, lease.task, exc, err.message,
-            lease.log_fields(permanent=permanent, error_class=err.error_class),
-        )  # fmt: skip
-        return Outcome(
-            lease,
-            OutcomeKind.FAIL,
-            error=err.message,
-            permanent=permanent,
-            error_class=err.error_class,
-            traceback=err.traceback,
-            retry_after=getattr(exc, "retry_after", None),
-        )
+        return failed_outcome(self._traceback_log, lease, exc, permanent, message)
 
     def _execute_transactional(
         self, spec: tasks.TaskSpec, lease: Lease, ctx: JobContext
     ) -> Outcome:
         """Handler writes and the fenced completion commit together or not at all."""
+        if spec.validate is not None:
+            spec.validate(lease.payload)
         try:
             with transaction.atomic(durable=True):
                 result = check_result(spec.fn(lease.payload, ctx))

@@ -47,10 +47,11 @@ class Watch:
     def _write_off(self, item: InFlight, verdict: watchdog.Verdict) -> None:
         """End an attempt its handler will not end: failed (retried per budget) through
         the fenced write-back, which bumps the lease, so nothing the handler does later
-        lands; the slot goes to a new handler thread."""
+        lands; the pool frees the slot (a new handler thread, or its child killed)."""
         with self._lock:
             if item.finishing or item.abandoned or _key(item.lease) not in self._inflight:
                 return  # its handler settled it meanwhile
+            item.replaced = self.pool.replaces(item)
             item.abandoned = item.finishing = True
             self._running -= 1
         lease = item.lease
@@ -67,16 +68,18 @@ class Watch:
         self._outcomes.put(
             Outcome(lease, OutcomeKind.FAIL, error=error, error_class=class_path(exc_class()))
         )
-        self._spawn_handler()  # the slot is served again at once
+        self.pool.write_off(item, verdict)  # abandoned (threads) or killed (processes)
         self._slot_free.set()
-        if verdict == watchdog.Verdict.TIMEOUT:
-            metrics.ABANDONED_THREADS.labels(lease.queue, lease.task).inc()
-            self.abandoned += 1
-            if self.abandoned >= self.max_abandoned and not self.restart_requested:
-                log.error(
-                    "%d handler threads abandoned to stuck handlers: restarting the worker",
-                    self.abandoned,
-                    extra={"worker_id": self.worker_id},
-                )
-                self.restart_requested = True
-                self._warm_stop()
+
+    def _abandoned_thread(self, lease) -> None:
+        """A thread left to a stuck handler: counted; too many restart the worker (D84)."""
+        metrics.ABANDONED_THREADS.labels(lease.queue, lease.task).inc()
+        self.abandoned += 1
+        if self.abandoned >= self.max_abandoned and not self.restart_requested:
+            log.error(
+                "%d handler threads abandoned to stuck handlers: restarting the worker",
+                self.abandoned,
+                extra={"worker_id": self.worker_id},
+            )
+            self.restart_requested = True
+            self._warm_stop()

@@ -13,6 +13,7 @@ from jobs.conf import settings
 from jobs.dispatch import QueueSpec
 from jobs.runtime import add_metrics_arguments, start_metrics_server
 from jobs.worker import MAX_PREFETCH, Worker
+from jobs.worker.pools import POOLS
 
 
 def parse_queues(value: str) -> QueueSpec:
@@ -80,6 +81,28 @@ class Command(BaseCommand):
             "--concurrency, when it serves 'webhooks' besides other queues "
             "[JOBS_WEBHOOK_CONCURRENCY, 4].",
         )
+        parser.add_argument(
+            "--pool",
+            choices=POOLS,
+            default="threads",
+            help="Where handlers run: threads of this process, or pre-forked child "
+            "processes, one job per child at a time (CPU-bound or leaky handlers, "
+            "handlers that must be killable; docs/pools.md) [%(default)s].",
+        )
+        parser.add_argument(
+            "--max-tasks-per-child",
+            type=int,
+            default=0,
+            help="--pool processes: replace a child after this many jobs (0: never) [%(default)s].",
+        )
+        parser.add_argument(
+            "--max-memory-per-child",
+            type=int,
+            default=0,
+            metavar="MB",
+            help="--pool processes: replace a child once its resident memory after a job "
+            "exceeds this many MB (0: never) [%(default)s].",
+        )
         add_metrics_arguments(parser)
 
     def handle(self, *args, **opts):
@@ -91,6 +114,12 @@ class Command(BaseCommand):
             raise CommandError(f"--prefetch must be between 0 and {MAX_PREFETCH}")
         if opts["max_jobs"] is not None and opts["max_jobs"] < 1:
             raise CommandError("--max-jobs must be at least 1")
+        for name in ("max_tasks_per_child", "max_memory_per_child"):
+            flag = "--" + name.replace("_", "-")
+            if opts[name] < 0:
+                raise CommandError(f"{flag} must be at least 0 (0: never)")
+            if opts[name] and opts["pool"] != "processes":
+                raise CommandError(f"{flag} applies to --pool processes only")
         webhook_concurrency = opts["webhook_concurrency"]
         if webhook_concurrency is None:
             webhook_concurrency = settings.JOBS_WEBHOOK_CONCURRENCY
@@ -107,6 +136,9 @@ class Command(BaseCommand):
             poll_interval=opts["poll_interval"],
             flush_interval=opts["flush_interval"],
             prefetch=opts["prefetch"],
+            pool=opts["pool"],
+            max_tasks_per_child=opts["max_tasks_per_child"],
+            max_memory_per_child=opts["max_memory_per_child"],
         )
         runner: Worker | deliveries.Pair = worker
         if own_deliveries:
