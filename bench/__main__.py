@@ -86,6 +86,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=None,
         help="gunicorn workers for the HTTP scenarios (default: each tree's gunicorn.conf.py).",
     )
+    p.add_argument(
+        "--server",
+        action="append",
+        metavar="LABEL[:VAR=VALUE,...]",
+        help="An API server setup for the HTTP scenarios, measured side by side in this run "
+        "(repeatable), e.g. 'gthread:JOBS_HTTP_SERVER=gunicorn,WEB_WORKER_CLASS=gthread'. "
+        "Default: the tree's own default server.",
+    )
     p.add_argument("--out", type=Path, default=None, help="JSON lines file to append to.")
     p.add_argument("--keep-db", action="store_true", help="Do not drop the scratch database.")
     return p.parse_args(argv)
@@ -162,6 +170,9 @@ def command_for(name: str, args: argparse.Namespace, record: dict) -> str:
         parts += ["--baseline", args.baseline]
     for v in args.variant or []:
         parts += ["--variant", v]
+    if name.startswith("http"):
+        for server in args.server or []:
+            parts += ["--server", server]
     return shlex.join(parts)
 
 
