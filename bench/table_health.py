@@ -3,8 +3,9 @@
 
     .venv/bin/python bench/table_health.py --rows 1000000      (or: make table-health N=...)
 
-In a scratch database of its own (default `jobservice_tablehealth`, dropped and
-re-created, migrated with `manage.py migrate`), it:
+In a scratch database of its own (default `jobservice_tablehealth_<checkout>`, named after
+this checkout so two checkouts on one server never share it; dropped and re-created,
+migrated with `manage.py migrate`), it:
 
 1. bulk-loads N finished jobs (90 % done, 10 % failed, finished over the last 30
    days) and their three history rows each, with `INSERT ... SELECT generate_series`.
@@ -41,6 +42,14 @@ import psycopg
 ROOT = Path(__file__).resolve().parent.parent
 SCRATCH_PREFIX = "jobservice_tablehealth"
 CHUNK = 1_000_000
+
+
+def default_db() -> str:
+    """One scratch database per checkout: two checkouts' runs on one server must not drop
+    each other's tables mid-measurement."""
+    from harness.scratch import checkout_tag
+
+    return f"{SCRATCH_PREFIX}_{checkout_tag()}"
 
 
 def log(msg: str) -> None:
@@ -331,7 +340,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=1_000_000, help="finished jobs to load")
     ap.add_argument("--queued", type=int, default=20_000, help="queued jobs beside them")
     ap.add_argument("--claims", type=int, default=2_000, help="claim+complete samples per phase")
-    ap.add_argument("--db", default=SCRATCH_PREFIX, help="scratch database (dropped!)")
+    ap.add_argument("--db", default=default_db(), help="scratch database (dropped!)")
     ap.add_argument(
         "--admin-url",
         default=os.environ.get("TABLE_HEALTH_ADMIN_URL", "postgres://root@127.0.0.1:5432/postgres"),

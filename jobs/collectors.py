@@ -8,6 +8,8 @@
   jobs on a queue no live worker serves), from the worker registry; reaper only.
 - `QueueControlsCollector`: each queue's controls and what they hold back (paused,
   processing against the cap, rate tokens left); reaper only.
+- `WebhookCircuitsCollector`: jobs_webhook_circuits, enabled endpoints by breaker
+  state, one small grouped query per cache period; reaper only.
 - `WaitingCollector`: jobs_waiting by reason (parked durable jobs, blocked workflow
   jobs), from the partial index job_waiting_idx, cached like the depth; reaper only.
 - `worker_gauges`: jobs_worker_inflight and jobs_worker_slots of one worker.
@@ -223,6 +225,35 @@ class QueueControlsCollector(Collector):
                 families["jobs_queue_rate_limit"].add_metric([q.name], q.rate_limit)
                 families["jobs_queue_rate_tokens"].add_metric([q.name], q.rate_tokens)
         yield from families.values()
+
+
+CIRCUITS_HELP = (
+    "Enabled webhook endpoints by circuit breaker state (open: deliveries park without a "
+    "call; half_open: one probe is out)"
+)
+
+
+class WebhookCircuitsCollector(Collector):
+    """jobs_webhook_circuits{state}: how many receivers are being backed off now (the
+    change counter says when they opened; this says whether they still are)."""
+
+    def __init__(self, cache_seconds: float | None = None) -> None:
+        seconds = settings.JOBS_METRICS_CACHE_SECONDS if cache_seconds is None else cache_seconds
+        self._counts = ScrapeCache(
+            "webhook circuits", selectors.webhook_circuit_counts, seconds, time.monotonic
+        )
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily("jobs_webhook_circuits", CIRCUITS_HELP, labels=["state"])
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        counts = self._counts.get()
+        if counts is None:
+            return
+        gauge = GaugeMetricFamily("jobs_webhook_circuits", CIRCUITS_HELP, labels=["state"])
+        for state, n in sorted(counts.items()):
+            gauge.add_metric([state], n)
+        yield gauge
 
 
 WAITING_HELP = (

@@ -329,6 +329,22 @@ def queue_states() -> list[QueueState]:
     return [QueueState(*r) for r in _fetch(QUEUE_STATE_SQL, [])]
 
 
+# Enabled endpoints by stored breaker state: an open one past its wait is still "open"
+# until a delivery sends its probe (jobs.events.circuit). A few rows per client at most.
+WEBHOOK_CIRCUITS_SQL = """
+SELECT circuit_state, count(*) FROM jobs_webhook WHERE enabled GROUP BY circuit_state
+"""
+
+
+def webhook_circuit_counts() -> dict[str, int]:
+    """Enabled webhook endpoints per circuit state, every state present (0 when none)."""
+    from jobs.models import CircuitState
+
+    counts = dict.fromkeys(CircuitState.values, 0)
+    counts.update(dict(_fetch(WEBHOOK_CIRCUITS_SQL, [])))
+    return counts
+
+
 # --- why a queued job waits -------------------------------------------------------------
 
 # Not a stored WaitReason: the queue's state, read when a job is shown.

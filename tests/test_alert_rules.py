@@ -20,6 +20,7 @@ from jobs.collectors import (
     ConsumersCollector,
     DepthCollector,
     QueueControlsCollector,
+    WebhookCircuitsCollector,
     reaper_gauges,
     scheduler_gauges,
     worker_gauges,
@@ -99,6 +100,8 @@ def exported() -> dict[str, set[str]]:
         names[family.name] = {"queue"}
     for family in QueueControlsCollector(cache_seconds=5).describe():
         names[family.name] = {"queue"}
+    for family in WebhookCircuitsCollector(cache_seconds=5).describe():
+        names[family.name] = {"state"}
     for family in OutboxLagCollector().describe():
         names[family.name] = {"subscriber"}
     return names

@@ -186,6 +186,24 @@ def test_a_stale_attempt_changes_nothing(hook, settings):
     assert (hook.circuit_state, hook.circuit_failures) == ("open", 1)
 
 
+def test_the_reaper_exports_how_many_enabled_endpoints_are_open(hook, settings):
+    """jobs_webhook_circuits{state} counts enabled endpoints by breaker state, every state
+    present; a disabled endpoint's circuit is not counted (nothing is delivered to it)."""
+    from jobs.collectors import WebhookCircuitsCollector
+
+    def gauge() -> dict[str, float]:
+        (family,) = WebhookCircuitsCollector(cache_seconds=0).collect()
+        return {s.labels["state"]: s.value for s in family.samples}
+
+    assert gauge() == {"closed": 1, "open": 0, "half_open": 0}
+    settings.JOBS_WEBHOOK_CIRCUIT_FAILURES = 1
+    fence, _ = held_fence()
+    assert circuit.failed(hook.pk, fence) == "open"
+    Webhook.objects.create(client=hook.client, url="https://example.com/off", events=["*"],
+                           secret_salt="s", enabled=False, circuit_state="open")  # fmt: skip
+    assert gauge() == {"closed": 0, "open": 1, "half_open": 0}
+
+
 def test_no_breaker_when_the_threshold_is_zero(hook, settings):
     settings.JOBS_WEBHOOK_CIRCUIT_FAILURES = 0
     fence, _ = held_fence()

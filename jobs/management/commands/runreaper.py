@@ -13,6 +13,7 @@ from jobs.collectors import (
     DepthCollector,
     QueueControlsCollector,
     WaitingCollector,
+    WebhookCircuitsCollector,
     reaper_gauges,
     scheduler_gauges,
 )
@@ -92,6 +93,7 @@ class Command(BaseCommand):
             REGISTRY.register(ConsumersCollector(depth))
             REGISTRY.register(QueueControlsCollector())
             REGISTRY.register(WaitingCollector(depth))  # parked and blocked jobs by reason
+            REGISTRY.register(WebhookCircuitsCollector())
             REGISTRY.register(reaper_gauges(reaper))
             REGISTRY.register(scheduler_gauges(scheduler))
             REGISTRY.register(OutboxLagCollector())
