@@ -17,7 +17,7 @@ from django.core.management.base import CommandError
 
 from jobs.conf import settings
 
-# The system checks a process that serves no page runs before it starts (D138): the URL
+# The system checks a process that serves no page runs before it starts (D137): the URL
 # and template checks import the URLconf (the API, its schema, the admin) and compile
 # every template, a third of a worker's start-up, for pages it never serves.
 HEADLESS_CHECKS = [

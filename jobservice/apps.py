@@ -1,4 +1,4 @@
-"""The admin app as this deployment installs it: its registrations load where the admin is served."""
+"""The admin as this deployment installs it: its registrations load where pages are served."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from django.contrib.admin.apps import SimpleAdminConfig
 
 # Commands that never serve a page: they skip the admin's autodiscovery, which imports
 # every app's admin module (the job console, its forms and templates, the API's
-# serializers through them): a third of a worker's start-up (D138).
+# serializers through them): a third of a worker's start-up (D137).
 HEADLESS_COMMANDS = frozenset({"runworker", "runreaper"})
 
 

@@ -1,5 +1,6 @@
 """Scrape every process's /metrics after real work (SPEC §7): the API under each server
-(granian, gunicorn) with two workers in multiprocess mode, a worker, a reaper, and a stale worker fenced off.
+(granian, gunicorn) with two workers in multiprocess mode, a worker, a reaper, and a stale
+worker fenced off.
 
 Each counter must have moved by exactly the number of events the test caused, in the
 process that caused them and nowhere else; logs are checked to be JSON lines that carry

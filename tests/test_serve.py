@@ -1,4 +1,4 @@
-"""The API's server (D135, D136) and what a worker loads at start (D138), on real processes."""
+"""The API's server (D135, D136) and what a worker loads at start (D137), on real processes."""
 
 from __future__ import annotations
 
@@ -86,7 +86,7 @@ NOT_FOR_WORKERS = re.compile(
 @pytest.mark.parametrize("command", ["runworker", "runreaper"])
 def test_a_worker_starts_without_the_admin_the_api_or_the_urlconf(stack, command):
     """`python -X importtime` (PYTHONPROFILEIMPORTTIME) of a real start: up to the
-    running process's first line, none of those modules was imported (D138)."""
+    running process's first line, none of those modules was imported (D137)."""
     svc = stack.start(command, PYTHONPROFILEIMPORTTIME="1")
     started = "worker started" if command == "runworker" else "reaper"
     wait_until(lambda: re.search(rf"INFO .*{started}", svc.output()) or not svc.alive(), 60,
