@@ -84,7 +84,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--web-concurrency",
         type=int,
         default=None,
-        help="gunicorn workers for the HTTP scenarios (default: each tree's gunicorn.conf.py).",
+        help="API server worker processes for the HTTP scenarios (default: each tree's own).",
     )
     p.add_argument(
         "--server",
