@@ -36,4 +36,5 @@ RUN groupadd --system --gid 10001 jobs \
 USER 10001:10001
 
 EXPOSE 8000 9101 9102
-CMD ["gunicorn", "-c", "gunicorn.conf.py", "jobservice.wsgi:application"]
+# The API: granian by default, JOBS_HTTP_SERVER=gunicorn for gunicorn.conf.py as it is (D135).
+CMD ["python", "-m", "jobservice.serve"]

@@ -1,4 +1,5 @@
-"""gunicorn settings for the API, from the environment.
+"""The API server's settings, from the environment: gunicorn's, and granian's too
+(`jobservice.serve` reads this file for either, D135).
 
 Metrics: gunicorn runs several worker processes, each with its own counters, and
 a scrape reaches only one of them. prometheus-client's multiprocess mode makes

@@ -84,7 +84,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--web-concurrency",
         type=int,
         default=None,
-        help="gunicorn workers for the HTTP scenarios (default: each tree's gunicorn.conf.py).",
+        help="API server worker processes for the HTTP scenarios (default: each tree's own).",
+    )
+    p.add_argument(
+        "--server",
+        action="append",
+        metavar="LABEL[:VAR=VALUE,...]",
+        help="An API server setup for the HTTP scenarios, measured side by side in this run "
+        "(repeatable), e.g. 'gthread:JOBS_HTTP_SERVER=gunicorn,WEB_WORKER_CLASS=gthread'. "
+        "Default: the tree's own default server.",
     )
     p.add_argument(
         "--pgbouncer",
@@ -179,6 +187,9 @@ def command_for(name: str, args: argparse.Namespace, record: dict) -> str:
         parts.insert(0, f"DB_PREPARED_STATEMENTS={os.environ['DB_PREPARED_STATEMENTS']}")
     for v in args.variant or []:
         parts += ["--variant", v]
+    if name.startswith("http"):
+        for server in args.server or []:
+            parts += ["--server", server]
     return shlex.join(parts)
 
 

@@ -1,4 +1,4 @@
-"""HTTP submission through gunicorn: single jobs and batches of 1000.
+"""HTTP submission through the API server: single jobs and batches of 1000.
 
 The load itself comes from `bench.http_client` processes (standard library only).
 """
@@ -30,31 +30,59 @@ from harness import Service, free_port
 def not_measured(name: str) -> dict:
     return {
         "scenario": name,
-        "figure": "HTTP submission through gunicorn",
+        "figure": "HTTP submission through the API server",
         "value": None,
         "unit": "jobs/s",
         "note": "NOT MEASURED: the REST API (jobs/api/) is not on this branch yet",
     }
 
 
-def _gunicorn(ctx: Any, code: Any, web_concurrency: int | None) -> tuple[Service, str]:
-    """gunicorn from `code`'s tree with that tree's own defaults (gunicorn.conf.py), unless
+class Setup:
+    """One API server to measure: a tree (`code`) with extra environment (`env`)."""
+
+    def __init__(self, code: Any, label: str = "", env: dict[str, str] | None = None) -> None:
+        self.code = code
+        self.root = code.root
+        self.env = env or {}
+        self.label = f"{code.label} {label}".strip()
+
+
+def parse_server(spec: str) -> tuple[str, dict[str, str]]:
+    """'gthread:JOBS_HTTP_SERVER=gunicorn,WEB_WORKER_CLASS=gthread' -> label, environment."""
+    label, _, rest = spec.partition(":")
+    env = dict(item.split("=", 1) for item in rest.split(",") if item)
+    return label, env
+
+
+def setups(ctx: Any) -> list[Setup]:
+    """The baseline tree with its defaults, then this tree with each --server (its
+    default server without any)."""
+    out = [Setup(ctx.baseline)] if ctx.baseline else []
+    specs = ctx.args.server or []
+    if not specs:
+        return [*out, Setup(ctx.code)]
+    return [*out, *(Setup(ctx.code, *parse_server(s)) for s in specs)]
+
+
+def _server(ctx: Any, setup: Setup, web_concurrency: int | None) -> tuple[Service, str]:
+    """The API server of `setup`'s tree with that tree's own defaults, unless
     --web-concurrency says how many workers."""
     port = free_port()
     web = {"WEB_CONCURRENCY": str(web_concurrency)} if web_concurrency else {}
     server = ctx.procs.api(
         port,
-        root=code.root,
+        root=setup.root,
         LOG_LEVEL="WARNING",
         JOBS_MAX_QUEUE_DEPTH="100000000",
         JOBS_API_THROTTLE="100000000/minute",
         **web,
+        **setup.env,
     )
     return server, f"http://127.0.0.1:{port}"
 
 
 def _children(pid: int) -> list[int]:
-    """gunicorn's master and its workers."""
+    """The server's main process and its workers."""
     try:
         kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
     except OSError:
@@ -90,11 +118,11 @@ def _load(ctx: Any, url: str, body: Any, seconds: float, clients: int, threads: 
 
 
 def _measured(ctx: Any, code: Any, name: str, path: str, load: Any) -> tuple[dict, Any, int]:
-    """`load(url, seconds)` against `code`'s gunicorn, warmed up first: what it returned,
-    the CPU seconds of gunicorn's processes and of the database backends meanwhile, and
+    """`load(url, seconds)` against `code`'s API server, warmed up first: what it returned,
+    the CPU seconds of the server's processes and of the database backends meanwhile, and
     the last job id before it."""
-    server, url = _gunicorn(ctx, code, ctx.args.web_concurrency)
-    # Each gunicorn worker imports the URLconf, DRF and the schema code on its first
+    server, url = _server(ctx, code, ctx.args.web_concurrency)
+    # Each server worker imports the URLconf, DRF and the schema code on its first
     # requests: warm them up so the figures (and CPU per request) are the steady state.
     load(url + path, 0.5 if ctx.quick else 1.5)
     before = sql("SELECT coalesce(max(id), 0) FROM jobs_job")[0][0]
@@ -112,21 +140,21 @@ def _measured(ctx: Any, code: Any, name: str, path: str, load: Any) -> tuple[dic
 
 def _cpu_per_request(cpu: Any, ok: int) -> dict[str, float]:
     return {
-        "gunicorn_cpu_ms_per_request": 1000 * cpu[0] / max(ok, 1),
+        "server_cpu_ms_per_request": 1000 * cpu[0] / max(ok, 1),
         "postgres_cpu_ms_per_request": 1000 * cpu[1] / max(ok, 1),
     }
 
 
 def _cpu_summary(per_request: dict[str, float]) -> str:
     return (
-        f"CPU per request: gunicorn {per_request['gunicorn_cpu_ms_per_request']:.2f} ms, "
+        f"CPU per request: server {per_request['server_cpu_ms_per_request']:.2f} ms, "
         f"PostgreSQL {per_request['postgres_cpu_ms_per_request']:.2f} ms"
     )
 
 
 def _workers(ctx: Any) -> str:
     web = ctx.args.web_concurrency
-    return f"{web} workers" if web else "its gunicorn.conf.py defaults"
+    return f"{web} workers" if web else "its defaults"
 
 
 def _run(
@@ -149,7 +177,7 @@ def _run(
     return {
         "scenario": name,
         "code": code.label,
-        "figure": f"HTTP POST {path} through gunicorn ({_workers(ctx)}), "
+        "figure": f"HTTP POST {path} through the API server ({_workers(ctx)}), "
         f"{jobs_per_request} job(s) per request",
         "value": jobs / got["seconds"],
         "unit": "jobs/s",
@@ -217,18 +245,18 @@ def _ms(value: str, unit: str) -> float:
 
 
 def single_wrk(ctx: Any) -> Iterator[dict]:
-    """8 client threads of wrk (one connection each), each code's gunicorn in turn."""
+    """8 client threads of wrk (one connection each), each setup's API server in turn."""
     if shutil.which("wrk") is None:
         yield {
             "scenario": "http-single-wrk",
-            "figure": "HTTP POST /api/v1/jobs/ through gunicorn, wrk",
+            "figure": "HTTP POST /api/v1/jobs/, wrk",
             "value": None,
             "unit": "jobs/s",
             "note": "NOT MEASURED: wrk is not installed (Debian package wrk)",
         }
         return
     body = {"task": "echo", "payload": {"n": 1}}
-    for code in ctx.codes():
+    for code in setups(ctx):
         got, cpu, before = _measured(
             ctx, code, "http-single-wrk", "/api/v1/jobs/", lambda url, s: _wrk(ctx, url, body, s, 8)
         )
@@ -238,7 +266,7 @@ def single_wrk(ctx: Any) -> Iterator[dict]:
         yield {
             "scenario": "http-single-wrk",
             "code": code.label,
-            "figure": f"HTTP POST /api/v1/jobs/ through gunicorn ({_workers(ctx)}), "
+            "figure": f"HTTP POST /api/v1/jobs/ through the API server ({_workers(ctx)}), "
             "1 job per request, load from wrk",
             "value": ok / got["seconds"],
             "unit": "jobs/s",
@@ -258,13 +286,13 @@ def single_wrk(ctx: Any) -> Iterator[dict]:
 
 
 def single(ctx: Any) -> Iterator[dict]:
-    """8 client threads (2 processes x 4), each code's gunicorn in turn (baseline first)."""
-    for code in ctx.codes():
+    """8 client threads (2 processes x 4), each setup's API server in turn (baseline first)."""
+    for code in setups(ctx):
         yield _run(ctx, code, "http-single", {"task": "echo", "payload": {"n": 1}}, 1, 2, 4)
 
 
 def bulk(ctx: Any) -> Iterator[dict]:
     size = 1000
     body = {"jobs": [{"task": "echo", "payload": {"n": n}} for n in range(size)]}
-    for code in ctx.codes():
+    for code in setups(ctx):
         yield _run(ctx, code, "http-bulk", body, size, 1, 2)

@@ -562,6 +562,37 @@ def submission_to_done(ctx: Context, *, tuned: bool) -> Iterator[dict]:
         }
 
 
+# --- worker start -----------------------------------------------------------------------------
+
+
+@scenario("worker-start")
+def worker_start(ctx: Context) -> Iterator[dict]:
+    """`manage.py runworker` at its defaults: process start -> its "worker started" line,
+    each code in turn, several times (alternating, so both see the same load)."""
+    n = 3 if ctx.quick else 10
+    times: dict[str, list[float]] = {code.label: [] for code in ctx.codes()}
+    cpu: dict[str, list[float]] = {code.label: [] for code in ctx.codes()}
+    for _ in range(n):
+        for code in ctx.codes():
+            started = time.perf_counter()
+            proc = ctx.procs.worker(root=code.root, ready=True)
+            times[code.label].append((time.perf_counter() - started) * 1000)
+            cpu[code.label].append(cpu_seconds([proc.pid]) * 1000)
+            proc.stop()
+    for code in ctx.codes():
+        pct = percentiles(times[code.label])
+        cpu_pct = percentiles(cpu[code.label])
+        yield {
+            "code": code.label,
+            "figure": "runworker start: process start -> worker started (p50)",
+            "value": pct["p50"],
+            "unit": "ms",
+            "summary": fmt_pcts(pct) + f"; {n} starts, alternating with the other code"
+            f"\n    CPU of the process until then: {fmt_pcts(cpu_pct)}",
+            "details": {"start_ms": times[code.label], "cpu_ms": cpu[code.label]},
+        }
+
+
 # --- claim latency ----------------------------------------------------------------------
 
 

@@ -72,9 +72,17 @@ def manage(*args: str, root: Path = ROOT) -> list[str]:
 
 
 def gunicorn(root: Path = ROOT) -> list[str]:
-    """The API as `make run` starts it (gunicorn.conf.py); BIND etc. come from the env."""
+    """gunicorn with gunicorn.conf.py; BIND etc. come from the env."""
     return [sys.executable, "-m", "gunicorn", "-c", str(root / "gunicorn.conf.py"),
             "jobservice.wsgi:application"]  # fmt: skip
+
+
+def api_server(root: Path = ROOT) -> list[str]:
+    """The API as `make run` starts it (`jobservice.serve`: JOBS_HTTP_SERVER picks the
+    server); gunicorn for a tree from before that launcher (a bench baseline)."""
+    if (root / "jobservice" / "serve.py").exists():
+        return [sys.executable, "-m", "jobservice.serve"]
+    return gunicorn(root)
 
 
 def service_env(
@@ -240,12 +248,12 @@ class Processes:
         return self.start("runreaper", *args, **env)
 
     def api(self, port: int, root: Path = ROOT, timeout: float = 60, **env: str) -> Service:
-        """gunicorn on `port`, once it answers /healthz (RuntimeError if it exits first)."""
-        svc = self.add("gunicorn", gunicorn(root), cwd=root, BIND=f"127.0.0.1:{port}", **env)
+        """The API server on `port`, once it answers /healthz (RuntimeError if it exits first)."""
+        svc = self.add("api", api_server(root), cwd=root, BIND=f"127.0.0.1:{port}", **env)
         wait_until(lambda: http_ok(port) or not svc.alive(), timeout,
-                   "gunicorn to answer /healthz", interval=0.1)  # fmt: skip
+                   "the API server to answer /healthz", interval=0.1)  # fmt: skip
         if not svc.alive():
-            raise RuntimeError(f"gunicorn exited:\n{svc.output()}")
+            raise RuntimeError(f"the API server exited:\n{svc.output()}")
         return svc
 
     def close(self) -> None:

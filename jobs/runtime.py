@@ -12,9 +12,23 @@ import signal
 import threading
 from collections.abc import Callable
 
+from django.core.checks import Tags
 from django.core.management.base import CommandError
 
 from jobs.conf import settings
+
+# The system checks a process that serves no page runs before it starts (D137): the URL
+# and template checks import the URLconf (the API, its schema, the admin) and compile
+# every template, a third of a worker's start-up, for pages it never serves.
+HEADLESS_CHECKS = [
+    Tags.async_support,
+    Tags.caches,
+    Tags.compatibility,
+    Tags.database,
+    Tags.models,
+    Tags.signals,
+    Tags.translation,
+]
 
 COLD_STOP_EXIT_CODE = 130  # 128 + SIGINT, what a shell reports for an interrupted process
 

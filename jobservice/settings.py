@@ -55,7 +55,7 @@ if PRODUCTION:
 INSTALLED_APPS = [
     # Before the admin: jobs' admin/index.html adds the job dashboard's link to its index.
     "jobs",
-    "django.contrib.admin",
+    "jobservice.apps.AdminConfig",  # django.contrib.admin, lazy in runworker (D137)
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",

@@ -79,7 +79,7 @@ def image_command() -> list[str]:
 @pytest.mark.slow
 @pytest.mark.django_db
 def test_the_images_api_command_is_reachable_from_outside_loopback(tmp_path):
-    """gunicorn -c gunicorn.conf.py (the image's CMD) with the image's and compose's
+    """python -m jobservice.serve (the image's CMD) with the image's and compose's
     environment: the published port and Prometheus' api:8000 connect from outside the
     container's loopback. gunicorn.conf.py's own default stays 127.0.0.1."""
     address = outside_address()
@@ -100,15 +100,15 @@ def test_the_images_api_command_is_reachable_from_outside_loopback(tmp_path):
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
     }
     cmd = image_command()
-    assert cmd[:3] == ["gunicorn", "-c", "gunicorn.conf.py"], cmd
-    log = open(tmp_path / "gunicorn.log", "wb")
+    assert cmd == ["python", "-m", "jobservice.serve"], cmd
+    log = open(tmp_path / "api.log", "wb")
     proc = subprocess.Popen(cmd, cwd=ROOT, env=run_env, stdout=log, stderr=subprocess.STDOUT)
     try:
         wait_until(
             lambda: reachable("127.0.0.1", int(port)) or proc.poll() is not None, 30,
-            "gunicorn to listen", interval=0.2,
+            "the API server to listen", interval=0.2,
         )  # fmt: skip
-        assert proc.poll() is None, (tmp_path / "gunicorn.log").read_text()
+        assert proc.poll() is None, (tmp_path / "api.log").read_text()
         assert reachable(address, int(port)), f"nothing answers on {address}:{port}"
         assert get(f"http://{address}:{port}/healthz") == 200
     finally:

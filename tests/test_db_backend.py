@@ -63,16 +63,16 @@ def _post(base: str, token: str) -> int:
 
 
 @pytest.mark.slow
-def test_gunicorn_answers_after_the_server_ended_its_sessions(tmp_path):
+def test_the_api_answers_after_the_server_ended_its_sessions(tmp_path):
     """Every session of the API's workers is terminated between requests: the next
     requests reconnect before their first query (the INSERT of a single submission,
     which bypasses Django's cursor) instead of failing with a 500."""
-    from tests.test_metrics_e2e import Gunicorn
+    from tests.test_metrics_e2e import ApiServer
 
     metrics_dir = tmp_path / "metrics"
     metrics_dir.mkdir()
     _, token = Client.create_with_token("health-check-e2e")
-    api = Gunicorn(tmp_path, metrics_dir)
+    api = ApiServer(tmp_path, metrics_dir)
     try:
         assert [_post(api.base, token) for _ in range(10)] == [201] * 10
         mine = connection.connection.info.backend_pid if connection.connection else 0

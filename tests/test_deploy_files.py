@@ -272,14 +272,11 @@ def test_dockerfile_installs_from_pyproject_and_collects_static():
             assert not re.search(r"https?://", a), f"ADD of a remote URL: {a}"
 
 
-def test_dockerfile_runs_gunicorn():
+def test_dockerfile_runs_the_api_server():
     lines = dockerfile()
     cmd = [a for i, a in lines if i in ("CMD", "ENTRYPOINT")]
     assert cmd, "no CMD/ENTRYPOINT"
-    argv = exec_form(cmd[-1])
-    assert argv[0] == "gunicorn"
-    assert option(argv, "-c") == "gunicorn.conf.py"
-    assert argv[-1] == "jobservice.wsgi:application"
+    assert exec_form(cmd[-1]) == ["python", "-m", "jobservice.serve"]
     env = " ".join(a for i, a in lines if i == "ENV")
     assert "JOBS_PRODUCTION=1" in env
     assert "8000" in " ".join(a for i, a in lines if i == "EXPOSE")

@@ -1,5 +1,6 @@
-"""Scrape every process's /metrics after real work (SPEC §7): the API under gunicorn with
-two workers in multiprocess mode, a worker, a reaper, and a stale worker fenced off.
+"""Scrape every process's /metrics after real work (SPEC §7): the API under each server
+(granian, gunicorn) with two workers in multiprocess mode, a worker, a reaper, and a stale
+worker fenced off.
 
 Each counter must have moved by exactly the number of events the test caused, in the
 process that caused them and nowhere else; logs are checked to be JSON lines that carry
@@ -24,7 +25,7 @@ from django.conf import settings
 from django.utils import timezone
 from prometheus_client import multiprocess
 
-from harness import Service, gunicorn, http_ok
+from harness import Service, api_server, http_ok
 from jobs import selectors, services
 from jobs.models import Client, Job, JobEvent
 from jobs.transport import get_transport
@@ -35,18 +36,18 @@ from tests.scrape import Scrape, json_lines, parse, port_scrape, scrape
 pytestmark = pytest.mark.slow
 
 
-# --- the API: gunicorn, two workers, one aggregated /metrics ------------------------
+# --- the API: two server workers, one aggregated /metrics ---------------------------
 
 
-class Gunicorn:
-    """The API as `make run` starts it (gunicorn.conf.py), against the test database."""
+class ApiServer:
+    """The API as `make run` starts it (jobservice.serve), against the test database."""
 
     def __init__(self, tmp: Path, metrics_dir: Path, **env: str) -> None:
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.server = Service(
-            "gunicorn",
-            gunicorn(),
+            "api",
+            api_server(),
             {
                 **os.environ,
                 "DJANGO_SETTINGS_MODULE": "jobservice.settings",
@@ -60,9 +61,9 @@ class Gunicorn:
                 "DEBUG": "0",
                 **env,
             },
-            tmp / "gunicorn.log",
+            tmp / "api.log",
         ).start()
-        wait_until(self.healthy, 30, interval=0.1, message="gunicorn answering /healthz")
+        wait_until(self.healthy, 30, interval=0.1, message="the API answering /healthz")
 
     def healthy(self) -> bool:
         assert self.server.alive(), self.output()
@@ -118,14 +119,21 @@ def write_stale_counter(metrics_dir: Path) -> Path:
     return stale
 
 
-def test_api_submissions_over_two_gunicorn_workers_are_summed_in_one_scrape(
-    transactional_db, tmp_path
+# The server's line for a worker it started, in its own words.
+BOOT_LINE = {"granian": "Spawning worker", "gunicorn": "Booting worker"}
+# ... and its error line for the worker this test kills.
+KILLED_LINE = {"granian": "Unexpected exit from worker", "gunicorn": "SIGKILL"}
+
+
+@pytest.mark.parametrize("server", ["granian", "gunicorn"])
+def test_api_submissions_over_two_server_workers_are_summed_in_one_scrape(
+    transactional_db, tmp_path, server
 ):
     metrics_dir = tmp_path / "metrics"
     metrics_dir.mkdir()
     stale = write_stale_counter(metrics_dir)
     _, token = Client.create_with_token("obs-api")
-    api = Gunicorn(tmp_path, metrics_dir)
+    api = ApiServer(tmp_path, metrics_dir, JOBS_HTTP_SERVER=server)
     try:
         assert not stale.exists(), "the multiprocess directory was not emptied on start"
         workers = api.worker_pids()
@@ -162,7 +170,7 @@ def test_api_submissions_over_two_gunicorn_workers_are_summed_in_one_scrape(
         # Counters carry no pid label: the processes' values were summed.
         assert all("pid" not in labels for labels, _ in m.series("jobs_submitted_total"))
 
-        # A gunicorn worker dies and is replaced: its counts stay in the sum.
+        # A server worker dies and is replaced: its counts stay in the sum.
         victim = max(per_file, key=per_file.get)
         victim_pid = int(victim.removeprefix("counter_").removesuffix(".db"))
         os.kill(victim_pid, signal.SIGKILL)
@@ -185,10 +193,12 @@ def test_api_submissions_over_two_gunicorn_workers_are_summed_in_one_scrape(
         assert api.stop() == 0
     output = api.output()
     lines = json_lines(output)  # every line the API's processes wrote is JSON
-    assert any("Booting worker" in d["msg"] for d in lines), output
+    assert any(BOOT_LINE[server] in d["msg"] for d in lines), output
     assert not [d for d in lines if "job_id" in d], "per-job lines on the submission hot path"
     assert not [
-        d for d in lines if d["level"] in ("error", "critical") and "SIGKILL" not in d["msg"]
+        d
+        for d in lines
+        if d["level"] in ("error", "critical") and KILLED_LINE[server] not in d["msg"]
     ], output
 
 

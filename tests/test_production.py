@@ -10,6 +10,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from email.message import Message
 from pathlib import Path
 
 import pytest
@@ -112,7 +113,9 @@ def test_development_still_starts_with_the_default_key():
     assert r.returncode == 0, r.stderr
 
 
-def _get(url: str, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
+def _get(url: str, headers: dict[str, str]) -> tuple[int, Message, bytes]:
+    """Status, headers (looked up by any case: granian sends them lowercase), body."""
+
     class NoRedirect(urllib.request.HTTPRedirectHandler):
         def redirect_request(self, *args, **kwargs):
             return None
@@ -120,14 +123,14 @@ def _get(url: str, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]
     opener = urllib.request.build_opener(NoRedirect)
     try:
         with opener.open(urllib.request.Request(url, headers=headers), timeout=5) as r:
-            return r.status, dict(r.headers), r.read()
+            return r.status, r.headers, r.read()
     except urllib.error.HTTPError as e:
-        return e.code, dict(e.headers), e.read()
+        return e.code, e.headers, e.read()
 
 
 @pytest.mark.slow
-def test_admin_and_static_files_work_under_gunicorn_in_production(tmp_path, django_db_setup):
-    """The image's path: collectstatic with production settings, then gunicorn.
+def test_admin_and_static_files_work_under_the_api_server_in_production(tmp_path, django_db_setup):
+    """The image's path: collectstatic with production settings, then the API server.
     The admin page renders and its CSS is served by whitenoise with a hashed name."""
     static = tmp_path / "static"
     r = manage("collectstatic", "--noinput", STATIC_ROOT=str(static))
@@ -135,16 +138,9 @@ def test_admin_and_static_files_work_under_gunicorn_in_production(tmp_path, djan
     assert (static / "staticfiles.json").exists()  # the manifest storage's index
 
     port = free_port()
-    env = production_env(STATIC_ROOT=str(static), WEB_CONCURRENCY="1")
+    env = production_env(STATIC_ROOT=str(static), WEB_CONCURRENCY="1", BIND=f"127.0.0.1:{port}")
     proc = subprocess.Popen(
-        [
-            str(Path(sys.executable).with_name("gunicorn")),
-            "--bind",
-            f"127.0.0.1:{port}",
-            "--workers",
-            "1",
-            "jobservice.wsgi:application",
-        ],
+        [sys.executable, "-m", "jobservice.serve"],
         cwd=ROOT,
         env=env,
         stdout=subprocess.DEVNULL,
@@ -160,7 +156,7 @@ def test_admin_and_static_files_work_under_gunicorn_in_production(tmp_path, djan
                 break
             except OSError:
                 assert proc.poll() is None, proc.stderr.read().decode()
-                assert time.monotonic() < deadline, "gunicorn did not come up"
+                assert time.monotonic() < deadline, "the API server did not come up"
                 time.sleep(0.2)
         # Probes over plain http are not redirected.
         assert status == 200

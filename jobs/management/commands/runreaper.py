@@ -22,7 +22,7 @@ from jobs.conf import settings
 from jobs.events.outbox import OutboxLagCollector, dispatchers
 from jobs.lifecycle import Status
 from jobs.reaper import Reaper
-from jobs.runtime import add_metrics_arguments, start_metrics_server
+from jobs.runtime import HEADLESS_CHECKS, add_metrics_arguments, start_metrics_server
 from jobs.schedules.define import sync_periodic
 from jobs.schedules.scheduler import Scheduler
 
@@ -41,6 +41,7 @@ class Command(BaseCommand):
         "Run the reaper: requeue the jobs of gone workers, sweep for expired leases, "
         "enqueue_failed rows and lost signals; fire due schedules."
     )
+    requires_system_checks = HEADLESS_CHECKS
 
     def add_arguments(self, parser):
         parser.add_argument(

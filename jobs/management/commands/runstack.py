@@ -1,7 +1,7 @@
 """manage.py runstack — the whole service for development: API, worker(s), reaper.
 
 `make run` calls this. It creates the database when missing, migrates, collects
-static files for the admin, then supervises gunicorn, the workers and the reaper as
+static files for the admin, then supervises the API server, the workers and the reaper as
 child processes: a signal stops them all, and any child dying stops the rest. An
 embedded PostgreSQL (DATABASE_URL unset) is stopped too when everything has exited.
 """
@@ -30,7 +30,7 @@ def served_queues() -> str:
 
 
 class Command(BaseCommand):
-    help = "Run the API (gunicorn), worker(s) and the reaper together."
+    help = "Run the API (granian or gunicorn), worker(s) and the reaper together."
 
     def add_arguments(self, parser):
         parser.add_argument("--bind", default="127.0.0.1:8000", help="API address [%(default)s].")
@@ -73,14 +73,8 @@ class Command(BaseCommand):
         env["BIND"] = opts["bind"]
         manage = [sys.executable, str(settings.BASE_DIR / "manage.py")]
         commands = {
-            "api": [
-                sys.executable,
-                "-m",
-                "gunicorn",
-                "-c",
-                str(settings.BASE_DIR / "gunicorn.conf.py"),
-                "jobservice.wsgi:application",
-            ],
+            # JOBS_HTTP_SERVER picks granian (default) or gunicorn (D135).
+            "api": [sys.executable, "-m", "jobservice.serve"],
             "reaper": [*manage, "runreaper", "--metrics-port", str(opts["metrics_port"] + 1)],
         }
         for n in range(opts["workers"]):
@@ -96,7 +90,7 @@ class Command(BaseCommand):
             ]
         if not settings.REDIS_URL:
             self.stdout.write("REDIS_URL unset: workers claim by polling PostgreSQL")
-        # The API's gunicorn aggregates its workers' metrics through a multiprocess
+        # The API server aggregates its workers' metrics through a multiprocess
         # directory (gunicorn.conf.py); workers and the reaper each serve their own.
         single = {k: v for k, v in env.items() if k.upper() != "PROMETHEUS_MULTIPROC_DIR"}
         children = {

@@ -11,7 +11,7 @@ from jobs import deliveries, dispatch, queuecontrol
 from jobs.collectors import worker_gauges
 from jobs.conf import settings
 from jobs.dispatch import QueueSpec
-from jobs.runtime import add_metrics_arguments, start_metrics_server
+from jobs.runtime import HEADLESS_CHECKS, add_metrics_arguments, start_metrics_server
 from jobs.worker import MAX_PREFETCH, Worker
 from jobs.worker.pools import POOLS
 
@@ -25,6 +25,7 @@ def parse_queues(value: str) -> QueueSpec:
 
 class Command(BaseCommand):
     help = "Run a worker: claim jobs from PostgreSQL (woken by Redis) and run them."
+    requires_system_checks = HEADLESS_CHECKS
 
     def add_arguments(self, parser):
         parser.add_argument(
