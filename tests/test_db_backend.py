@@ -78,7 +78,10 @@ def test_the_api_answers_after_the_server_ended_its_sessions(tmp_path):
         mine = connection.connection.info.backend_pid if connection.connection else 0
         with _other() as other:
             ended = other.execute(
-                "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity"
+                # The timeout waits for each backend to be gone: without it the signal may
+                # land after the next request's health check, inside its statement.
+                "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 10000))"
+                " FROM pg_stat_activity"
                 " WHERE datname = current_database() AND pid NOT IN (pg_backend_pid(), %s)",
                 [mine],
             ).fetchone()[0]

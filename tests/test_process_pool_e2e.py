@@ -210,3 +210,18 @@ def test_a_stuck_transactional_handler_is_abandoned_and_its_slot_served_again(st
     assert job_row(stuck)["error"].startswith("timeout:")
     wait_until(lambda: job_row(after)["status"] == "done", 15, message="the next job ran")
     assert job_row(after)["result"] != w.pid
+
+
+def test_children_dying_together_each_fail_their_attempt_at_once(stack):
+    """Four children die over and over and are forked again from four dispatcher threads
+    at once (one fork at a time in the pool: a sibling forked while a child's pipe end was
+    still open in the parent would hold a copy and hide that child's death until the
+    sibling died too). Every attempt ends within seconds of its claim."""
+    ids = [submit("contain.os_exit") for _ in range(40)]
+    w = pool(stack, "--concurrency", "4")
+    wait_until(lambda: all(job_row(i)["status"] == "failed" for i in ids), 60, message="all ended")
+    for job_id in ids:
+        (end,) = attempts(job_id)
+        assert (end.at - claimed_at(job_id)[0]).total_seconds() < 5
+        assert end.error.startswith("worker child exited: ")
+    wait_until(lambda: len(_children(w.pid)) == 4, 10, message="four children again")

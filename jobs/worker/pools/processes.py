@@ -75,13 +75,18 @@ class Slot:
 
     def spawn(self) -> None:
         started = time.monotonic()
-        parent_end, child_end = self.pool.mp.Pipe(duplex=True)
-        process = self.pool.mp.Process(
-            target=child_side.main, args=(child_end,), name=f"jobs-child-{self.number}",
-            daemon=True,
-        )  # fmt: skip
-        process.start()
-        child_end.close()  # the child's end lives in the child only: its death is EOF here
+        # One fork at a time in the pool: a child forked by another slot's thread while
+        # this one's pipe end (or multiprocessing's sentinel pipe) was still open here
+        # would inherit a copy, and this child's death would show neither EOF nor its
+        # sentinel until that other child died too: the attempt would hang, not fail.
+        with self.pool.forking:
+            parent_end, child_end = self.pool.mp.Pipe(duplex=True)
+            process = self.pool.mp.Process(
+                target=child_side.main, args=(child_end,), name=f"jobs-child-{self.number}",
+                daemon=True,
+            )  # fmt: skip
+            process.start()
+            child_end.close()  # the child's end lives in the child only: death is EOF here
         self.process, self.conn, self.tasks = process, parent_end, 0
         metrics.POOL_CHILD_STARTS.observe(time.monotonic() - started)
         log.debug("child %s started", process.pid, extra={"worker_id": self.worker.worker_id})
@@ -248,6 +253,7 @@ class ProcessPool:
         self.max_tasks = max(0, max_tasks)
         self.max_memory_mb = max(0, max_memory_mb)
         self.mp = multiprocessing.get_context("fork")
+        self.forking = threading.Lock()  # see Slot.spawn
         self.slots: list[Slot] = []
         self._lock = threading.Lock()
 
