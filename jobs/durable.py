@@ -249,10 +249,11 @@ class DurableContext(JobContext):
         return self._load_parents()[1]
 
 
-def context(lease: Lease) -> DurableContext:
-    """The context the worker hands a handler for `lease`."""
+def context(lease: Lease, cls: type[DurableContext] | None = None, **extra: Any) -> DurableContext:
+    """The context the worker hands a handler for `lease` (`cls` and `extra`: a
+    process-pool child's, jobs.worker.pools.child)."""
     spec = tasks.get(lease.task)
-    return DurableContext(
+    return (cls or DurableContext)(
         job_id=lease.job_id,
         lease_version=lease.lease_version,
         attempt=lease.retry_count + 1,
@@ -261,6 +262,7 @@ def context(lease: Lease) -> DurableContext:
         task=lease.task,
         lease=lease,
         durable=spec is not None and spec.durable,
+        **extra,
     )
 
 

@@ -125,18 +125,7 @@ class ChildContext(durable.DurableContext):
 
 
 def context(lease: Lease, channel: Channel) -> ChildContext:
-    spec = tasks.get(lease.task)
-    return ChildContext(
-        job_id=lease.job_id,
-        lease_version=lease.lease_version,
-        attempt=lease.retry_count + 1,
-        worker_id=lease.worker_id,
-        queue=lease.queue,
-        task=lease.task,
-        lease=lease,
-        durable=spec is not None and spec.durable,
-        channel=channel,
-    )
+    return durable.context(lease, ChildContext, channel=channel)
 
 
 def rss_mb() -> float:
