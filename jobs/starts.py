@@ -85,6 +85,10 @@ class Starter:
         self._requests: queue_mod.SimpleQueue[_Request | _Key] = queue_mod.SimpleQueue()
         # Started without waiting, start not yet written: dropped when the attempt ends.
         self._unmarked: dict[_Key, tuple[Lease, JobContext]] = {}
+        # Marks on their way to PostgreSQL, and those of them whose attempt ended
+        # meanwhile: a fast attempt retried before its mark lands is not "lost".
+        self._writing: set[_Key] = set()
+        self._ended_while_writing: set[_Key] = set()
         self._thread = threading.Thread(target=self._loop, name="starter", daemon=True)
 
     def start(self) -> None:
@@ -119,7 +123,9 @@ class Starter:
 
     def ended(self, lease: Lease) -> None:
         """The attempt ended (its outcome is on its way): its start need not be written."""
-        self._unmarked.pop((lease.job_id, lease.lease_version), None)
+        key = (lease.job_id, lease.lease_version)
+        if self._unmarked.pop(key, None) is None and key in self._writing:
+            self._ended_while_writing.add(key)
 
     def _loop(self) -> None:
         requests = self._requests
@@ -172,8 +178,12 @@ class Starter:
         for r in requests:
             if isinstance(r, _Request):
                 batch.append(r)
-            elif (started := self._unmarked.pop(r, None)) is not None:
-                batch.append(_Request(*started, waits=False))
+            else:
+                self._writing.add(r)  # before the pop: ended() may run at any moment
+                if (started := self._unmarked.pop(r, None)) is not None:
+                    batch.append(_Request(*started, waits=False))
+                else:
+                    self._writing.discard(r)
         if not batch:
             return
         backoff = Backoff(0.1, BACKOFF_MAX)
@@ -204,11 +214,19 @@ class Starter:
                 r.verdict = Verdict.CANCELLED
             else:
                 r.verdict = Verdict.RUN
-            if not r.waits and r.verdict == Verdict.REVOKED and not r.ctx.lost_authority:
+            ended = key in self._ended_while_writing
+            if (
+                not r.waits
+                and not ended
+                and r.verdict == Verdict.REVOKED
+                and not r.ctx.lost_authority
+            ):
                 # Its handler runs already: told to stop, as a heartbeat would.
                 r.ctx.lost_authority = True
                 r.ctx.stop.set()
                 log.warning("lost authority over job at its start", extra=r.lease.log_fields())
             elif not r.waits and r.verdict == Verdict.CANCELLED:
                 r.ctx.request_cancel()
+            self._writing.discard(key)
+            self._ended_while_writing.discard(key)
             r.answered.set()

@@ -124,3 +124,31 @@ def test_crash_recovery_requeues_an_unstarted_attempt_free_and_flags_its_next_cl
     assert row.error.endswith(NOT_STARTED)
     (again,) = services.claim_next(W, [row.queue], 1, start=0)
     assert again.rerun and must_wait(again)
+
+
+@pytest.mark.parametrize("ended", [True, False])
+def test_a_mark_that_lands_after_its_attempt_ended_is_no_lost_authority(
+    starter, monkeypatch, caplog, ended
+):
+    """A fast attempt can end, and its job be requeued for a retry (lease bumped), while
+    its start mark is on its way: the fenced mark then finds the lease gone. That attempt
+    lost nothing and is not told so; one still running is told to stop."""
+    from jobs import starts
+
+    lease = _prefetched(max_retries=3)
+    ctx = durable.context(lease)
+    real = starts.services.mark_started
+
+    def meanwhile(leases):
+        services.revoke([lease.job_id], "staff:test")  # the lease moves on in PostgreSQL
+        if ended:
+            starter.ended(lease)  # the worker settled the attempt before the mark landed
+        return real(leases)
+
+    monkeypatch.setattr(starts.services, "mark_started", meanwhile)
+    with caplog.at_level("WARNING", logger="jobs.starts"):
+        assert starter.admit(lease, ctx) == Verdict.RUN  # budget left: runs at once
+        wait_until(lambda: not starter._writing and not starter._unmarked, 5,
+                   message="the mark written")  # fmt: skip
+    told = "lost authority over job at its start" in caplog.text
+    assert (told, ctx.lost_authority, ctx.stop.is_set()) == ((False,) * 3 if ended else (True,) * 3)
