@@ -302,8 +302,7 @@ def _submit(
     concurrency_key: str | None = None,
     timeout: float | None = None,
 ) -> tuple[Job, bool]:
-    timeout = check_timeout(timeout)
-    run_at, max_retries, digest, payload_json = _validate(
+    run_at, max_retries, digest, payload_json, timeout = _validate(
         task,
         payload,
         queue,
@@ -434,9 +433,9 @@ def _validate(
     timeout: Any = None,
     *,
     for_client: bool = False,
-) -> tuple[datetime | None, int, str | None, str]:
+) -> tuple[datetime | None, int, str | None, str, float | None]:
     """Every rule one submission must pass; returns (run_at in UTC, max_retries,
-    request hash or None, the payload as compact JSON).
+    request hash or None, the payload as compact JSON, the timeout in seconds or None).
 
     Raises a SubmissionError naming the field. Shared by submit and submit_many (and
     so by both API endpoints): a job in a batch is held to exactly the rules of a
@@ -486,7 +485,7 @@ def _validate(
                 field=field,
                 code=codes[field],
             )
-    check_timeout(timeout)
+    timeout = check_timeout(timeout)
     payload_json = serialise_payload(payload).decode("utf-8")
     try:
         tasks.validate_payload(task, payload)
@@ -506,7 +505,7 @@ def _validate(
             concurrency_key,
             timeout,
         )
-    return run_at, max_retries, digest, payload_json
+    return run_at, max_retries, digest, payload_json, timeout
 
 
 def check_timeout(value: Any) -> float | None:
@@ -584,10 +583,13 @@ def _request_item(
         return {}, errors
     try:
         item["run_at"] = parse_run_at(item["run_at"], text=True)
-        item["timeout"] = check_timeout(item["timeout"])
-        item["run_at"], item["max_retries"], item["request_hash"], item["payload_json"] = _validate(
-            **item, for_client=for_client
-        )
+        (
+            item["run_at"],
+            item["max_retries"],
+            item["request_hash"],
+            item["payload_json"],
+            item["timeout"],
+        ) = _validate(**item, for_client=for_client)
     except SubmissionError as exc:
         errors.append(exc)
     return ({}, errors) if errors else (item, [])
