@@ -235,12 +235,10 @@ class Slot:
     def died(self, lease: Lease) -> Outcome:
         """The child died under the attempt: failed now, retried per budget; a new child."""
         process = self.process
-        process.join(1)
-        # Another slot's fork reaps dead children too (multiprocessing's cleanup in
-        # start()); the status it read reaches this Process object a moment later.
-        deadline = time.monotonic() + 1.0
-        while process.exitcode is None and time.monotonic() < deadline:
-            time.sleep(0.01)
+        # Under the fork lock: a fork reaps dead children too (multiprocessing's cleanup
+        # in start()), and a reap racing this one would leave the status unknown here.
+        with self.pool.forking:
+            process.join(1)
         error = f"worker child exited: {exit_description(process.exitcode)}"
         log.error("attempt failed: %s", error, extra=lease.log_fields(child_pid=process.pid))
         with self.lock:
