@@ -56,8 +56,10 @@ def granian(conf: dict) -> None:
         interface=Interfaces.WSGI,
         workers=conf["workers"],
         blocking_threads=threads,
-        # A request waits in the kernel's backlog, not on a thread of a busy process.
-        backpressure=threads,
+        # granian's backpressure bounds a process's open connections, not its requests:
+        # at `threads` a fifth kept-alive connection waited, unaccepted, until another
+        # closed (D149). Its own default (backlog / workers) admits them all.
+        backpressure=None,
         http=HTTPModes.http1,
         websockets=False,
         http1_settings=HTTP1Settings(keep_alive=conf["keepalive"] > 0),

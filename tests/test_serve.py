@@ -96,3 +96,28 @@ def test_a_worker_starts_without_the_admin_the_api_or_the_urlconf(stack, command
     assert "import time:" in out
     assert "jobs.services" in out  # the import list is there...
     assert not NOT_FOR_WORKERS.findall(out), NOT_FOR_WORKERS.findall(out)  # ... without these
+
+
+@pytest.mark.slow
+def test_a_process_serves_more_kept_alive_connections_than_it_has_threads(
+    transactional_db, tmp_path
+):
+    """granian's backpressure counts connections (D149): with it at the thread count, a
+    connection beyond the threads of its process was not accepted until another one
+    closed, and its first request waited for the whole of a benchmark run (the 10 s
+    outlier). One process, one thread: the second kept-alive connection is answered while
+    the first stays open, and the first is still served afterwards."""
+    metrics_dir = tmp_path / "metrics"
+    metrics_dir.mkdir()
+    _, token = Client.create_with_token("many-connections")
+    api = ApiServer(tmp_path, metrics_dir, WEB_CONCURRENCY="1", WEB_THREADS="1")
+    conns = [http.client.HTTPConnection("127.0.0.1", api.port, timeout=5) for _ in range(3)]
+    try:
+        assert _post(conns[0], token) == (201, False)  # held open from here on
+        assert [_post(c, token) for c in conns[1:]] == [(201, False)] * 2
+        assert [_post(c, token) for c in conns] == [(201, False)] * 3
+        assert Job.objects.count() == 6
+    finally:
+        for c in conns:
+            c.close()
+        assert api.stop() == 0
