@@ -19,6 +19,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from jobs import replica, services, submission
+from jobs.api import answers
 from jobs.api.errors import Conflict, InvalidCursor, exception_handler
 from jobs.api.filters import JobFilter
 from jobs.api.parsers import BatchJSONParser, BoundedJSONParser
@@ -184,11 +185,11 @@ class JobViewSet(APIPolicy, viewsets.GenericViewSet):
             request.data, idempotency_key=key, client=request.user
         )
         if not created:
-            return Response(SubmittedJobSerializer(job).data, status=status.HTTP_200_OK)
+            return Response(answers.submitted(job), status=status.HTTP_200_OK)
         if job.status != Status.QUEUED:
             job = Job.objects.get(pk=job.pk)
         return Response(
-            SubmittedJobSerializer(job).data,
+            answers.submitted(job),
             status=status.HTTP_201_CREATED,
             headers={"Location": reverse("job-detail", args=[job.pk])},
         )
