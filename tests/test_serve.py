@@ -121,3 +121,37 @@ def test_a_process_serves_more_kept_alive_connections_than_it_has_threads(
         for c in conns:
             c.close()
         assert api.stop() == 0
+
+
+@pytest.mark.slow
+def test_an_idempotency_key_in_any_spelling_replays_through_the_default_server(
+    transactional_db, tmp_path
+):
+    """The submission reads the key from the environ (HTTP_IDEMPOTENCY_KEY), not from
+    request.headers (D151): a header in any case, as the server passes it, is the same
+    key, and a request without one is not a replay."""
+    metrics_dir = tmp_path / "metrics"
+    metrics_dir.mkdir()
+    _, token = Client.create_with_token("spellings")
+    api = ApiServer(tmp_path, metrics_dir, WEB_CONCURRENCY="1")
+    conn = http.client.HTTPConnection("127.0.0.1", api.port, timeout=10)
+    body = json.dumps({"task": "echo", "payload": {}})
+
+    def post(**headers: str) -> tuple[int, int]:
+        conn.request("POST", "/api/v1/jobs/", body=body, headers={
+            "Authorization": f"Token {token}", "Content-Type": "application/json", **headers
+        })  # fmt: skip
+        resp = conn.getresponse()
+        return resp.status, json.loads(resp.read())["id"]
+
+    try:
+        status, first = post(**{"idempotency-key": "order-7"})
+        assert status == 201
+        assert post(**{"IDEMPOTENCY-KEY": "order-7"}) == (200, first)
+        assert post(**{"Idempotency-Key": "order-7"}) == (200, first)
+        status, other = post()
+        assert status == 201 and other != first
+        assert Job.objects.filter(idempotency_key="order-7").count() == 1
+    finally:
+        conn.close()
+        assert api.stop() == 0

@@ -176,7 +176,9 @@ class JobViewSet(APIPolicy, viewsets.GenericViewSet):
                 "a job submission through the API is its own durable transaction: "
                 "it may not run inside atomic()"
             )
-        key = request.headers.get("Idempotency-Key")
+        # META, not request.headers: that mapping is built from every key of the
+        # environ, which granian fills with the whole process environment (D151).
+        key = request.META.get("HTTP_IDEMPOTENCY_KEY")
         # One INSERT is the only write, so it runs in autocommit: it is its own
         # transaction (D72), without a BEGIN and a COMMIT round trip. The Redis push
         # (on_commit) runs as soon as it returns; a failed push has parked the row by
