@@ -124,12 +124,12 @@ def test_a_process_serves_more_kept_alive_connections_than_it_has_threads(
 
 
 @pytest.mark.slow
-def test_an_idempotency_key_in_any_spelling_replays_through_the_default_server(
+def test_a_token_and_an_idempotency_key_in_any_spelling_through_the_default_server(
     transactional_db, tmp_path
 ):
-    """The submission reads the key from the environ (HTTP_IDEMPOTENCY_KEY), not from
-    request.headers (D151): a header in any case, as the server passes it, is the same
-    key, and a request without one is not a replay."""
+    """The token and the key are read from the environ (HTTP_AUTHORIZATION,
+    HTTP_IDEMPOTENCY_KEY), not from request.headers (D151): a header in any case, as the
+    server passes it, is the same, and a request without a key is not a replay."""
     metrics_dir = tmp_path / "metrics"
     metrics_dir.mkdir()
     _, token = Client.create_with_token("spellings")
@@ -137,9 +137,9 @@ def test_an_idempotency_key_in_any_spelling_replays_through_the_default_server(
     conn = http.client.HTTPConnection("127.0.0.1", api.port, timeout=10)
     body = json.dumps({"task": "echo", "payload": {}})
 
-    def post(**headers: str) -> tuple[int, int]:
+    def post(auth: str = "Authorization", **headers: str) -> tuple[int, int]:
         conn.request("POST", "/api/v1/jobs/", body=body, headers={
-            "Authorization": f"Token {token}", "Content-Type": "application/json", **headers
+            auth: f"Token {token}", "Content-Type": "application/json", **headers
         })  # fmt: skip
         resp = conn.getresponse()
         return resp.status, json.loads(resp.read())["id"]
@@ -147,7 +147,7 @@ def test_an_idempotency_key_in_any_spelling_replays_through_the_default_server(
     try:
         status, first = post(**{"idempotency-key": "order-7"})
         assert status == 201
-        assert post(**{"IDEMPOTENCY-KEY": "order-7"}) == (200, first)
+        assert post("authorization", **{"IDEMPOTENCY-KEY": "order-7"}) == (200, first)
         assert post(**{"Idempotency-Key": "order-7"}) == (200, first)
         status, other = post()
         assert status == 201 and other != first

@@ -11,8 +11,8 @@ import threading
 from collections import deque
 from typing import Any
 
-from rest_framework import exceptions
-from rest_framework.authentication import BaseAuthentication, get_authorization_header
+from rest_framework import HTTP_HEADER_ENCODING, exceptions
+from rest_framework.authentication import BaseAuthentication
 from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 from rest_framework.settings import api_settings
@@ -25,11 +25,19 @@ KEYWORD = "Token"
 SCHEMES = (b"token", b"bearer")
 
 
+def authorization_header(request: Request) -> bytes:
+    """DRF's get_authorization_header, read from the environ: DRF reads request.headers,
+    which Django builds by parsing every environ key, under granian the whole process
+    environment too (D151)."""
+    auth = request.META.get("HTTP_AUTHORIZATION", b"")
+    return auth.encode(HTTP_HEADER_ENCODING) if isinstance(auth, str) else auth
+
+
 class ClientTokenAuthentication(BaseAuthentication):
     """`Authorization: Token <token>` → the active Client whose token hash matches."""
 
     def authenticate(self, request: Request) -> tuple[Client, str] | None:
-        parts = get_authorization_header(request).split()
+        parts = authorization_header(request).split()
         if not parts:
             return None  # no credentials: IsClient answers 401
         if parts[0].lower() not in SCHEMES:
