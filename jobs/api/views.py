@@ -7,8 +7,9 @@ from collections.abc import Callable
 from datetime import UTC
 from typing import Any
 
+from django.conf import settings as django_settings
 from django.db import connection, transaction
-from django.urls import reverse
+from django.urls import get_script_prefix, get_urlconf, reverse
 from django.utils.dateparse import parse_datetime
 from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.types import OpenApiTypes
@@ -136,6 +137,24 @@ def _inside_callers_transaction() -> bool:
     return bool(blocks) and not getattr(blocks[-1], "_from_testcase", False)
 
 
+# A job's URL around its id, per URLconf and script prefix: reverse() walks the
+# resolver for every submission (17 µs, 1.5 % of its CPU).
+_LOCATIONS: dict[tuple[str, str], tuple[str, str]] = {}
+_SOME_ID = 918_273_645_546_372
+
+
+def job_location(pk: int) -> str:
+    """reverse("job-detail", args=[pk]), from the URL reverse() gave for another id."""
+    key = (get_urlconf() or django_settings.ROOT_URLCONF, get_script_prefix())
+    around = _LOCATIONS.get(key)
+    if around is None:
+        head, _, tail = reverse("job-detail", args=[_SOME_ID]).rpartition(str(_SOME_ID))
+        if len(_LOCATIONS) >= 64:  # prefixes come from deployments, not requests
+            _LOCATIONS.clear()
+        around = _LOCATIONS[key] = (head, tail)
+    return f"{around[0]}{int(pk)}{around[1]}"
+
+
 class JobViewSet(APIPolicy, viewsets.GenericViewSet):
     serializer_class = JobSerializer
     parser_classes = [BoundedJSONParser]
@@ -193,7 +212,7 @@ class JobViewSet(APIPolicy, viewsets.GenericViewSet):
         return Response(
             answers.submitted(job),
             status=status.HTTP_201_CREATED,
-            headers={"Location": reverse("job-detail", args=[job.pk])},
+            headers={"Location": job_location(job.pk)},
         )
 
     def get_parsers(self) -> list[Any]:

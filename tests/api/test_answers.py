@@ -117,3 +117,27 @@ def test_a_submission_answers_the_serializers_bytes_for_the_stored_row():
     stored = Job.objects.get(pk=again.json()["id"])
     stored.duplicate = True
     assert again.content == ORJSONRenderer().render(SubmittedJobSerializer(stored).data)
+
+
+@pytest.mark.parametrize("prefix", ["/", "/svc/", "/a%20b/"])
+@pytest.mark.parametrize("urlconf", [None, "tests.api.host_urls"])
+def test_a_jobs_location_is_what_reverse_gives_under_any_urlconf_and_prefix(
+    settings, prefix, urlconf
+):
+    """job_location keeps one template per URLconf and script prefix (D150)."""
+    from django.urls import reverse, set_script_prefix, set_urlconf
+
+    from jobs.api.views import job_location
+
+    if urlconf:
+        settings.ROOT_URLCONF = urlconf
+    set_script_prefix(prefix)
+    try:
+        for pk in (1, 42, 2**63 - 1):
+            assert job_location(pk) == reverse("job-detail", args=[pk])
+        set_urlconf("tests.api.host_urls")  # a per-request URLconf wins over the setting
+        assert job_location(7) == reverse("job-detail", args=[7])
+        assert job_location(7).endswith("/jobs/api/jobs/7/")
+    finally:
+        set_urlconf(None)
+        set_script_prefix("/")
