@@ -63,3 +63,20 @@ def test_quick_bench_reports_a_figure_per_scenario(tmp_path):
         text=True,
     )
     assert listed.stdout.strip() == "0"
+
+
+def test_request_cpu_reports_each_trees_cpu_per_submission():
+    """`python -m bench.request_cpu --baseline REF`: one line per tree with a positive
+    median, and the command (the submissions are answered 201, or the child stops)."""
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.request_cpu", "--baseline", "HEAD",
+         "--rounds", "2", "--requests", "20"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = [line for line in proc.stdout.splitlines() if "CPU per submission" in line]
+    assert [line.split(":")[0].split("@")[0] for line in lines] == ["current", "HEAD"]
+    for line in lines:
+        assert float(line.split("CPU per submission ")[1].split(" ms")[0]) > 0
+    assert "$ python -m bench.request_cpu --baseline HEAD" in proc.stdout

@@ -468,6 +468,7 @@ README_COMMANDS = [
     (r"^docker compose|^cp \.env\.example", "needs docker: tests/test_deploy_files.py"),
     (r"^python -m bench --quick", "tests/test_bench.py"),
     (r"^python -m bench ", "minutes per scenario: tests/test_bench.py runs them with --quick"),
+    (r"^python -m bench\.request_cpu ", "tests/test_bench.py, with 2 rounds of 20 requests"),
     (
         r"^python -m bench\.plot_scaling ",
         "needs a scale run's results and make bench's matplotlib: docs/scaling.png is its output",
