@@ -145,11 +145,12 @@ def _identity_to_sequence(cursor, table: str) -> None:
     cursor.execute(f"ALTER SEQUENCE {table}_id_seq_p RENAME TO {table}_id_seq")
 
 
-def _swap(cursor, bound: datetime.date) -> None:
+def _swap(cursor, bound: datetime.date) -> float:
     """Step 3, inside one transaction that holds ACCESS EXCLUSIVE on both old tables
     for the length of catalog changes only."""
     cursor.execute("SET LOCAL lock_timeout = '2s'")
     cursor.execute("LOCK TABLE jobs_job, jobs_jobevent IN ACCESS EXCLUSIVE MODE")
+    locked = time.monotonic()
     for table in ("jobs_job", "jobs_jobevent"):
         _identity_to_sequence(cursor, table)
     for trigger in JOB_TRIGGERS:
@@ -219,6 +220,7 @@ def _swap(cursor, bound: datetime.date) -> None:
         )
         cursor.execute(f"ALTER TABLE jobs_jobevent_p{start:%Y%m%d} ADD PRIMARY KEY (id)")
         start = end
+    return locked
 
 
 def forward(apps, schema_editor) -> None:
@@ -232,10 +234,12 @@ def forward(apps, schema_editor) -> None:
         try:
             started = time.monotonic()
             with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
-                _swap(cursor, bound)
+                locked = _swap(cursor, bound)
             log.info(
-                "0021: the swap held ACCESS EXCLUSIVE for %.1f ms (attempt %d)",
-                (time.monotonic() - started) * 1000,
+                "0021: the swap waited %.1f ms for its locks and held ACCESS EXCLUSIVE "
+                "for %.1f ms (attempt %d)",
+                (locked - started) * 1000,
+                (time.monotonic() - locked) * 1000,
                 attempt + 1,
             )
             return
