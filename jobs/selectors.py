@@ -35,7 +35,13 @@ CONSUMERS_SQL = f"""
 SELECT q.queue, count(*) FROM {WorkerProcess._meta.db_table} w, unnest(w.queues) AS q(queue)
 WHERE w.heartbeat_at >= now() - %(lease)s * interval '1 second'
 GROUP BY q.queue"""
-ESTIMATE_SQL = "SELECT reltuples::bigint FROM pg_class WHERE oid = %(table)s::regclass"
+# A partitioned table's own reltuples stays -1 (autovacuum analyses its partitions
+# only): the estimate is the sum over its partitions; -1 when none was analysed.
+ESTIMATE_SQL = """
+SELECT CASE WHEN bool_and(c.reltuples < 0) THEN -1 ELSE sum(greatest(c.reltuples, 0)) END::bigint
+FROM pg_class c
+WHERE (c.oid = %(table)s::regclass AND c.relkind <> 'p')
+   OR c.oid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = %(table)s::regclass)"""
 NOW_SQL = "SELECT now()"
 
 
@@ -430,12 +436,11 @@ FROM jobs_workflow WHERE id = %s"""
 WORKFLOW_STEPS_SQL = f"""
 SELECT wn.key, j.id, j.task, j.queue, j.status, j.wait_reason, j.result, j.error,
        j.retry_count, j.created_at, j.finished_at,
-       coalesce(array_agg(pn.key ORDER BY pn.key) FILTER (WHERE pn.key IS NOT NULL), '{{}}')
+       coalesce((SELECT array_agg(pn.key ORDER BY pn.key) FROM jobs_jobdependency d
+                 JOIN jobs_workflownode pn ON pn.job_id = d.parent_id
+                 WHERE d.child_id = wn.job_id), '{{}}')
 FROM jobs_workflownode wn JOIN {T} j ON j.id = wn.job_id
-LEFT JOIN jobs_jobdependency d ON d.child_id = wn.job_id
-LEFT JOIN jobs_workflownode pn ON pn.job_id = d.parent_id
 WHERE wn.workflow_id = %s
-GROUP BY wn.key, j.id
 ORDER BY j.id"""
 
 

@@ -37,12 +37,15 @@ LAYERS: list[tuple[str, list[str]]] = [
                         "jobs.events.ssrf", "jobs.events.deadline",
                         "jobs.quotas",
                         # the read replica: where reads that may lag go (D147)
-                        "jobs.replica"]),
+                        "jobs.replica",
+                        # PostgreSQL's infinite dates as Python values (D158)
+                        "jobs.pgtypes"]),
     ("models", ["jobs.models", "jobs.graph"]),
     # Caches of model rows that the writes keep honest (the API clients by token hash).
     ("model caches", ["jobs.clientcache"]),
     # Every write (one fenced compare-and-set each) and every read.
-    ("services and selectors", ["jobs.services", "jobs.selectors"]),
+    # jobs.partitions: partitions ahead and the mover (D163), the reaper's.
+    ("services and selectors", ["jobs.services", "jobs.selectors", "jobs.partitions"]),
     # A schedule's slots: the scheduler_runs row and the job it makes, in one statement.
     ("schedule firing", ["jobs.schedules.firing"]),
     # Queue controls: the Queue rows synced from JOBS_QUEUES and a worker's view of them.
