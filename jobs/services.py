@@ -1606,9 +1606,13 @@ def staff_cancel_running(job_ids: Sequence[int], actor: str) -> list[int]:
 _H = JobEvent._meta.db_table
 
 
+# Row-wise retention reads the hot partition only: a cold period goes whole, by
+# partition (jobs.archive.retention), once every job of it is finished and moved.
+_HOT = "jobs_job_hot"
+
 _PRUNE_SQL = f"""
 WITH victims AS (
-  SELECT id FROM {T}
+  SELECT id FROM {_HOT}
   WHERE status = ANY(%(statuses)s)
     AND finished_at < now() - %(age)s * interval '1 second'
   LIMIT %(batch)s
@@ -1626,9 +1630,9 @@ SELECT count(*) FROM gone"""
 
 
 def prune_finished(older_than_seconds: float, statuses: Sequence[str], batch: int) -> int:
-    """Delete one batch of terminal jobs finished more than `older_than_seconds` ago
-    (database clock), with their history, steps, signals and workflow links; returns
-    how many jobs went.
+    """Delete one batch of terminal jobs still in jobs_job_hot and finished more than
+    `older_than_seconds` ago (database clock), with their history, steps, signals and
+    workflow links; returns how many jobs went.
 
     One short statement: rows another transaction holds are skipped (SKIP LOCKED),
     so workers, the reaper and a concurrent prune never wait on it. Only terminal

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
 from jobs.archive import files, tables
@@ -149,6 +149,11 @@ def archive_period(
             progress(f"period {p.period:%Y-%m-%d}: {name} {out.seconds[name]:.2f} s")
         return result
 
+    if p.start is None or p.end is None:
+        raise ArchiveStopped(
+            f"{p.jobs} is detached without the check of its bound that DETACH … "
+            "CONCURRENTLY leaves: attach it again (or add the check) and run again"
+        )
     bounds = {tables.JOBS: tables.bound_of(p.jobs), tables.EVENTS: tables.bound_of(p.events)}
     step("detach", lambda: tables.detach(p))
     step("check", lambda: _check_finished(p))
@@ -172,13 +177,20 @@ def archive_period(
 
 def _check_finished(p: tables.Partition) -> None:
     bad = tables.unfinished(p.jobs)
-    if bad:
+    if not bad:
+        return
+    what = f"period {p.period:%Y-%m-%d}: {bad} jobs in {p.jobs} are not finished"
+    try:
         tables.reattach(p)
+    except DatabaseError as e:
         raise ArchiveStopped(
-            f"period {p.period:%Y-%m-%d}: {bad} jobs in {p.jobs} are not finished; the "
-            "period was attached again and nothing was archived (a finished job belongs "
-            "in a cold partition only)"
-        )
+            f"{what}; nothing was archived, and attaching it again failed ({e}): it stays "
+            "detached until its rows are fixed and it is attached by hand"
+        ) from e
+    raise ArchiveStopped(
+        f"{what}; the period was attached again and nothing was archived (only finished "
+        "jobs belong in a cold partition)"
+    )
 
 
 def _write(p: tables.Partition, directory: Path, bounds: dict[str, str | None]) -> dict:
@@ -193,7 +205,7 @@ def _write(p: tables.Partition, directory: Path, bounds: dict[str, str | None]) 
     entries = {}
     for name, table, where in sources:
         cols = tables.columns(table)
-        order = tables.ORDER.get(name, "id")
+        order = tables.ORDER.get(name) or tables.primary_key(table)
         entries[name] = files.write_table(
             directory,
             name,

@@ -44,7 +44,8 @@ SIDE_TABLES: dict[str, str] = {
     # A webhook delivery goes with its delivery job (jobs.events): its status was the job's.
     "jobs_webhookdelivery": "job_id IN (SELECT id FROM {jobs})",
 }
-# The order each file is written in: what `archive show` filters on is sorted.
+# The order each file is written in: what `archive show` filters on is sorted (the
+# others go in primary key order).
 ORDER = {JOBS: "id", EVENTS: "job_id, id", LEGACY: "job_id, id"}
 
 
@@ -170,6 +171,18 @@ def columns(table: str) -> list[Column]:
     ]
 
 
+def primary_key(table: str) -> str:
+    """The primary key's column(s), comma-separated: the order of its file and what a
+    restore skips when already there."""
+    cols = _rows(
+        """SELECT a.attname FROM pg_index i
+           JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
+           WHERE i.indrelid = %s::regclass AND i.indisprimary ORDER BY a.attnum""",
+        [table],
+    )
+    return ", ".join(c for (c,) in cols) or "id"
+
+
 def count(table: str, where: str = "TRUE") -> int:
     return _rows(f"SELECT count(*) FROM {table} WHERE {where}")[0][0]
 
@@ -263,7 +276,7 @@ def copy_in(table: str, cols: list[Column], rows: list[tuple], on_conflict: bool
         if on_conflict:
             cur.execute(
                 f"INSERT INTO {table} ({names}) SELECT {names} FROM {target} "
-                "ON CONFLICT (id) DO NOTHING"
+                f"ON CONFLICT ({primary_key(table)}) DO NOTHING"
             )
             return cur.rowcount
     return len(rows)
