@@ -1721,7 +1721,7 @@ edges AS (DELETE FROM jobs_jobdependency
           WHERE child_id IN (SELECT id FROM victims) OR parent_id IN (SELECT id FROM victims)),
 -- A webhook delivery goes with its delivery job (jobs.events): its status was the job's.
 dl AS (DELETE FROM jobs_webhookdelivery WHERE job_id IN (SELECT id FROM victims)),
-gone AS (DELETE FROM {T} WHERE id IN (SELECT id FROM victims) RETURNING 1)
+gone AS (DELETE FROM {_HOT} WHERE id IN (SELECT id FROM victims) RETURNING 1)
 SELECT count(*) FROM gone"""
 
 

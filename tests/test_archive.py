@@ -22,7 +22,7 @@ from rest_framework.test import APIClient
 
 from harness import ROOT, database_url, service_env
 from jobs import services
-from jobs.archive import files
+from jobs.archive import files, tables
 from jobs.archive.tables import SIDE_TABLES
 from jobs.models import (
     ArchivedPeriod,
@@ -336,6 +336,32 @@ def test_a_job_finished_after_the_cutoff_holds_its_period_back(layout, tmp_path,
     out = prune()
     assert "1 of its jobs finished after the cutoff" in out
     assert attached(f"jobs_job_p{day:%Y%m%d}")
+
+
+def test_a_staff_retry_just_before_detach_sends_the_period_back(
+    layout, tmp_path, settings, monkeypatch
+):
+    """Between the look at jobs_job_hot and DETACH, staff retry a failed job of the
+    period (it goes back hot): the look after DETACH finds it, and the period goes back
+    attached, whole, with its history."""
+    settings.JOBS_ARCHIVE_DIR = str(tmp_path)
+    day = layout
+    ids = [JobFactory.create(status="failed").pk for _ in range(2)]
+    move(ids, day)
+    table = f"jobs_job_p{day:%Y%m%d}"
+    detach = tables.detach
+
+    def retry_then_detach(p):
+        assert services.staff_retry([ids[0]], actor="staff:test") == [ids[0]]
+        detach(p)
+
+    monkeypatch.setattr(tables, "detach", retry_then_detach)
+    out = prune()
+    assert f"period {day:%Y-%m-%d} held back: 1 jobs created in it are still in" in out
+    assert attached(table) and attached(f"jobs_jobevent_p{day:%Y%m%d}")
+    assert raw("SELECT count(*) FROM jobs_job WHERE id = ANY(%s)", [ids]) == [(2,)]
+    assert raw("SELECT count(*) FROM jobs_jobevent WHERE job_id = %s", [ids[0]]) == [(4,)]
+    assert not ArchivedPeriod.objects.filter(period=day).exists()
 
 
 def test_dry_run_and_no_archive_dir_change_nothing(layout, settings):

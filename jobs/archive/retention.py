@@ -45,6 +45,14 @@ class ArchiveStopped(Exception):
     """Retention stopped at a period; what was archived before it stays archived."""
 
 
+class PeriodHeld(Exception):
+    """Found after DETACH: a job of the period is hot again; the period went back."""
+
+    def __init__(self, period: datetime.date, why: str) -> None:
+        super().__init__(why)
+        self.period, self.why = period, why
+
+
 @dataclass
 class PeriodReport:
     period: datetime.date
@@ -129,7 +137,10 @@ def archive_expired(
         return report
     root = Path(archive_dir)
     for p in todo:
-        report.archived.append(archive_period(p, root, progress))
+        try:
+            report.archived.append(archive_period(p, root, progress))
+        except PeriodHeld as e:
+            report.held.append((e.period, e.why))
     report.seconds = time.monotonic() - started
     return report
 
@@ -153,6 +164,14 @@ def archive_period(
         raise ArchiveStopped(
             f"{p.jobs} is detached without the check of its bound that DETACH … "
             "CONCURRENTLY leaves: attach it again (or add the check) and run again"
+        )
+    earlier = ArchivedPeriod.objects.filter(period=p.period, restored_at__isnull=True).first()
+    if earlier is not None:
+        raise ArchiveStopped(
+            f"period {p.period:%Y-%m-%d} was archived at {earlier.archived_at:%Y-%m-%d %H:%M} "
+            f"to {earlier.location} and {p.jobs} exists again: its files are not "
+            "overwritten; move them aside (and delete its jobs_archivedperiod row) to "
+            "archive the table as it is now"
         )
     bounds = {tables.JOBS: tables.bound_of(p.jobs), tables.EVENTS: tables.bound_of(p.events)}
     step("detach", lambda: tables.detach(p))
@@ -178,6 +197,10 @@ def archive_period(
 def _check_finished(p: tables.Partition) -> None:
     bad = tables.unfinished(p.jobs)
     if not bad:
+        hot = tables.still_hot(p)
+        if hot:  # a staff retry brought one back between the first look and DETACH
+            tables.reattach(p)
+            raise PeriodHeld(p.period, f"{hot} jobs created in it are still in {tables.HOT}")
         return
     what = f"period {p.period:%Y-%m-%d}: {bad} jobs in {p.jobs} are not finished"
     try:

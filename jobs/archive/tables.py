@@ -118,16 +118,22 @@ def held_back(p: Partition, cutoff: datetime.datetime) -> str | None:
     """Why an attached period whose end is past `cutoff` must stay, or None: a job
     created in it is still hot (live, or finished and not moved yet), or one of its
     jobs finished after the cutoff."""
-    start, end = period_start_utc(p.start), period_start_utc(p.end)
-    hot = _rows(
-        f"SELECT count(*) FROM {HOT} WHERE created_at >= %s AND created_at < %s", [start, end]
-    )[0][0]
+    hot = still_hot(p)
     if hot:
         return f"{hot} jobs created in it are still in {HOT}"
     late = _rows(f"SELECT count(*) FROM {p.jobs} WHERE finished_at >= %s", [cutoff])[0][0]
     if late:
         return f"{late} of its jobs finished after the cutoff"
     return None
+
+
+def still_hot(p: Partition) -> int:
+    """Jobs created in the period that are in jobs_job_hot (live, not moved yet, or
+    brought back by a staff retry)."""
+    start, end = period_start_utc(p.start), period_start_utc(p.end)
+    return _rows(
+        f"SELECT count(*) FROM {HOT} WHERE created_at >= %s AND created_at < %s", [start, end]
+    )[0][0]
 
 
 @contextmanager
