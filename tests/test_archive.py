@@ -561,3 +561,55 @@ def test_archive_command_refuses_bad_input(args, message):
 
 def test_archive_list_when_empty():
     assert archive("list").strip() == "nothing archived, nothing detached"
+
+
+# --- the admin ----------------------------------------------------------------------------
+
+
+def archived_row(day: datetime.date, low: int, high: int) -> ArchivedPeriod:
+    return ArchivedPeriod.objects.create(
+        period=day, starts_at=at(day), ends_at=at(day + WEEK), jobs=high - low + 1, events=0,
+        min_job_id=low, max_job_id=high, location=f"/archive/{day:%Y%m%d}", files={},
+        archived_at=at(day + 5 * WEEK, 3),
+    )  # fmt: skip
+
+
+@pytest.fixture
+def staff(client):
+    from django.contrib.auth.models import Permission, User
+
+    user = User.objects.create_user("ada", password="pw", is_staff=True)
+    user.user_permissions.set(Permission.objects.filter(codename="view_job"))
+    client.force_login(User.objects.get(pk=user.pk))
+    return client
+
+
+def test_the_admin_says_where_an_archived_job_went(staff):
+    from django.contrib.messages import get_messages
+    from django.urls import reverse
+
+    day = monday(6)
+    archived_row(day, 1_000_000, 1_000_999)
+    said = f"job 1000500 was archived at {at(day + 5 * WEEK, 3):%Y-%m-%d %H:%M}"
+    restore_with = f"restore with `manage.py archive restore {day:%Y-%m-%d}`"
+
+    page = staff.get(reverse("admin:jobs_job_changelist"), {"q": "1000500"})
+    assert page.status_code == 200
+    shown = [str(m) for m in get_messages(page.wsgi_request)]
+    assert any(said in m and restore_with in m for m in shown), shown
+
+    page = staff.get(reverse("admin:jobs_job_change", args=[1000500]), follow=True)
+    shown = [str(m) for m in get_messages(page.wsgi_request)]
+    assert any(said in m and restore_with in m for m in shown), shown
+
+    # An id no period held: Django's own "does not exist".
+    page = staff.get(reverse("admin:jobs_job_change", args=[999]), follow=True)
+    shown = [str(m) for m in get_messages(page.wsgi_request)]
+    assert shown and not any("archived" in m for m in shown)
+
+    listing = staff.get(reverse("admin:jobs_archivedperiod_changelist"))
+    assert listing.status_code == 200
+    assert f"/archive/{day:%Y%m%d}" in listing.content.decode()
+    detail = staff.get(reverse("admin:jobs_archivedperiod_change", args=[str(day)]))
+    assert f"manage.py archive restore {day:%Y-%m-%d}" in detail.content.decode()
+    assert staff.get(reverse("admin:jobs_archivedperiod_add")).status_code == 403
