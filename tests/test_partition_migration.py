@@ -254,7 +254,7 @@ def test_the_swap_lock_does_not_grow_with_the_table():
     for rows in (2000, LARGE):
         db, longest, took, inserted, out = _migrate_populated(rows)
         db.drop()
-        held = [ln for ln in out.splitlines() if "swap held" in ln]
+        held = [ln for ln in out.splitlines() if "ACCESS EXCLUSIVE" in ln]
         waits[rows] = longest
         print(f"\n{rows} rows: migration {took:.1f} s, longest insert wait "
               f"{longest * 1000:.0f} ms, {inserted} inserts during it; {held}")  # fmt: skip
