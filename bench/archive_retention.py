@@ -17,7 +17,8 @@ end), migrated with `manage.py migrate`, it:
    10,000 `DELETE … FOR UPDATE SKIP LOCKED` over jobs_job, history and side rows), then
    `VACUUM` (what the deleted rows need before their space is reused);
 4. on the other, `manage.py prunejobs --older-than 7d` with JOBS_ARCHIVE_DIR set:
-   DETACH CONCURRENTLY, Parquet, verify, DROP; then `manage.py archive restore`.
+   DETACH CONCURRENTLY, Parquet, verify, DROP; then `manage.py archive show` of one job
+   and `manage.py archive restore`.
 
 Prints the figures and writes bench/results/archive_retention-<N>.json.
 """
@@ -198,7 +199,7 @@ def row_wise(url: str) -> dict[str, float]:
             "vacuum_s": round(vacuumed, 1)}  # fmt: skip
 
 
-def by_partition(url: str, archive_dir: Path, start: datetime.date) -> dict:
+def by_partition(url: str, archive_dir: Path, start: datetime.date, jobs: int) -> dict:
     began = time.monotonic()
     out = manage(url, "prunejobs", "--older-than", "7d", JOBS_ARCHIVE_DIR=str(archive_dir))
     total = time.monotonic() - began
@@ -211,10 +212,15 @@ def by_partition(url: str, archive_dir: Path, start: datetime.date) -> dict:
         for p in (archive_dir / f"{start:%Y%m%d}").iterdir()
     }
     t = time.monotonic()
+    shown = json.loads(manage(url, "archive", "show", str(jobs // 2)))
+    show_s = time.monotonic() - t
+    assert shown["job"]["id"] == jobs // 2 and len(shown["history"]) == 3, shown
+    t = time.monotonic()
     manage(url, "archive", "restore", f"{start:%Y-%m-%d}")
     restored = time.monotonic() - t
     return {"command_s": round(total, 1), "steps_s": steps, "files_mb": files,
-            "restore_s": round(restored, 1), "output": out}  # fmt: skip
+            "show_s": round(show_s, 1), "restore_s": round(restored, 1),
+            "output": out}  # fmt: skip
 
 
 def main() -> None:
@@ -246,7 +252,7 @@ def main() -> None:
         rw = row_wise(a.url())
         log(f"  {rw}")
         log("prunejobs: DETACH, Parquet, verify, DROP; then archive restore")
-        bp = by_partition(b.url(), archive_dir, start)
+        bp = by_partition(b.url(), archive_dir, start, args.jobs)
         log(f"  { ({k: v for k, v in bp.items() if k != 'output'}) }")
         result = {"jobs": args.jobs, "period": str(start), "before": before,
                   "row_wise": rw, "by_partition": bp}  # fmt: skip
