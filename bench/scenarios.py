@@ -60,11 +60,11 @@ VARIANTS: dict[str, str | tuple[str, ...]] = {
     # The history trigger as it was before 0006: one trigger call per changed row.
     "row-history": _triggers.HISTORY_PER_ROW,
     # Without the storage settings of migration 0004 (fillfactor, autovacuum), for a
-    # before/after of that migration.
+    # before/after of that migration; they are the hot partition's since 0021.
     "no-table-storage": (
-        "ALTER TABLE jobs_job RESET (fillfactor, autovacuum_vacuum_scale_factor, "
+        "ALTER TABLE jobs_job_hot RESET (fillfactor, autovacuum_vacuum_scale_factor, "
         "autovacuum_analyze_scale_factor, autovacuum_vacuum_cost_limit)",
-        "VACUUM FULL jobs_job",
+        "VACUUM FULL jobs_job_hot",
     ),
 }
 
@@ -77,7 +77,8 @@ def apply_variant(name: str) -> None:
 
     sql(guard_trigger_sql("jobs_job", "jobs_jobevent"))
     sql("DROP TRIGGER IF EXISTS jobs_job_history ON jobs_job")
-    sql(importlib.import_module("jobs.migrations.0004_jobs_table_storage").FORWARD)
+    storage = importlib.import_module("jobs.migrations.0004_jobs_table_storage").FORWARD
+    sql(storage.replace("jobs_job", "jobs_job_hot"))  # the hot partition's since 0021
     statements = VARIANTS[name]
     for statement in (statements,) if isinstance(statements, str) else statements:
         if statement:

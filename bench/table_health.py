@@ -203,27 +203,29 @@ def sizes(db_url: str) -> dict[str, Any]:
     with psycopg.connect(db_url) as c:
         c.execute("SELECT pg_stat_force_next_flush()")
         row = c.execute(
-            """SELECT pg_relation_size('jobs_job'), pg_indexes_size('jobs_job'),
-                      pg_total_relation_size('jobs_job'),
-                      pg_total_relation_size('jobs_jobevent'),
+            """SELECT pg_relation_size('jobs_job_hot'), pg_indexes_size('jobs_job_hot'),
+                      pg_total_relation_size('jobs_job_hot'),
+                      (SELECT sum(pg_total_relation_size(inhrelid)) FROM pg_inherits
+                       WHERE inhparent = 'jobs_jobevent'::regclass),
                       (SELECT count(*) FROM jobs_job),
                       (SELECT count(*) FROM jobs_jobevent)"""
         ).fetchone()
-        indexes = dict(
-            c.execute(
+        indexes = {  # the hot partition's, named after the parent's (0021)
+            name.removeprefix("jobs_job_hot_"): size
+            for name, size in c.execute(
                 """SELECT indexrelid::regclass::text, pg_relation_size(indexrelid)
-                   FROM pg_index WHERE indrelid = 'jobs_job'::regclass ORDER BY 1"""
+                   FROM pg_index WHERE indrelid = 'jobs_job_hot'::regclass ORDER BY 1"""
             ).fetchall()
-        )
+        }
         by_status = dict(
             c.execute("SELECT status, count(*) FROM jobs_job GROUP BY status ORDER BY 1").fetchall()
         )
         dead = c.execute(
-            "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = 'jobs_job'"
+            "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = 'jobs_job_hot'"
         ).fetchone()[0]
         free = None
         if c.execute("SELECT 1 FROM pg_extension WHERE extname = 'pgstattuple'").fetchone():
-            free = c.execute("SELECT free_percent FROM pgstattuple('jobs_job')").fetchone()[0]
+            free = c.execute("SELECT free_percent FROM pgstattuple('jobs_job_hot')").fetchone()[0]
     return {
         "jobs_rows": row[4],
         "by_status": by_status,
@@ -264,7 +266,7 @@ def measure_services(db_url: str, claims: int) -> dict[str, Any]:
         with psycopg.connect(db_url) as c:
             return c.execute(
                 "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables "
-                "WHERE relname = 'jobs_job'"
+                "WHERE relname = 'jobs_job_hot'"
             ).fetchone()
 
     with connection.cursor() as cur:
