@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-12)
 
 .PHONY: run test lint install tools migrate browser chaos chaos-long bench crash-bench webhooks \
-	table-health fuzz schedules-long workflow-bench workflow-linear stop-db reset-db clean \
+	table-health archive-bench fuzz schedules-long workflow-bench workflow-linear stop-db reset-db clean \
 	fresh-project
 
 $(STAMP): pyproject.toml
@@ -133,6 +133,12 @@ webhooks: install
 N ?= 1000000
 table-health: install
 	$(PY) -m bench.table_health --rows $(N) $(TABLE_HEALTH_ARGS)
+
+## archive-bench: retention of one period of N finished jobs (three history rows each):
+## prunejobs by partition (DETACH, Parquet, verify, DROP) against the row-wise DELETE, on
+## copies of one scratch database (docs/operations.md "Retention and archive").
+archive-bench: install
+	$(PY) -m bench.archive_retention --jobs $(N)
 
 ## fresh-project: docs/django.md in a startproject project, the wheel installed with its
 ## dependencies by pip into a clean virtualenv (`make test` runs it with this checkout's
