@@ -29,6 +29,7 @@ JOBS = "jobs_job"
 EVENTS = "jobs_jobevent"
 # Serialises partition creation between reapers (an advisory lock of its own).
 _LOCK_KEY = 0x6A6F6273_70617274  # "jobspart"
+_NAME = re.compile(r"jobs_job(event)?_p\d{8}")
 _BOUND = re.compile(r"TO \('(\d{4}-\d{2}-\d{2})")
 
 
@@ -77,6 +78,24 @@ def _existing(cur) -> set[str]:
     return {r[0] for r in cur.fetchall()}
 
 
+def _unavailable(cur, table: str) -> set[str]:
+    """Partition names the mover must not create: a table of that name that is not
+    attached (a period being archived, or one a crashed prune left detached), or a
+    period archived and not restored. Its jobs stay hot until the period is back."""
+    cur.execute(
+        "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = current_schema() AND c.relkind = 'r' AND NOT c.relispartition "
+        "AND c.relname LIKE %s",
+        [f"{table}\\_p%"],
+    )
+    names = {r[0] for r in cur.fetchall() if _NAME.fullmatch(r[0])}
+    cur.execute("SELECT to_regclass('jobs_archivedperiod') IS NOT NULL")
+    if cur.fetchone()[0]:
+        cur.execute("SELECT period FROM jobs_archivedperiod WHERE restored_at IS NULL")
+        names |= {partition_name(table, r[0]) for r in cur.fetchall()}
+    return names
+
+
 def legacy_bound(cur) -> date | None:
     """Where jobs_jobevent_legacy ends: history partitions start there."""
     cur.execute(
@@ -110,12 +129,19 @@ def ensure(periods: dict[str, set[date]]) -> set[tuple[str, date]]:
     with connection.cursor() as cur:
         existing = _existing(cur)
         bound = legacy_bound(cur) if periods.get(EVENTS) else None
+        unavailable = {t: _unavailable(cur, t) for t in periods}
     for table in (JOBS, EVENTS):
         for start in sorted(periods.get(table, ())):
             if table == EVENTS and (bound is None or start < bound):
                 continue  # the legacy partition holds these
             if partition_name(table, start) in existing:
                 ready.add((table, start))
+                continue
+            if partition_name(table, start) in unavailable[table]:
+                log.warning(
+                    "partition %s is detached or archived: its jobs stay hot",
+                    partition_name(table, start),
+                )
                 continue
             try:
                 with transaction.atomic(), connection.cursor() as cur:
@@ -146,6 +172,7 @@ _CANDIDATES_SQL = f"""
 SELECT id, {{period}} FROM {JOBS}
 WHERE {lifecycle.hot_sql()} AND status IN ({lifecycle.sql_list(TERMINAL)})
   AND finished_at <= statement_timestamp() - %s * interval '1 second'
+  AND {{period}} <> ALL(%s::date[])
 ORDER BY finished_at
 LIMIT %s"""
 
@@ -164,7 +191,11 @@ def move_batch(hot_seconds: float | None = None, batch: int | None = None) -> in
     batch = settings.JOBS_PARTITION_MOVE_BATCH if batch is None else batch
     period = _period_sql("created_at")
     with connection.cursor() as cur:
-        cur.execute(_CANDIDATES_SQL.format(period=period), [hot_seconds, batch])
+        # Jobs of a detached or archived period wait hot, without stalling the rest.
+        skipped = sorted(
+            date.fromisoformat(f"{m[-8:-4]}-{m[-4:-2]}-{m[-2:]}") for m in _unavailable(cur, JOBS)
+        )
+        cur.execute(_CANDIDATES_SQL.format(period=period), [hot_seconds, skipped, batch])
         rows = cur.fetchall()
     if not rows:
         return 0

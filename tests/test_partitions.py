@@ -378,3 +378,32 @@ def test_lifecycle_moves_of_live_jobs_name_the_hot_partition():
     assert lifecycle.CLAIM.where() == "status = 'queued' AND period = 'infinity'"
     assert lifecycle.EXPIRE.where("j.status") == "j.status = 'processing' AND j.period = 'infinity'"
     assert "period" not in lifecycle.STAFF_RETRY.where()
+
+
+def test_jobs_of_a_detached_or_archived_period_wait_hot_and_the_rest_still_move():
+    now = datetime.now(UTC)
+    detached, archived = now - timedelta(days=21), now - timedelta(days=35)
+    kept = [_finished(), _finished()]
+    for job, at in zip(kept, (detached, archived), strict=True):
+        raw("UPDATE jobs_job SET created_at = %s WHERE id = %s", [at, job.pk])
+        job.refresh_from_db()
+    free = _finished()
+    # A period a crashed prune left detached, and one archived and not restored.
+    start = partitions.period_start(detached)
+    raw(f"CREATE TABLE {partitions.partition_name('jobs_job', start)} (LIKE jobs_job)")
+    gone = partitions.period_start(archived)
+    raw(
+        "INSERT INTO jobs_archivedperiod (period, starts_at, ends_at, jobs, events, location,"
+        " files, bytes, archived_at) VALUES (%s, %s, %s, 0, 0, '/nowhere', '{}', 0, now())",
+        [gone, gone, partitions.next_start(gone)],
+    )
+
+    # The stuck jobs finished first: they must not hold back the batch behind them.
+    assert partitions.move_batch(hot_seconds=0, batch=1) == 1
+
+    free.refresh_from_db()
+    assert free.period == partitions.period_start(free.created_at)
+    for job in kept:
+        job.refresh_from_db()
+        assert job.period == HOT
+    assert partitions.move_batch(hot_seconds=0) == 0
