@@ -30,7 +30,11 @@ class JobsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from jobs import checks, clientcache  # noqa: F401  (registers checks; the cache's signals)
+        from django.db.backends.signals import connection_created
+
+        from jobs import checks, clientcache, pgtypes  # noqa: F401  (registers checks; signals)
+
+        connection_created.connect(pgtypes.on_connection_created, dispatch_uid="jobs.pgtypes")
 
         post_migrate.connect(_sync_queues, sender=self, dispatch_uid="jobs.sync_queues")
         post_migrate.connect(_sync_periodic, sender=self, dispatch_uid="jobs.sync_periodic")

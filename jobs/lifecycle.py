@@ -199,9 +199,13 @@ def guard_trigger_sql(table: str, history_table: str) -> str:
     - only terminal rows may be deleted (retention);
     - updated_at is stamped with the database clock;
     - `event_seq` counts the row's status changes (1 on insert): the per-job
-      sequence number its history rows and completion events carry.
+      sequence number its history rows and completion events carry;
+    - a change of `period` moves the row between partitions (a delete and an insert,
+      D157): the insert half of that move is not a new job, and a move alone leaves
+      updated_at as it was.
     AFTER INSERT/UPDATE, once per statement (transition tables): one history row
-    per status change, with the actor recorded in the row's updated_by column by
+    per status change (a move between partitions is none), with the job's created_at
+    (the history partition's key, D160), the actor recorded in the row's updated_by column by
     whoever made the change, and the job's `event_seq`. A change out of processing
     ends an attempt: its row
     also carries the attempt's error class and traceback (NULL unless it failed).
@@ -213,6 +217,11 @@ def guard_trigger_sql(table: str, history_table: str) -> str:
 CREATE OR REPLACE FUNCTION {table}_guard() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
   IF TG_OP = 'INSERT' THEN
+    IF current_setting('jobs.moving_job', true) = NEW.id::text THEN
+      -- The insert half of a row moving between partitions: checked as an update.
+      PERFORM set_config('jobs.moving_job', '', true);
+      RETURN NEW;
+    END IF;
     IF NEW.status <> '{INITIAL}' OR NEW.lease_version <> 0 THEN
       RAISE EXCEPTION 'illegal job insert: status % lease_version %', NEW.status, NEW.lease_version
         USING ERRCODE = 'check_violation', CONSTRAINT = '{table}_legal_insert';
@@ -263,6 +272,13 @@ BEGIN
     RAISE EXCEPTION 'job % changed owner without a lease bump', OLD.id
       USING ERRCODE = 'check_violation', CONSTRAINT = '{table}_lease_bump';
   END IF;
+  IF NEW.period IS DISTINCT FROM OLD.period THEN
+    -- The row moves to another partition: its delete and insert halves follow.
+    PERFORM set_config('jobs.moving_job', NEW.id::text, true);
+    IF NEW.status = OLD.status THEN
+      RETURN NEW;  -- a move alone (the mover) is no change of the job: updated_at stays
+    END IF;
+  END IF;
   NEW.updated_at := statement_timestamp();
   RETURN NEW;
 END
@@ -273,10 +289,11 @@ $$;
 CREATE OR REPLACE FUNCTION {table}_history_insert() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
   INSERT INTO {history_table}
-    (job_id, at, from_status, to_status, actor, lease_version, retry_count, error, seq)
+    (job_id, at, from_status, to_status, actor, lease_version, retry_count, error, seq,
+     job_created_at)
   SELECT n.id, statement_timestamp(), NULL, n.status, COALESCE(n.updated_by, ''), n.lease_version,
          n.retry_count, CASE WHEN n.status = '{Status.DONE}' THEN NULL ELSE n.error END,
-         n.event_seq
+         n.event_seq, n.created_at
   FROM {table}_new n;
   RETURN NULL;
 END
@@ -286,13 +303,13 @@ CREATE OR REPLACE FUNCTION {table}_history_update() RETURNS trigger LANGUAGE plp
 BEGIN
   INSERT INTO {history_table}
     (job_id, at, from_status, to_status, actor, lease_version, retry_count, error,
-     error_class, error_traceback, seq)
+     error_class, error_traceback, seq, job_created_at)
   SELECT n.id, statement_timestamp(), o.status, n.status, COALESCE(n.updated_by, ''),
          n.lease_version, n.retry_count,
          CASE WHEN n.status = '{Status.DONE}' THEN NULL ELSE n.error END,
          CASE WHEN o.status = '{Status.PROCESSING}' THEN n.error_class END,
          CASE WHEN o.status = '{Status.PROCESSING}' THEN n.error_traceback END,
-         n.event_seq
+         n.event_seq, n.created_at
   FROM {table}_new n JOIN {table}_old o ON o.id = n.id
   WHERE n.status <> o.status;
   RETURN NULL;

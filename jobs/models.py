@@ -13,6 +13,7 @@ from django.db.models import F, Q, Value
 from django.db.models.functions import Coalesce, Now
 
 from jobs.lifecycle import NON_TERMINAL, STATUSES, TERMINAL, UNOWNED, Move, Status, WaitReason
+from jobs.pgtypes import HOT, LEGACY
 
 PRIORITY_MIN = -100
 PRIORITY_MAX = 100
@@ -171,6 +172,14 @@ class Job(models.Model):
     # handler (sleep, a signal wait on `wait_key`) or blocked on workflow parents.
     wait_reason = models.CharField(max_length=20, null=True, blank=True, choices=WaitReason.choices)
     wait_key = models.CharField(max_length=200, null=True, blank=True)
+    # The partition (D155): 'infinity' (pgtypes.HOT) while live and recently finished,
+    # then the start of its created_at's period, set by the mover (jobs.partitions).
+    period = models.DateField(
+        default=HOT,
+        editable=False,
+        help_text="The partition: 'infinity' (hot) until the mover moves the finished job "
+        "to the period of its created_at.",
+    )
 
     objects = JobQuerySet.as_manager()
     # Set on the job `submit()` returns when a live job already held its unique_key.
@@ -226,18 +235,26 @@ class Job(models.Model):
                 name="job_priority_range",
                 condition=Q(priority__gte=PRIORITY_MIN, priority__lte=PRIORITY_MAX),
             ),
+            # Unique within a partition only: submit() looks the key up in the cold
+            # partitions after its insert into hot (D159).
             models.UniqueConstraint(
                 name="job_idempotency_key_per_client",
-                fields=["client", "idempotency_key"],
+                fields=["client", "idempotency_key", "period"],
                 condition=Q(idempotency_key__isnull=False),
                 nulls_distinct=False,
             ),
-            # Created CONCURRENTLY by migration 0010 (a unique partial index).
+            # Live jobs are all hot (job_cold_is_finished): with period in the key this
+            # is still "unique among live jobs" (0021; first built by 0011).
             models.UniqueConstraint(
                 name="job_unique_key_live",
-                fields=["client", "unique_key"],
+                fields=["client", "unique_key", "period"],
                 condition=Q(unique_key__isnull=False, status__in=sorted(NON_TERMINAL)),
                 nulls_distinct=False,
+            ),
+            # Live jobs are always in the hot partition.
+            models.CheckConstraint(
+                name="job_cold_is_finished",
+                condition=Q(period=HOT) | Q(status__in=sorted(TERMINAL)),
             ),
         ]
         indexes = [
@@ -330,6 +347,10 @@ class JobEvent(models.Model):
     error_traceback = models.TextField(null=True, blank=True)
     # The job's `event_seq` after this transition: events of one job in order, no gaps.
     seq = models.IntegerField(null=True, blank=True)
+    # The partition key (D160): the job's created_at, so a period's jobs and their
+    # whole history leave together; '-infinity' (pgtypes.LEGACY) on rows older than
+    # the partitions.
+    job_created_at = models.DateTimeField(default=LEGACY, editable=False)
 
     class Meta:
         db_table = "jobs_jobevent"

@@ -430,12 +430,11 @@ FROM jobs_workflow WHERE id = %s"""
 WORKFLOW_STEPS_SQL = f"""
 SELECT wn.key, j.id, j.task, j.queue, j.status, j.wait_reason, j.result, j.error,
        j.retry_count, j.created_at, j.finished_at,
-       coalesce(array_agg(pn.key ORDER BY pn.key) FILTER (WHERE pn.key IS NOT NULL), '{{}}')
+       coalesce((SELECT array_agg(pn.key ORDER BY pn.key) FROM jobs_jobdependency d
+                 JOIN jobs_workflownode pn ON pn.job_id = d.parent_id
+                 WHERE d.child_id = wn.job_id), '{{}}')
 FROM jobs_workflownode wn JOIN {T} j ON j.id = wn.job_id
-LEFT JOIN jobs_jobdependency d ON d.child_id = wn.job_id
-LEFT JOIN jobs_workflownode pn ON pn.job_id = d.parent_id
 WHERE wn.workflow_id = %s
-GROUP BY wn.key, j.id
 ORDER BY j.id"""
 
 

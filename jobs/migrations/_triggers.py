@@ -708,3 +708,124 @@ END $do$;
 HISTORY_PLAN_0016 = """ALTER FUNCTION jobs_job_history_update() SET enable_nestloop = off;
 """
 HISTORY_PLAN_RESET = "ALTER FUNCTION jobs_job_history_update() RESET enable_nestloop;\n"
+
+# 0021_partitions: history rows carry the job's created_at (the key of the partitioned
+# jobs_jobevent); a move between partitions (a change of period) passes the guard as one
+# update, its insert half included.
+GUARD_0021 = """
+CREATE OR REPLACE FUNCTION jobs_job_guard() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF TG_OP = 'INSERT' THEN
+    IF current_setting('jobs.moving_job', true) = NEW.id::text THEN
+      -- The insert half of a row moving between partitions: checked as an update.
+      PERFORM set_config('jobs.moving_job', '', true);
+      RETURN NEW;
+    END IF;
+    IF NEW.status <> 'queued' OR NEW.lease_version <> 0 THEN
+      RAISE EXCEPTION 'illegal job insert: status % lease_version %', NEW.status, NEW.lease_version
+        USING ERRCODE = 'check_violation', CONSTRAINT = 'jobs_job_legal_insert';
+    END IF;
+    NEW.due_at := greatest(NEW.created_at, NEW.run_at);
+    NEW.event_seq := 1;
+    RETURN NEW;
+  END IF;
+  IF TG_OP = 'DELETE' THEN
+    IF OLD.status NOT IN ('done', 'failed') THEN
+      RAISE EXCEPTION 'illegal job delete: job % is %', OLD.id, OLD.status
+        USING ERRCODE = 'check_violation', CONSTRAINT = 'jobs_job_delete_terminal_only';
+    END IF;
+    RETURN OLD;
+  END IF;
+  IF NEW.lease_version < OLD.lease_version THEN
+    RAISE EXCEPTION 'illegal lease_version decrease on job %: % -> %',
+      OLD.id, OLD.lease_version, NEW.lease_version
+      USING ERRCODE = 'check_violation', CONSTRAINT = 'jobs_job_lease_monotonic';
+  END IF;
+  IF OLD.status = 'processing' AND NEW.status = 'queued'
+     AND NEW.cancel_requested_at IS NOT NULL THEN
+    NEW.status := 'failed';
+    NEW.error := 'cancelled';
+    NEW.finished_at := statement_timestamp();
+  END IF;
+  IF NEW.status <> OLD.status THEN
+    IF (OLD.status || '>' || NEW.status) NOT IN ('enqueue_failed>failed', 'enqueue_failed>queued', 'failed>queued', 'processing>done', 'processing>failed', 'processing>queued', 'queued>enqueue_failed', 'queued>failed', 'queued>processing') THEN
+      RAISE EXCEPTION 'illegal job transition on job %: % -> %', OLD.id, OLD.status, NEW.status
+        USING ERRCODE = 'check_violation', CONSTRAINT = 'jobs_job_legal_transition';
+    END IF;
+    IF (OLD.status || '>' || NEW.status) IN ('processing>queued', 'queued>processing')
+       AND NEW.lease_version <= OLD.lease_version THEN
+      RAISE EXCEPTION 'job % changed hands (% -> %) without a lease bump',
+        OLD.id, OLD.status, NEW.status
+        USING ERRCODE = 'check_violation', CONSTRAINT = 'jobs_job_lease_bump';
+    END IF;
+    NEW.event_seq := COALESCE(OLD.event_seq, 0) + 1;
+    IF NEW.status = 'processing' THEN
+      -- A new attempt starts without the last one's error detail or progress.
+      NEW.error_class := NULL;
+      NEW.error_traceback := NULL;
+      NEW.progress := NULL;
+    END IF;
+  ELSIF NEW.status = 'processing'
+        AND NEW.owned_by IS NOT NULL AND NEW.owned_by IS DISTINCT FROM OLD.owned_by
+        AND NEW.lease_version <= OLD.lease_version THEN
+    RAISE EXCEPTION 'job % changed owner without a lease bump', OLD.id
+      USING ERRCODE = 'check_violation', CONSTRAINT = 'jobs_job_lease_bump';
+  END IF;
+  IF NEW.period IS DISTINCT FROM OLD.period THEN
+    -- The row moves to another partition: its delete and insert halves follow.
+    PERFORM set_config('jobs.moving_job', NEW.id::text, true);
+    IF NEW.status = OLD.status THEN
+      RETURN NEW;  -- a move alone (the mover) is no change of the job: updated_at stays
+    END IF;
+  END IF;
+  NEW.updated_at := statement_timestamp();
+  RETURN NEW;
+END
+$$;
+
+-- History, one statement per write: the rows a statement changed are read from its
+-- transition tables, so a batch of N transitions costs one INSERT, not N trigger calls.
+CREATE OR REPLACE FUNCTION jobs_job_history_insert() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO jobs_jobevent
+    (job_id, at, from_status, to_status, actor, lease_version, retry_count, error, seq,
+     job_created_at)
+  SELECT n.id, statement_timestamp(), NULL, n.status, COALESCE(n.updated_by, ''), n.lease_version,
+         n.retry_count, CASE WHEN n.status = 'done' THEN NULL ELSE n.error END,
+         n.event_seq, n.created_at
+  FROM jobs_job_new n;
+  RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION jobs_job_history_update() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO jobs_jobevent
+    (job_id, at, from_status, to_status, actor, lease_version, retry_count, error,
+     error_class, error_traceback, seq, job_created_at)
+  SELECT n.id, statement_timestamp(), o.status, n.status, COALESCE(n.updated_by, ''),
+         n.lease_version, n.retry_count,
+         CASE WHEN n.status = 'done' THEN NULL ELSE n.error END,
+         CASE WHEN o.status = 'processing' THEN n.error_class END,
+         CASE WHEN o.status = 'processing' THEN n.error_traceback END,
+         n.event_seq, n.created_at
+  FROM jobs_job_new n JOIN jobs_job_old o ON o.id = n.id
+  WHERE n.status <> o.status;
+  RETURN NULL;
+END
+$$;
+
+DROP TRIGGER IF EXISTS jobs_job_guard ON jobs_job;
+CREATE TRIGGER jobs_job_guard BEFORE INSERT OR UPDATE OR DELETE ON jobs_job
+  FOR EACH ROW EXECUTE FUNCTION jobs_job_guard();
+DROP TRIGGER IF EXISTS jobs_job_history ON jobs_job;
+DROP FUNCTION IF EXISTS jobs_job_history();
+DROP TRIGGER IF EXISTS jobs_job_history_insert ON jobs_job;
+CREATE TRIGGER jobs_job_history_insert AFTER INSERT ON jobs_job
+  REFERENCING NEW TABLE AS jobs_job_new
+  FOR EACH STATEMENT EXECUTE FUNCTION jobs_job_history_insert();
+DROP TRIGGER IF EXISTS jobs_job_history_update ON jobs_job;
+CREATE TRIGGER jobs_job_history_update AFTER UPDATE ON jobs_job
+  REFERENCING OLD TABLE AS jobs_job_old NEW TABLE AS jobs_job_new
+  FOR EACH STATEMENT EXECUTE FUNCTION jobs_job_history_update();
+"""
