@@ -95,6 +95,7 @@ SETTINGS: dict[str, Setting] = {
     "JOBS_WEBHOOK_MAX_RETRIES": Setting(10, "Retry budget of a webhook delivery."),
     "JOBS_WEBHOOK_CA_BUNDLE": Setting("", "PEM file of CA certificates for https receivers; empty: the system's."),
     "JOBS_WEBHOOK_KEY": Setting("", "Key webhook secrets are derived from; empty: SECRET_KEY."),
+    "JOBS_ARCHIVE_DIR": Setting("", "Local directory prunejobs archives expired partitions to (Parquet); empty: they are kept, not archived."),
     "PRODUCTION": Setting(False, "Production rules apply (webhooks must be https); jobservice reads JOBS_PRODUCTION."),
     "LOG_FORMAT": Setting("text", "`json` or `text`: how runworker/runreaper print their banners."),
 }

@@ -893,3 +893,34 @@ class DomainEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.type} {self.id}"
+
+
+class ArchivedPeriod(models.Model):
+    """A period whose partitions were archived to Parquet and dropped (jobs.archive):
+    where its files are and which job ids it held, so the admin can say where a job
+    went. Written in the transaction that drops the period's tables."""
+
+    period = models.DateField(primary_key=True, help_text="The day the period starts (UTC).")
+    starts_at = models.DateTimeField()
+    ends_at = models.DateTimeField()
+    jobs = models.BigIntegerField()
+    events = models.BigIntegerField(help_text="History rows archived with the jobs.")
+    min_job_id = models.BigIntegerField(null=True, blank=True)
+    max_job_id = models.BigIntegerField(null=True, blank=True)
+    location = models.CharField(max_length=1000, help_text="The period's archive directory.")
+    files = models.JSONField(default=dict, help_text="Each file's name, rows, bytes, sha256.")
+    bytes = models.BigIntegerField(default=0)
+    archived_at = models.DateTimeField(db_default=Now())
+    restored_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="Attached again by `archive restore`; archived anew by the next prune.",
+    )
+
+    class Meta:
+        db_table = "jobs_archivedperiod"
+        ordering = ["-period"]
+        indexes = [models.Index(name="archivedperiod_ids_idx", fields=["min_job_id", "max_job_id"])]
+
+    def __str__(self) -> str:
+        return f"period {self.period:%Y-%m-%d}"

@@ -37,12 +37,16 @@ LAYERS: list[tuple[str, list[str]]] = [
                         "jobs.events.ssrf", "jobs.events.deadline",
                         "jobs.quotas",
                         # the read replica: where reads that may lag go (D147)
-                        "jobs.replica"]),
+                        "jobs.replica",
+                        # Parquet files of archived periods: the only pyarrow import
+                        "jobs.archive.files"]),
     ("models", ["jobs.models", "jobs.graph"]),
     # Caches of model rows that the writes keep honest (the API clients by token hash).
     ("model caches", ["jobs.clientcache"]),
     # Every write (one fenced compare-and-set each) and every read.
     ("services and selectors", ["jobs.services", "jobs.selectors"]),
+    # Retention by partition, the PostgreSQL side: periods, DETACH, DROP, ATTACH.
+    ("archive tables", ["jobs.archive.tables"]),
     # A schedule's slots: the scheduler_runs row and the job it makes, in one statement.
     ("schedule firing", ["jobs.schedules.firing"]),
     # Queue controls: the Queue rows synced from JOBS_QUEUES and a worker's view of them.
@@ -64,11 +68,15 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("worker pools", ["jobs.worker.pools.threads", "jobs.worker.pools.processes"]),
     ("worker rooms", ["jobs.worker.*"]),
     # The webhook delivery task parks a delivery its endpoint cannot take (a durable wait).
+    # jobs.archive.*: retention by partition (prunejobs) and reading the archive back.
     ("processes", ["jobs.worker", "jobs.reaper", "jobs.schedules.scheduler",
-                   "jobs.events.outbox", "jobs.events.webhooks"]),
+                   "jobs.events.outbox", "jobs.events.webhooks",
+                   "jobs.archive.retention", "jobs.archive.restore"]),
     # Bridges to frameworks around the processes: Django Tasks, Prometheus scrapes, checks.
     # jobs.deliveries: runworker's second worker, for webhook deliveries.
-    ("adapters", ["jobs.backends", "jobs.collectors", "jobs.checks", "jobs.deliveries"]),
+    # jobs.archive: archive_expired for scripts and benchmarks.
+    ("adapters", ["jobs.backends", "jobs.collectors", "jobs.checks", "jobs.deliveries",
+                  "jobs.archive"]),
     ("entry points", [
         # apps: its ready() wires the client cache's signal receivers in.
         # metrics_urls: the web process's /metrics, an include of its own (docs/django.md).
@@ -84,7 +92,11 @@ KNOWN_EXCEPTIONS: set[tuple[str, str]] = set()
 
 # Third-party modules only one module of the product (jobs, jobservice) may import; the
 # harness, tests, bench and chaos drive them directly.
-OWNED_IMPORTS = {"redis": {"jobs.transport"}, "confluent_kafka": {"jobs.events.kafka"}}
+OWNED_IMPORTS = {
+    "redis": {"jobs.transport"},
+    "confluent_kafka": {"jobs.events.kafka"},
+    "pyarrow": {"jobs.archive.files"},
+}
 
 # What the packages around `jobs` must never import.
 FORBIDDEN = {

@@ -3,12 +3,22 @@ the capped-count paginator, the dashboard and the display helpers, registered he
 
 from django.contrib import admin
 
+from jobs.admin.archive import ArchivedPeriodAdmin
 from jobs.admin.options import ClientAdmin, JobAdmin
 from jobs.admin.queues import QueueAdmin
 from jobs.admin.schedules import ScheduleAdmin
 from jobs.admin.webhooks import WebhookAdmin, WebhookDeliveryAdmin
 from jobs.admin.workflows import WorkflowAdmin
-from jobs.models import Client, Job, Queue, Schedule, Webhook, WebhookDelivery, Workflow
+from jobs.models import (
+    ArchivedPeriod,
+    Client,
+    Job,
+    Queue,
+    Schedule,
+    Webhook,
+    WebhookDelivery,
+    Workflow,
+)
 
 admin.site.register(Job, JobAdmin)
 admin.site.register(Client, ClientAdmin)
@@ -17,3 +27,4 @@ admin.site.register(Schedule, ScheduleAdmin)
 admin.site.register(Workflow, WorkflowAdmin)
 admin.site.register(Webhook, WebhookAdmin)
 admin.site.register(WebhookDelivery, WebhookDeliveryAdmin)
+admin.site.register(ArchivedPeriod, ArchivedPeriodAdmin)

@@ -19,7 +19,7 @@ from django.contrib.admin.views.main import ChangeList
 from django.db import transaction
 from django.db.models import F, Q
 from django.db.models.functions import Now
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.cache import add_never_cache_headers
@@ -30,6 +30,7 @@ from django.utils.translation import gettext_lazy, ngettext_lazy
 from jobs import selectors, services
 from jobs.admin import dashboard
 from jobs.admin.actions import STAFF_ACTIONS, log_changed, make_action, tally
+from jobs.admin.archive import archived_message
 from jobs.admin.display import (
     budget_text,
     duration_column,
@@ -47,6 +48,7 @@ from jobs.admin.filters import InternalFilter, QueueFilter, StuckFilter, TaskFil
 from jobs.admin.paginator import CappedCountPaginator
 from jobs.admin.readonly import ListsFromReplica, SeenWithJobs, WrittenByServices
 from jobs.admin.workflows import JobSignalInline, JobStepInline, send_signal_view
+from jobs.archive.restore import archived_period_of
 from jobs.conf import settings
 from jobs.lifecycle import TERMINAL, Status
 from jobs.models import Client, Job, JobEvent
@@ -247,7 +249,26 @@ class JobAdmin(ListsFromReplica, WrittenByServices, admin.ModelAdmin):
         )
         if term.isascii() and term.isdigit() and int(term) < 2**63:  # not "²"
             query |= Q(pk=int(term))
+            found = queryset.filter(query)
+            if not found.exists():
+                self._say_if_archived(request, int(term))
+            return found, False
         return queryset.filter(query), False
+
+    def _say_if_archived(self, request, job_id: int) -> bool:
+        """Tell staff where a job that is not here went, if an archived period held it."""
+        period = archived_period_of(job_id)
+        if period is None:
+            return False
+        self.message_user(request, archived_message(job_id, period), messages.WARNING)
+        return True
+
+    def _get_obj_does_not_exist_redirect(self, request, opts, object_id):
+        if not (object_id.isascii() and object_id.isdigit() and int(object_id) < 2**63):
+            return super()._get_obj_does_not_exist_redirect(request, opts, object_id)
+        if not self._say_if_archived(request, int(object_id)):
+            return super()._get_obj_does_not_exist_redirect(request, opts, object_id)
+        return HttpResponseRedirect(reverse("admin:jobs_job_changelist"))
 
     # --- columns
 

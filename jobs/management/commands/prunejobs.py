@@ -1,8 +1,10 @@
-"""Retention: delete finished jobs (and their history) older than a cutoff.
+"""Retention: finished jobs (and their history) older than a cutoff leave the database.
 
-Runs in bounded batches, each its own short transaction, so it can run from cron
-beside live workers: locked rows are skipped, never waited for, and no batch
-holds more than `--batch` row locks.
+Whole periods go by partition (jobs.archive.retention): detached, archived to Parquet in
+JOBS_ARCHIVE_DIR, verified, dropped. Finished rows still in jobs_job_hot (the mover is
+behind) are deleted row-wise in bounded batches, each its own short transaction, so it
+can run from cron beside live workers: locked rows are skipped, never waited for, and
+no batch holds more than `--batch` row locks.
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection, transaction
 
 from jobs import services
+from jobs.archive import retention
+from jobs.archive.tables import count as count_rows
+from jobs.conf import settings
 from jobs.lifecycle import STATUSES, TERMINAL
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -55,8 +60,10 @@ def parse_statuses(text: str) -> list[str]:
 
 class Command(BaseCommand):
     help = (
-        "Delete terminal jobs finished before now() - OLDER_THAN (database clock), with "
-        "their history, in bounded batches. Queued and running jobs are never touched."
+        "Archive and drop the periods (partitions) that ended before now() - OLDER_THAN "
+        "(database clock) once all their jobs finished before it, then delete finished "
+        "jobs still in the hot partition, with their history, in bounded batches. Queued "
+        "and running jobs are never touched."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -71,6 +78,12 @@ class Command(BaseCommand):
             help="Seconds to sleep between batches, to spare replicas and autovacuum [0].",
         )
         add("--dry-run", action="store_true", help="Count what would go; delete nothing.")
+        add(
+            "--archive-dir",
+            default=None,
+            help="Where expired periods are archived [JOBS_ARCHIVE_DIR]; without one they "
+            "are kept.",
+        )
 
     def handle(self, *args: Any, **opts: Any) -> None:
         age = parse_duration(opts["older_than"])
@@ -86,9 +99,21 @@ class Command(BaseCommand):
             f"prunejobs: {', '.join(statuses)} jobs finished before {cutoff.isoformat()} "
             f"(database clock)"
         )
+        archive_dir = opts["archive_dir"] or settings.JOBS_ARCHIVE_DIR
+        every_terminal = set(statuses) == {s.value for s in TERMINAL}
         if opts["dry_run"]:
+            if every_terminal:
+                self._periods(retention.archive_expired(age, archive_dir, dry_run=True), True)
             self._dry_run(age, statuses)
             return
+        if every_terminal:
+            try:
+                report = retention.archive_expired(age, archive_dir, progress=self.stdout.write)
+            except retention.ArchiveStopped as e:
+                raise CommandError(str(e)) from e
+            self._periods(report, False)
+        else:
+            self.stdout.write("periods: kept (--status names only some terminal statuses)")
 
         total = batches = 0
         started = time.monotonic()
@@ -110,6 +135,34 @@ class Command(BaseCommand):
                 f"({time.monotonic() - started:.1f} s)"
             )
         )
+
+    def _periods(self, report: retention.Report, dry_run: bool) -> None:
+        for period, why in report.held:
+            self.stdout.write(f"period {period:%Y-%m-%d} held back: {why}")
+        for p in report.pending:
+            jobs = count_rows(p.jobs)
+            what = f"period {p.period:%Y-%m-%d} ({p.jobs}, {jobs} jobs)"
+            if dry_run:
+                self.stdout.write(f"dry run: would archive and drop {what}")
+            else:
+                self.stdout.write(
+                    self.style.WARNING(
+                        f"{what} expired but kept: set JOBS_ARCHIVE_DIR (or --archive-dir) "
+                        "to archive it"
+                    )
+                )
+        for p in report.archived:
+            self.stdout.write(p.line())
+        if report.archived:
+            self.stdout.write(
+                self.style.SUCCESS(
+                    f"archived {len(report.archived)} periods ({report.jobs} jobs, "
+                    f"{report.events} history rows) to {report.archive_dir} and dropped them "
+                    f"({report.seconds:.1f} s)"
+                )
+            )
+        elif not dry_run:
+            self.stdout.write("periods: none expired")
 
     def _dry_run(self, age: int, statuses: list[str]) -> None:
         with connection.cursor() as cur:
