@@ -107,6 +107,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=None,
         help="Jobs per layout for table-growth (default 50,000,000; quick 20,000).",
     )
+    p.add_argument(
+        "--growth-layout",
+        action="append",
+        choices=["today", "partitioned"],
+        help="Only this layout in table-growth (repeatable; default both, in turn).",
+    )
     p.add_argument("--out", type=Path, default=None, help="JSON lines file to append to.")
     p.add_argument("--keep-db", action="store_true", help="Do not drop the scratch database.")
     return p.parse_args(argv)
@@ -186,6 +192,9 @@ def command_for(name: str, args: argparse.Namespace, record: dict) -> str:
         parts += ["--worker-args", args.worker_args]
     if name == "table-growth" and args.growth_jobs:
         parts += ["--growth-jobs", str(args.growth_jobs)]
+    if name == "table-growth":
+        for layout in args.growth_layout or []:
+            parts += ["--growth-layout", layout]
     if name == "claim-big":
         parts += ["--finished-rows", str(args.finished_rows)]
     if args.baseline:

@@ -26,8 +26,10 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -62,13 +64,13 @@ def backlog(jobs: int) -> int:
 _FILL_JOBS = """
 INSERT INTO jobs_job (id, task, payload, queue, priority, status, result, error, run_at,
     max_retries, retry_count, lease_version, created_at, updated_at, finished_at, updated_by,
-    due_at, started_at, event_seq)
+    due_at, started_at, event_seq{period_col})
 SELECT g, 'echo', jsonb_build_object('n', g), 'default', 0,
        CASE WHEN g %% 20 = 0 THEN 'failed' ELSE 'done' END,
        CASE WHEN g %% 20 = 0 THEN NULL ELSE jsonb_build_object('n', g) END,
        CASE WHEN g %% 20 = 0 THEN 'bench: permanent error' END,
        t, 3, 1, 3, t, t + interval '4 seconds', t + interval '4 seconds', 'worker:bench',
-       t, t + interval '3 seconds', 5
+       t, t + interval '3 seconds', 5{period}
 FROM generate_series(%(lo)s::bigint, %(hi)s::bigint) AS g,
      LATERAL (SELECT %(start)s::timestamptz + %(span)s::interval * (g::float8 / %(n)s)) AS x(t)
 """
@@ -76,13 +78,13 @@ FROM generate_series(%(lo)s::bigint, %(hi)s::bigint) AS g,
 # The five transitions of a job retried once; the same arithmetic as the job's row.
 _FILL_HISTORY = """
 INSERT INTO jobs_jobevent (job_id, kind, at, from_status, to_status, actor, lease_version,
-    retry_count, error, seq)
+    retry_count, error, seq{created_col})
 SELECT g, 'transition', x.t + e.dt, e.f,
        CASE WHEN e.seq < 5 THEN e.t WHEN g %% 20 = 0 THEN 'failed' ELSE 'done' END,
        e.actor, e.lv, e.rc,
        CASE WHEN e.seq = 3 THEN 'bench: transient error'
             WHEN e.seq = 5 AND g %% 20 = 0 THEN 'bench: permanent error' END,
-       e.seq
+       e.seq{created}
 FROM generate_series(%(lo)s::bigint, %(hi)s::bigint) AS g,
      LATERAL (SELECT %(start)s::timestamptz + %(span)s::interval * (g::float8 / %(n)s)) AS x(t),
      (VALUES (1, interval '0', NULL, 'queued', 'api', 0, 0),
@@ -107,21 +109,34 @@ def fill(url: str, name: str, jobs: int, queued: int) -> dict[str, float]:
     finished = jobs - queued
     times: dict[str, float] = {}
     with psycopg.connect(url, autocommit=True) as c:
-        span = f"{7 * WEEKS} days"
-        start = c.execute(f"SELECT now() - interval '{span}'").fetchone()[0]
-        prepare_partitions(c, start)
+        start, span = fill_window(c)
+        parted = is_partitioned(c)
+        if parted:
+            prepare_partitions(c, start)
+        # Finished jobs go to their period's partition, those of the last hour excepted
+        # (the mover leaves them in jobs_job_hot for JOBS_HOT_FINISHED_SECONDS).
+        columns = {
+            "period_col": ", period" if parted else "",
+            "period": (
+                ", CASE WHEN t > now() - interval '1 hour' THEN 'infinity'::date "
+                "ELSE date_trunc('week', t AT TIME ZONE 'UTC')::date END"
+                if parted
+                else ""
+            ),
+            "created_col": ", job_created_at" if parted else "",
+            "created": ", x.t" if parted else "",
+        }
         started = time.monotonic()
         c.execute("SET session_replication_role = replica")
         for lo in range(1, finished + 1, CHUNK):
             hi = min(finished, lo + CHUNK - 1)
             args = {"lo": lo, "hi": hi, "n": finished, "start": start, "span": span}
             with c.transaction():
-                c.execute(_FILL_JOBS, args)
-                c.execute(_FILL_HISTORY, args)
+                c.execute(_FILL_JOBS.format(**columns), args)
+                c.execute(_FILL_HISTORY.format(**columns), args)
             log(f"  {hi:,} / {finished:,} finished jobs")
         c.execute("SET session_replication_role = DEFAULT")
-        for seq in ("jobs_job_id_seq", "jobs_jobevent_id_seq"):
-            table = seq.removesuffix("_id_seq")
+        for table in ("jobs_job", "jobs_jobevent"):
             c.execute(
                 f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), max(id)) FROM {table}"
             )
@@ -137,12 +152,55 @@ def fill(url: str, name: str, jobs: int, queued: int) -> dict[str, float]:
     return times
 
 
+def fill_window(conn: psycopg.Connection) -> tuple[Any, timedelta]:
+    """The fill's first instant, a Monday 00:00 UTC WEEKS weeks before this week's, and
+    its length up to now: the oldest week is a whole period on both layouts."""
+    return conn.execute(
+        "SELECT w, now() - w FROM (SELECT (date_trunc('week', now() AT TIME ZONE 'UTC') "
+        f"- interval '{WEEKS} weeks') AT TIME ZONE 'UTC' AS w) AS x"
+    ).fetchone()
+
+
+def is_partitioned(conn: psycopg.Connection) -> bool:
+    kind = conn.execute("SELECT relkind FROM pg_class WHERE relname = 'jobs_job'").fetchone()
+    return kind[0] == "p"
+
+
 def prepare_partitions(conn: psycopg.Connection, start: Any) -> None:
-    """Partitions for the whole fill, on a partitioned layout (none on today's)."""
-    kind = conn.execute("SELECT relkind FROM pg_class WHERE relname = 'jobs_job'").fetchone()[0]
-    if kind != "p":
-        return
-    raise NotImplementedError("partitioned layout: partitions for the fill")
+    """Weekly partitions for the whole fill, as an installation partitioned since before
+    it would have: the (empty) legacy history partition ends where the fill starts."""
+    first = start.astimezone(UTC).date()
+    conn.execute("ALTER TABLE jobs_jobevent DETACH PARTITION jobs_jobevent_legacy")
+    conn.execute(
+        "ALTER TABLE jobs_jobevent ATTACH PARTITION jobs_jobevent_legacy "
+        f"FOR VALUES FROM (MINVALUE) TO ('{first} 00:00:00+00')"
+    )
+    existing = {
+        r[0]
+        for r in conn.execute(
+            "SELECT relid::regclass::text FROM pg_partition_tree('jobs_job') "
+            "UNION SELECT relid::regclass::text FROM pg_partition_tree('jobs_jobevent')"
+        )
+    }
+    today = datetime.now(UTC).date()
+    week = first
+    while week <= today:
+        end = week + timedelta(days=7)
+        for table, low, high in (
+            ("jobs_job", f"'{week}'", f"'{end}'"),
+            ("jobs_jobevent", f"'{week} 00:00:00+00'", f"'{end} 00:00:00+00'"),
+        ):
+            name = f"{table}_p{week:%Y%m%d}"
+            if name in existing:
+                continue
+            conn.execute(
+                f"CREATE TABLE {name} (LIKE {table} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)"
+            )
+            conn.execute(f"ALTER TABLE {name} ADD PRIMARY KEY (id)")
+            conn.execute(
+                f"ALTER TABLE {table} ATTACH PARTITION {name} FOR VALUES FROM ({low}) TO ({high})"
+            )
+        week = end
 
 
 # --- what one layout measures (the child process, Django on the scratch database) ------------
@@ -286,15 +344,29 @@ def churn(jobs: int) -> dict[str, Any]:
                 services.heartbeat(held[i : i + 50])
         services.complete([(lease, {"ok": True}) for lease in held])
         done += n
-    after_churn()
+    moved = after_churn()
     with connection.cursor() as cur:  # this session's counts reach pg_stat_user_tables
         cur.execute("SELECT pg_stat_force_next_flush()")
     time.sleep(1.0)
-    return {"jobs": jobs, "seconds": round(time.perf_counter() - started, 1)}
+    return {"jobs": jobs, "seconds": round(time.perf_counter() - started, 1), "mover": moved}
 
 
-def after_churn() -> None:
-    """What the reaper does after a day on a partitioned layout (nothing on today's)."""
+def after_churn() -> dict[str, Any]:
+    """On the partitioned layout, the reaper's mover takes the day's finished jobs out of
+    jobs_job_hot: all of them, as a day is longer than JOBS_HOT_FINISHED_SECONDS."""
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute("SELECT relkind FROM pg_class WHERE relname = 'jobs_job'")
+        if cur.fetchone()[0] != "p":
+            return {}
+    from jobs import partitions
+
+    started = time.perf_counter()
+    moved = 0
+    while n := partitions.move_batch(hot_seconds=0):
+        moved += n
+    return {"jobs": moved, "seconds": round(time.perf_counter() - started, 1)}
 
 
 def vacuum_dirty(url: str) -> dict[str, Any]:
@@ -305,8 +377,8 @@ def vacuum_dirty(url: str) -> dict[str, Any]:
             r[0]
             for r in c.execute(
                 """SELECT relid::regclass::text FROM pg_stat_user_tables
-                   WHERE relid IN (SELECT relid FROM pg_partition_tree('jobs_job') WHERE isleaf)
-                     AND n_dead_tup > 0 ORDER BY 1"""
+                   WHERE relid = ANY(%s::regclass[]) AND n_dead_tup > 0 ORDER BY 1""",
+                [relations(c, "jobs_job")],
             )
         ]
         started = time.monotonic()
@@ -317,26 +389,45 @@ def vacuum_dirty(url: str) -> dict[str, Any]:
 
 
 def retention(url: str) -> dict[str, Any]:
-    """One week's worth, the oldest: DELETE by prunejobs on today's layout, detach +
-    archive + drop on the partitioned one."""
-    from django.core.management import call_command
-
+    """The oldest week (and a minute, so its last jobs have finished): DELETE in batches
+    by prunejobs on today's layout; detach + archive + drop on the partitioned one."""
     with psycopg.connect(url) as c:
+        start, _ = fill_window(c)
+        older = c.execute(
+            "SELECT extract(epoch FROM now() - %s::timestamptz - interval '7 days 1 minute')",
+            [start],
+        ).fetchone()[0]
+        older = int(older)
+        parted = is_partitioned(c)
         before = c.execute("SELECT count(*) FROM jobs_job").fetchone()[0]
         history = c.execute("SELECT count(*) FROM jobs_jobevent").fetchone()[0]
-    older = f"{7 * (WEEKS - 1)}d"
+    out: dict[str, Any] = {}
     started = time.monotonic()
-    call_command("prunejobs", "--older-than", older, stdout=open(os.devnull, "w"))
-    seconds = time.monotonic() - started
+    if parted:
+        from jobs.archive import archive_expired
+
+        with tempfile.TemporaryDirectory(prefix="jobservice-growth-archive-") as where:
+            report = archive_expired(older, where)
+            out["method"] = "jobs.archive.archive_expired (DETACH CONCURRENTLY, Parquet, drop)"
+            out["periods"] = [str(p.period) for p in report.archived]
+            out["steps_seconds"] = {
+                step: round(sum(p.seconds.get(step, 0.0) for p in report.archived), 2)
+                for p in report.archived[:1]
+                for step in p.seconds
+            }
+            out["archive_mb"] = round(sum(p.bytes for p in report.archived) / 2**20, 1)
+    else:
+        from django.core.management import call_command
+
+        call_command("prunejobs", "--older-than", f"{older}s", stdout=open(os.devnull, "w"))
+        out["method"] = f"manage.py prunejobs --older-than {older}s (DELETE in batches)"
+    out["seconds"] = round(time.monotonic() - started, 2)
     with psycopg.connect(url) as c:
-        after = c.execute("SELECT count(*) FROM jobs_job").fetchone()[0]
-        history_after = c.execute("SELECT count(*) FROM jobs_jobevent").fetchone()[0]
-    return {
-        "method": f"manage.py prunejobs --older-than {older} (DELETE in batches)",
-        "seconds": round(seconds, 2),
-        "jobs": before - after,
-        "history_rows": history - history_after,
-    }
+        out["jobs"] = before - c.execute("SELECT count(*) FROM jobs_job").fetchone()[0]
+        out["history_rows"] = (
+            history - c.execute("SELECT count(*) FROM jobs_jobevent").fetchone()[0]
+        )
+    return out
 
 
 def measure_layout(args: argparse.Namespace) -> dict[str, Any]:
@@ -450,23 +541,25 @@ def layouts(ctx: Any) -> Iterator[dict[str, Any]]:
     from bench.env import Code
 
     jobs = ctx.args.growth_jobs or (20_000 if ctx.quick else DEFAULT_JOBS)
-    options = ["--jobs", str(jobs), "--admin-url", ctx.db.admin_url]
+    db = f"{SCRATCH_PREFIX}{checkout_tag()}"
+    options = ["--jobs", str(jobs), "--admin-url", ctx.db.admin_url, "--db", db]
     if ctx.quick:
         options += ["--seconds", "2", "--submissions", "200"]
     if ctx.args.claimers:
         options += ["--claimers", str(ctx.args.claimers)]
     env = {k: v for k, v in ctx.procs.env.items() if not k.startswith("DJANGO_")}
     env.update(PYTHONPATH="", LOG_LEVEL="WARNING", DJANGO_SETTINGS_MODULE="jobservice.settings")
+    wanted = ctx.args.growth_layout or ["today", "partitioned"]
     ref = today_ref()
-    if ref is None:
-        yield run_layout("today", ROOT, env, options)
-        return
-    code = Code(ref)
-    try:
-        yield run_layout("today", code.root, env, options)
-    finally:
-        code.close()
-    yield run_layout("partitioned", ROOT, env, options)
+    if "today" in wanted:
+        code = Code(ref) if ref else None
+        try:
+            yield run_layout("today", code.root if code else ROOT, env, options)
+        finally:
+            if code:
+                code.close()
+    if "partitioned" in wanted and ref:
+        yield run_layout("partitioned", ROOT, env, options)
 
 
 def records(report: dict[str, Any]) -> Iterator[dict[str, Any]]:
@@ -545,7 +638,8 @@ def table_growth(ctx: Any) -> Iterator[dict[str, Any]]:
         for record in records(report):
             record["details"] = {**record.get("details", {}), "report": report}
             yield record
-    out = ROOT / "bench" / "results" / f"table_growth-{reports[0]['jobs']}.json"
+    names = "-".join(r["layout"] for r in reports)
+    out = ROOT / "bench" / "results" / f"table_growth-{reports[0]['jobs']}-{names}.json"
     out.write_text(json.dumps(reports, indent=2, default=str))
     log(f"reports written to {out.relative_to(ROOT)}")
 
