@@ -68,10 +68,24 @@ class Move(NamedTuple):
 
     def where(self, column: str = "status") -> str:
         """The SQL predicate for the sources: `=` for one state, so a partial index
-        on that state still matches, `IN (...)` for several."""
+        on that state still matches, `IN (...)` for several. A move of live jobs only
+        also names the hot partition, so the plan reads no other (D161)."""
         if len(self.sources) == 1:
-            return f"{column} = '{next(iter(self.sources))}'"
-        return f"{column} IN ({sql_list(self.sources)})"
+            sql = f"{column} = '{next(iter(self.sources))}'"
+        else:
+            sql = f"{column} IN ({sql_list(self.sources)})"
+        if self.sources.isdisjoint(TERMINAL):
+            sql += f" AND {hot_sql(column.rpartition('.')[0])}"
+        return sql
+
+
+# The hot partition's period (jobs_job_hot): every live job is there (job_cold_is_finished).
+HOT_PERIOD = "'infinity'"
+
+
+def hot_sql(alias: str = "") -> str:
+    """`period = 'infinity'`: a predicate that prunes a jobs_job plan to jobs_job_hot."""
+    return f"{alias + '.' if alias else ''}period = {HOT_PERIOD}"
 
 
 def _move(sources: set[Status], *targets: Status) -> Move:

@@ -82,6 +82,9 @@ POOL_CHILD_STARTS = Histogram(
 RETRIED = Counter("jobs_retried_total", "Failed attempts sent back to queued", ["queue", "task"])
 LEASE_EXPIRED = Counter("jobs_lease_expired_total", "Leases found expired by the reaper", ["queue"])
 REAPER_SWEEPS = Counter("jobs_reaper_sweeps_total", "Reaper sweeps completed")
+PARTITION_MOVED = Counter(
+    "jobs_partition_moved_total", "Finished jobs moved from the hot partition to their cold one"
+)
 # Schedules (jobs.schedules): from a slot's fire time to the commit of its job. No
 # label: schedule names and ids are unbounded.
 SCHEDULE_LAG = Histogram(

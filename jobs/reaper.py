@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from django.db import DatabaseError, InterfaceError, close_old_connections, connection
 
-from jobs import metrics, selectors, services
+from jobs import metrics, partitions, selectors, services
 from jobs.conf import settings
 from jobs.lifecycle import Status
 from jobs.runtime import Backoff, StopRequests
@@ -34,6 +34,7 @@ class SweepReport:
     over_budget: int = 0
     came_due: int = 0
     lost_signal: int = 0
+    moved: int = 0  # not counted in total(): a move repairs nothing
     seconds: float = 0.0
     errors: list[str] = field(default_factory=list)
 
@@ -178,6 +179,8 @@ class Reaper:
             self._signal(report)
         # 6. Registry rows of workers that are gone or silent, once they own nothing.
         services.forget_workers(self.gone_grace, 2 * self.lease)
+        # 7. Partitions ahead, and finished jobs out of the hot partition (D163).
+        report.moved = partitions.maintain()
         report.seconds = time.monotonic() - started
         metrics.REAPER_SWEEPS.inc()
         metrics.REAPER_SWEEP_DURATION.observe(report.seconds)

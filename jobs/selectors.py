@@ -35,7 +35,13 @@ CONSUMERS_SQL = f"""
 SELECT q.queue, count(*) FROM {WorkerProcess._meta.db_table} w, unnest(w.queues) AS q(queue)
 WHERE w.heartbeat_at >= now() - %(lease)s * interval '1 second'
 GROUP BY q.queue"""
-ESTIMATE_SQL = "SELECT reltuples::bigint FROM pg_class WHERE oid = %(table)s::regclass"
+# A partitioned table's own reltuples stays -1 (autovacuum analyses its partitions
+# only): the estimate is the sum over its partitions; -1 when none was analysed.
+ESTIMATE_SQL = """
+SELECT CASE WHEN bool_and(c.reltuples < 0) THEN -1 ELSE sum(greatest(c.reltuples, 0)) END::bigint
+FROM pg_class c
+WHERE (c.oid = %(table)s::regclass AND c.relkind <> 'p')
+   OR c.oid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = %(table)s::regclass)"""
 NOW_SQL = "SELECT now()"
 
 

@@ -23,7 +23,7 @@ from functools import partial
 from typing import Any
 
 import psycopg
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, OperationalError, connection, transaction
 
 from jobs import clientcache, lifecycle, metrics, quotas
 from jobs.conf import settings
@@ -233,6 +233,38 @@ _KEY_HOLDER_SQL = f"""
 SELECT {", ".join(_JOB_FIELDS)} FROM {T}
 WHERE client_id IS NOT DISTINCT FROM %s AND unique_key = %s
   AND status IN ({lifecycle.sql_list(NON_TERMINAL)})"""
+# An idempotency key is unique per partition only (the index carries `period`): after
+# the insert into hot, a later statement (a new snapshot) looks for the key in the
+# cold partitions; a row the mover moved there meanwhile is seen, since the insert
+# waited for the mover's delete from hot to commit (D159).
+_COLD_KEYS_SQL = f"""
+SELECT idempotency_key FROM {T}
+WHERE client_id IS NOT DISTINCT FROM %s AND idempotency_key = ANY(%s)
+  AND period < {lifecycle.HOT_PERIOD}"""
+
+
+class _HeldCold(Exception):
+    """Rolls back an insert whose idempotency key a cold job already holds."""
+
+    def __init__(self, keys: set[str]) -> None:
+        self.keys = keys
+
+
+def _insert_checked(
+    sql: str, params: Any, client_id: int | None, keys: Callable[[list[tuple]], list[str]]
+) -> list[tuple]:
+    """Insert new jobs in a savepoint; raise _HeldCold (undoing them) when a key of
+    `keys(rows)` (the inserted rows' idempotency keys) is held in a cold partition."""
+    with transaction.atomic():
+        rows = _hot_rows(sql, params)
+        inserted = keys(rows)
+        if inserted:
+            cold = {r[0] for r in _rows(_COLD_KEYS_SQL, [client_id, inserted])}
+            if cold:
+                raise _HeldCold(cold)
+    return rows
+
+
 # A holder can finish between the refused insert and the read; the key is then free
 # and the insert is tried again. Each round needs another job to take the key.
 _KEY_ROUNDS = 5
@@ -294,7 +326,15 @@ def submit(
         timeout,
     ]
     for _ in range(_KEY_ROUNDS):
-        rows = _hot_rows(_INSERT_SQL, params)
+        if idempotency_key is None:
+            rows = _hot_rows(_INSERT_SQL, params)
+        else:
+            try:
+                rows = _insert_checked(
+                    _INSERT_SQL, params, client_id, lambda rows: [idempotency_key] if rows else []
+                )
+            except _HeldCold:
+                rows = []
         if rows:
             break
         if idempotency_key is not None:
@@ -397,6 +437,37 @@ FROM {T} WHERE client_id IS NOT DISTINCT FROM %s
   AND idempotency_key = ANY(%s)"""
 
 
+_MANY_ARRAYS = ("tasks", "payloads", "queues", "priorities", "run_ats", "max_retries",
+                "keys", "hashes", "ckeys", "timeouts")  # fmt: skip
+
+
+def _submit_many_rows(items: Sequence[NewJob], params: dict[str, Any]) -> list[tuple]:
+    """The batch insert, one row per item (id None: not inserted). Items whose key a
+    cold job holds are left out of a second try, and answered from that job."""
+    cold: set[str] = set()
+    for _ in range(_KEY_ROUNDS):
+        todo = [n for n, i in enumerate(items) if i.idempotency_key not in cold]
+        some = {**params, **{k: [params[k][n] for n in todo] for k in _MANY_ARRAYS}}
+
+        def inserted_keys(rows: list[tuple], some: dict = some) -> list[str]:
+            return [k for k, r in zip(some["keys"], rows, strict=True) if k and r[0] is not None]
+
+        try:
+            got = (
+                _insert_checked(_SUBMIT_MANY_SQL, some, params["client"], inserted_keys)
+                if todo
+                else []
+            )
+        except _HeldCold as held:
+            cold |= held.keys
+            continue
+        rows: list[tuple] = [(None,)] * len(items)
+        for n, row in zip(todo, got, strict=True):
+            rows[n] = row
+        return rows
+    raise RuntimeError(f"idempotency keys moved partition {_KEY_ROUNDS} times")
+
+
 def submit_many(
     items: Sequence[NewJob], *, client_id: int | None = None, actor: str = "app"
 ) -> list[Submitted]:
@@ -430,7 +501,7 @@ def submit_many(
         "actor": actor,
     }
     with transaction.atomic():
-        rows = _hot_rows(_SUBMIT_MANY_SQL, params)
+        rows = _submit_many_rows(items, params)
         missing = [n for n, r in enumerate(rows) if r[0] is None]
         existing: dict[str, tuple] = {}
         if missing:
@@ -497,7 +568,7 @@ UPDATE {T} j SET status = '{Status.PROCESSING}', lease_version = j.lease_version
        started_at = CASE WHEN j.id = ANY(ARRAY(SELECT id FROM c LIMIT %(start)s))
                     THEN statement_timestamp() END,
        updated_by = %(actor)s
-WHERE j.id = ANY(ARRAY(SELECT id FROM c))
+WHERE j.id = ANY(ARRAY(SELECT id FROM c)) AND {lifecycle.hot_sql("j")}
 RETURNING j.id, j.lease_version, j.task, j.payload, j.queue, j.retry_count,
           j.max_retries, j.created_at, j.priority, j.run_at,
           coalesce(j.error LIKE '%%{NOT_STARTED}', false) AS rerun, j.timeout
@@ -700,7 +771,7 @@ UPDATE {T} j SET status = '{Status.PROCESSING}', lease_version = j.lease_version
                       SELECT id FROM {chosen} ORDER BY ord LIMIT %(start)s))
                     THEN statement_timestamp() END,
        updated_by = %(actor)s
-WHERE j.id = ANY(ARRAY(SELECT id FROM {chosen}))
+WHERE j.id = ANY(ARRAY(SELECT id FROM {chosen})) AND {lifecycle.hot_sql("j")}
 RETURNING j.id, j.lease_version, j.task, j.payload, j.queue, j.retry_count,
           j.max_retries, j.created_at, j.priority,
           coalesce(j.error LIKE '%%{NOT_STARTED}', false) AS rerun, j.timeout
@@ -940,7 +1011,7 @@ def claim(worker_id: str, job_id: int) -> Lease | None:
 # `j.id = ANY(ids)` so the planner reaches the rows through the primary key.
 _FENCE = (
     "j.id = f.id AND j.lease_version = f.lv AND j.owned_by = f.owner"
-    f" AND j.status = '{Status.PROCESSING}'"
+    f" AND j.status = '{Status.PROCESSING}' AND {lifecycle.hot_sql('j')}"
 )
 _HOLDER = actor_sql(Role.WORKER, "f.owner")
 _BY_HOLDER = f"updated_by = {_HOLDER}"
@@ -1190,9 +1261,9 @@ def release(
 
 _FENCE_REJECTED_SQL = f"""
 INSERT INTO jobs_jobevent (job_id, kind, at, from_status, to_status, actor,
-                          lease_version, retry_count, error)
+                          lease_version, retry_count, job_created_at, error)
 SELECT j.id, 'fence_rejected', now(), j.status, j.status, {_HOLDER},
-       f.lv, j.retry_count,
+       f.lv, j.retry_count, j.created_at,
        format('stale %%s rejected: held lease %%s, row is at lease %%s '
               '(%%s, owner %%s)', %s::text, f.lv, j.lease_version, j.status,
               coalesce(j.owned_by, '-'))
@@ -1456,11 +1527,11 @@ def fail_over_budget(limit: int = 500) -> dict[int, Finished]:
 _STAFF_RETRY_SQL = f"""
 UPDATE {T} j SET status = '{Status.QUEUED}', retry_count = 0, result = NULL,
        finished_at = NULL, run_at = now(), due_at = now(),
-       cancel_requested_at = NULL, updated_by = %(actor)s
+       cancel_requested_at = NULL, updated_by = %(actor)s, period = {lifecycle.HOT_PERIOD}
 WHERE id = ANY(%(ids)s) AND {lifecycle.STAFF_RETRY.where()}
   AND (j.unique_key IS NULL OR (
     NOT EXISTS (SELECT 1 FROM {T} h
-                WHERE h.client_id IS NOT DISTINCT FROM j.client_id
+                WHERE {lifecycle.hot_sql("h")} AND h.client_id IS NOT DISTINCT FROM j.client_id
                   AND h.unique_key = j.unique_key
                   AND h.status IN ({lifecycle.sql_list(NON_TERMINAL)}))
     AND j.id = (SELECT min(o.id) FROM {T} o
@@ -1468,6 +1539,29 @@ WHERE id = ANY(%(ids)s) AND {lifecycle.STAFF_RETRY.where()}
                   AND o.client_id IS NOT DISTINCT FROM j.client_id
                   AND o.unique_key = j.unique_key)))
 RETURNING id, queue"""
+
+
+_MOVED_ATTEMPTS = 3
+
+
+def moved_retry(run: Callable[[], Any]) -> Any:
+    """Run a write to finished jobs, again in a new snapshot when it met the mover.
+
+    A row the mover (jobs.partitions) moved to a cold partition after the statement's
+    snapshot cannot be locked there: PostgreSQL raises 40001 ("already moved to
+    another partition"). The mover moves a row once, so the next attempt finds it
+    where it now is (D162). Live jobs never move: only paths that touch finished
+    jobs need this."""
+    for attempt in range(_MOVED_ATTEMPTS):
+        try:
+            with transaction.atomic():
+                return run()
+        except OperationalError as exc:
+            moved = isinstance(exc.__cause__, psycopg.errors.SerializationFailure)
+            if not moved or attempt == _MOVED_ATTEMPTS - 1:
+                raise
+            log.info("a job moved partition under a write; trying again")
+    raise AssertionError("unreachable")
 
 
 def staff_retry(job_ids: Sequence[int], actor: str) -> list[int]:
@@ -1480,8 +1574,7 @@ def staff_retry(job_ids: Sequence[int], actor: str) -> list[int]:
     fail with the index's violation.
     """
     try:
-        with transaction.atomic():
-            rows = _rows(_STAFF_RETRY_SQL, {"actor": actor, "ids": list(job_ids)})
+        rows = moved_retry(partial(_rows, _STAFF_RETRY_SQL, {"actor": actor, "ids": list(job_ids)}))
     except IntegrityError as exc:
         if "job_unique_key_live" not in str(exc):
             raise
@@ -1557,9 +1650,12 @@ WITH u AS (
   RETURNING {_FINISH_RETURNING}),
 ev AS (
   INSERT INTO {JobEvent._meta.db_table}
-    (job_id, kind, at, from_status, to_status, actor, lease_version, retry_count, error)
+    (job_id, kind, at, from_status, to_status, actor, lease_version, retry_count,
+     job_created_at, error)
   SELECT u.id, '{JobEvent.CANCEL_REQUESTED}', now(), u.status, u.status, %(actor)s,
-         u.lease_version, u.retry_count, 'cancel requested by ' || %(actor)s
+         u.lease_version, u.retry_count,
+         (SELECT c.created_at FROM {T} c WHERE c.id = u.id AND c.period = 'infinity'),
+         'cancel requested by ' || %(actor)s
   FROM u WHERE u.status = '{Status.PROCESSING}')
 SELECT * FROM u
 """
@@ -1639,11 +1735,8 @@ def prune_finished(older_than_seconds: float, statuses: Sequence[str], batch: in
         raise ValueError(f"only terminal jobs can be pruned, not {', '.join(bad) or 'nothing'}")
     if older_than_seconds <= 0 or batch <= 0:
         raise ValueError("older_than_seconds and batch must be positive")
-    rows = _rows(
-        _PRUNE_SQL,
-        {"statuses": sorted(set(statuses)), "age": older_than_seconds, "batch": batch},
-    )
-    return rows[0][0]
+    params = {"statuses": sorted(set(statuses)), "age": older_than_seconds, "batch": batch}
+    return moved_retry(partial(_rows, _PRUNE_SQL, params))[0][0]
 
 
 def deactivate_clients(client_ids: Sequence[int]) -> list[int]:
@@ -1668,7 +1761,7 @@ _HOLDER_PARAM = actor_sql(Role.WORKER, "%(owner)s")
 # The fence of SPEC §3 for one lease given as parameters.
 _FENCE_ONE = (
     "j.id = %(id)s AND j.lease_version = %(lv)s AND j.owned_by = %(owner)s"
-    f" AND j.status = '{Status.PROCESSING}'"
+    f" AND j.status = '{Status.PROCESSING}' AND {lifecycle.hot_sql('j')}"
 )
 
 # A checkpoint lands only while the lease holds: the fenced UPDATE (which also

@@ -1,0 +1,384 @@
+"""The partitioned layout (issue 33): every partition carries the guarantees, the mover
+moves finished jobs without touching their history or lease, and the writes that can
+meet the mover (idempotent submissions, staff retries, retention) stay correct."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.db import connection, connections, transaction
+
+from jobs import lifecycle, metrics, partitions, selectors, services
+from jobs.models import Job, JobEvent
+from jobs.pgtypes import HOT
+from tests.factories import JobFactory, raw
+
+pytestmark = pytest.mark.django_db
+
+
+def _children(parent: str) -> list[str]:
+    return [
+        r[0]
+        for r in raw(
+            "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+            "WHERE i.inhparent = %s::regclass ORDER BY 1",
+            [parent],
+        )
+    ]
+
+
+def _named_checks(table: str) -> set[str]:
+    return {
+        r[0]
+        for r in raw(
+            "SELECT conname FROM pg_constraint WHERE conrelid = %s::regclass AND contype = 'c'",
+            [table],
+        )
+    }
+
+
+def _row_triggers(table: str) -> set[str]:
+    # tgtype bit 0: FOR EACH ROW
+    return {
+        r[0]
+        for r in raw(
+            "SELECT tgname FROM pg_trigger WHERE tgrelid = %s::regclass AND tgtype & 1 = 1"
+            " AND NOT tgisinternal",
+            [table],
+        )
+    }
+
+
+def _finished(status: str = "done", **kw) -> Job:
+    return JobFactory.create(status=status, **kw)
+
+
+def _move_all() -> int:
+    moved = 0
+    while n := partitions.move_batch(hot_seconds=0):
+        moved += n
+    return moved
+
+
+def test_every_partition_has_every_named_check_and_row_trigger():
+    _finished()
+    _move_all()  # creates the current period's cold partition of jobs_job
+    partitions.ensure_ahead()
+    jobs = _children("jobs_job")
+    assert "jobs_job_hot" in jobs and any(p.startswith("jobs_job_p") for p in jobs), jobs
+    checks, triggers = _named_checks("jobs_job"), _row_triggers("jobs_job")
+    assert {"job_cold_is_finished", "job_status_valid", "job_terminal_is_finished"} <= checks
+    assert triggers == {"jobs_job_guard", "jobs_job_wait_clear"}
+    for part in jobs:
+        assert _named_checks(part) >= checks, part
+        assert _row_triggers(part) == triggers, part
+    # Statement triggers (history, workflows) are the parent's: they see every partition.
+    statement = raw(
+        "SELECT tgname FROM pg_trigger WHERE tgrelid = 'jobs_job'::regclass AND tgtype & 1 = 0"
+    )
+    assert {r[0] for r in statement} == {
+        "jobs_job_history_insert",
+        "jobs_job_history_update",
+        "jobs_job_dependents",
+    }
+    events = _children("jobs_jobevent")
+    assert "jobs_jobevent_legacy" in events and len(events) >= 4, events
+    # Each partition has its own primary key on id (ids come from one sequence).
+    for part in jobs + events:
+        assert raw(
+            "SELECT 1 FROM pg_constraint WHERE conrelid = %s::regclass AND contype = 'p'", [part]
+        ), part
+
+
+def test_the_mover_moves_finished_jobs_only_and_writes_no_history():
+    done, failed = _finished("done"), _finished("failed")
+    live = [JobFactory.create(), JobFactory.create(status="processing")]
+    before = {j.pk: (j.lease_version, j.updated_at, j.event_seq) for j in (done, failed)}
+    events_before = JobEvent.objects.count()
+    moved_metric = metrics.PARTITION_MOVED._value.get()
+
+    assert _move_all() == 2
+
+    assert JobEvent.objects.count() == events_before
+    assert metrics.PARTITION_MOVED._value.get() - moved_metric == 2
+    for job in (done, failed):
+        job.refresh_from_db()
+        assert job.period == partitions.period_start(job.created_at) != HOT
+        assert (job.lease_version, job.updated_at, job.event_seq) == before[job.pk]
+        (part,) = raw("SELECT tableoid::regclass::text FROM jobs_job WHERE id = %s", [job.pk])[0]
+        assert part == partitions.partition_name("jobs_job", job.period)
+    for job in live:
+        job.refresh_from_db()
+        assert job.period == HOT
+    # The hot window: a job finished just now stays hot.
+    recent = _finished()
+    assert partitions.move_batch(hot_seconds=3600) == 0
+    recent.refresh_from_db()
+    assert recent.period == HOT
+
+
+def test_a_cold_job_reads_back_through_the_selectors_with_its_history():
+    job = _finished("done")
+    _move_all()
+    assert Job.objects.get(pk=job.pk).status == "done"
+    assert selectors.table_estimate() >= 0 or selectors.table_estimate() == -1
+    seqs = list(JobEvent.objects.filter(job_id=job.pk).values_list("seq", flat=True))
+    assert seqs == [1, 2, 3]
+
+
+def test_staff_retry_brings_a_cold_failed_job_back_hot_and_history_goes_on():
+    job = _finished("failed")
+    _move_all()
+    job.refresh_from_db()
+    assert job.period != HOT
+    assert services.staff_retry([job.pk], "staff:alice") == [job.pk]
+    job.refresh_from_db()
+    assert (job.status, job.period) == ("queued", HOT)
+    events = list(JobEvent.objects.filter(job_id=job.pk).order_by("id"))
+    assert [e.seq for e in events] == [1, 2, 3, 4]
+    assert (events[-1].from_status, events[-1].to_status) == ("failed", "queued")
+    assert events[-1].job_created_at == job.created_at
+    # It runs again like any job.
+    lease = services.claim("w-1", job.pk)
+    assert lease is not None and services.complete([(lease, 1)])
+
+
+def test_a_live_job_cannot_be_made_cold():
+    """The guard refuses the move's delete half; job_cold_is_finished would refuse
+    the row in any cold partition after it."""
+    job = JobFactory.create()
+    with pytest.raises(Exception, match="illegal job delete"), transaction.atomic():
+        raw(
+            "UPDATE jobs_job SET period = %s WHERE id = %s",
+            [partitions.period_start(job.created_at), job.pk],
+        )
+
+
+def test_an_insert_into_a_cold_partition_is_refused_by_the_guard():
+    job = _finished()
+    _move_all()
+    job.refresh_from_db()
+    with pytest.raises(Exception, match="illegal job insert"), transaction.atomic():
+        raw(
+            "INSERT INTO jobs_job (task, payload, queue, priority, max_retries, retry_count, "
+            "lease_version, status, finished_at, period) VALUES ('x', '{}', 'default', 0, 0, "
+            "0, 0, 'done', now(), %s)",
+            [job.period],
+        )
+
+
+def test_an_idempotency_key_held_by_a_cold_job_returns_that_job():
+    job, created = services.submit("echo", {}, idempotency_key="k-cold", request_hash="h")
+    lease = services.claim("w-1", job.pk)
+    services.complete([(lease, 1)])
+    _move_all()
+    again, created = services.submit("echo", {}, idempotency_key="k-cold", request_hash="h")
+    assert (again.pk, created) == (job.pk, False)
+    assert Job.objects.filter(idempotency_key="k-cold").count() == 1
+    [item] = services.submit_many(
+        [services.NewJob("echo", {}, idempotency_key="k-cold", request_hash="h")]
+    )
+    assert (item.job_id, item.created) == (job.pk, False)
+    assert Job.objects.filter(idempotency_key="k-cold").count() == 1
+
+
+def test_a_unique_key_is_free_again_once_its_holder_finished_and_moved():
+    first, _ = services.submit("echo", {}, unique_key="u1")
+    lease = services.claim("w-1", first.pk)
+    services.complete([(lease, 1)])
+    _move_all()
+    second, created = services.submit("echo", {}, unique_key="u1")
+    assert created and second.pk != first.pk
+    dup, created = services.submit("echo", {}, unique_key="u1")
+    assert not created and dup.pk == second.pk
+
+
+def test_the_claim_plan_reads_only_the_hot_partition():
+    _finished()
+    _move_all()
+    JobFactory.create()
+    with connection.cursor() as cur:
+        params = {"queue": "default", "limit": 5, "worker": "w", "actor": "a", "start": 1}
+        cur.execute("EXPLAIN " + services._CLAIM_NEXT_SQL, params)
+        plan = "\n".join(r[0] for r in cur.fetchall())
+    assert "jobs_job_hot" in plan
+    assert "jobs_job_p" not in plan, plan
+
+
+def _hold_move(job_id: int, moving: threading.Event, release: threading.Event) -> None:
+    """The mover's statement for one job, left uncommitted until `release`."""
+    try:
+        with transaction.atomic():
+            with connection.cursor() as cur:
+                cur.execute(
+                    "UPDATE jobs_job SET period = date_trunc(%s, created_at AT TIME ZONE 'UTC')"
+                    "::date WHERE id = %s AND period = 'infinity'",
+                    [partitions.unit(), job_id],
+                )
+                assert cur.rowcount == 1
+            moving.set()
+            assert release.wait(30)
+    finally:
+        connections.close_all()
+
+
+def _blocked_on_lock(application_pid: int | None = None) -> bool:
+    return bool(
+        raw(
+            "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+        )
+    )
+
+
+def _wait_until(check, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_submissions_racing_the_mover_of_the_key_holder_make_no_second_job():
+    """Concurrent submissions of a key while the mover moves its holder from hot to
+    cold: each waits on the mover's uncommitted delete from hot, then finds the cold
+    row in its next statement and returns it (D159)."""
+    partitions.ensure_ahead()
+    holder, _ = services.submit("echo", {}, idempotency_key="k-race", request_hash="h")
+    lease = services.claim("w-1", holder.pk)
+    services.complete([(lease, 1)])
+    partitions.ensure({partitions.JOBS: {partitions.period_start(holder.created_at)}})
+    moving, release = threading.Event(), threading.Event()
+    mover = threading.Thread(target=_hold_move, args=(holder.pk, moving, release))
+    mover.start()
+    assert moving.wait(10)
+    results: list = [None] * 3
+
+    def submit(i: int) -> None:
+        try:
+            if i == 2:
+                (item,) = services.submit_many(
+                    [services.NewJob("echo", {}, idempotency_key="k-race", request_hash="h")]
+                )
+                results[i] = (item.job_id, item.created)
+            else:
+                job, created = services.submit(
+                    "echo", {}, idempotency_key="k-race", request_hash="h"
+                )
+                results[i] = (job.pk, created)
+        except BaseException as exc:
+            results[i] = exc
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=submit, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    _wait_until(lambda: len(raw(
+        "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() "
+        "AND wait_event_type = 'Lock'")) >= 3)  # fmt: skip
+    release.set()
+    mover.join(30)
+    for t in threads:
+        t.join(30)
+    assert results == [(holder.pk, False)] * 3
+    assert Job.objects.filter(idempotency_key="k-race").count() == 1
+    holder.refresh_from_db()
+    assert holder.period != HOT
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_staff_retry_racing_the_mover_is_tried_again_not_an_error(caplog):
+    """The retry's UPDATE waits on the mover's lock; the mover commits, the row is
+    in a cold partition: PostgreSQL answers 40001, the retry runs again (D162)."""
+    job = _finished("failed")
+    partitions.ensure({partitions.JOBS: {partitions.period_start(job.created_at)}})
+    moving, release = threading.Event(), threading.Event()
+    mover = threading.Thread(target=_hold_move, args=(job.pk, moving, release))
+    mover.start()
+    assert moving.wait(10)
+    out: list = []
+
+    def retry() -> None:
+        try:
+            out.append(services.staff_retry([job.pk], "staff:bob"))
+        except BaseException as exc:
+            out.append(exc)
+        finally:
+            connections.close_all()
+
+    t = threading.Thread(target=retry)
+    t.start()
+    _wait_until(_blocked_on_lock)
+    release.set()
+    mover.join(30)
+    t.join(30)
+    assert out == [[job.pk]]
+    assert "moved partition under a write" in caplog.text  # the 40001 was met, and retried
+    job.refresh_from_db()
+    assert (job.status, job.period) == ("queued", HOT)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_prune_racing_the_mover_is_tried_again_not_an_error():
+    job = _finished("done")
+    raw("UPDATE jobs_job SET finished_at = now() - interval '2 days' WHERE id = %s", [job.pk])
+    partitions.ensure({partitions.JOBS: {partitions.period_start(job.created_at)}})
+    moving, release = threading.Event(), threading.Event()
+    mover = threading.Thread(target=_hold_move, args=(job.pk, moving, release))
+    mover.start()
+    assert moving.wait(10)
+    out: list = []
+
+    def prune() -> None:
+        try:
+            out.append(services.prune_finished(86400, ["done"], 100))
+        except BaseException as exc:
+            out.append(exc)
+        finally:
+            connections.close_all()
+
+    t = threading.Thread(target=prune)
+    t.start()
+    time.sleep(0.3)  # the prune's snapshot sees the row hot; SKIP LOCKED passes it by
+    release.set()
+    mover.join(30)
+    t.join(30)
+    assert len(out) == 1 and not isinstance(out[0], BaseException), out
+    # Whatever the prune's snapshot saw, the next one takes the moved row.
+    services.prune_finished(86400, ["done"], 100)
+    assert not Job.objects.filter(pk=job.pk).exists()
+    assert not JobEvent.objects.filter(job_id=job.pk).exists()
+
+
+def test_history_partitions_follow_the_job_created_at():
+    bound = partitions.legacy_bound(connection.cursor())
+    assert bound is not None and bound > datetime.now(UTC).date()
+    job = JobFactory.create(status="done")
+    events = list(JobEvent.objects.filter(job_id=job.pk))
+    assert {e.job_created_at for e in events} == {job.created_at}
+    # Jobs created before the first period start keep their history in legacy.
+    parts = raw("SELECT DISTINCT tableoid::regclass::text FROM jobs_jobevent WHERE job_id = %s",
+                [job.pk])  # fmt: skip
+    assert parts == [("jobs_jobevent_legacy",)]
+    # A job created in a partitioned period writes its history there.
+    later = datetime.combine(bound, datetime.min.time(), UTC) + timedelta(hours=1)
+    with connection.cursor() as cur:
+        cur.execute(
+            "INSERT INTO jobs_job (task, payload, queue, priority, max_retries, retry_count, "
+            "lease_version, status, created_at) VALUES ('x', '{}', 'default', 0, 0, 0, 0, "
+            "'queued', %s) RETURNING id",
+            [later],
+        )
+        new_id = cur.fetchone()[0]
+    parts = raw("SELECT tableoid::regclass::text FROM jobs_jobevent WHERE job_id = %s", [new_id])
+    assert parts == [(partitions.partition_name("jobs_jobevent", bound),)]
+
+
+def test_lifecycle_moves_of_live_jobs_name_the_hot_partition():
+    assert lifecycle.CLAIM.where() == "status = 'queued' AND period = 'infinity'"
+    assert lifecycle.EXPIRE.where("j.status") == "j.status = 'processing' AND j.period = 'infinity'"
+    assert "period" not in lifecycle.STAFF_RETRY.where()
