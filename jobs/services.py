@@ -1702,9 +1702,13 @@ def staff_cancel_running(job_ids: Sequence[int], actor: str) -> list[int]:
 _H = JobEvent._meta.db_table
 
 
+# Row-wise retention reads the hot partition only: a cold period goes whole, by
+# partition (jobs.archive.retention), once every job of it is finished and moved.
+_HOT = "jobs_job_hot"
+
 _PRUNE_SQL = f"""
 WITH victims AS (
-  SELECT id FROM {T}
+  SELECT id FROM {_HOT}
   WHERE status = ANY(%(statuses)s)
     AND finished_at < now() - %(age)s * interval '1 second'
   LIMIT %(batch)s
@@ -1717,14 +1721,14 @@ edges AS (DELETE FROM jobs_jobdependency
           WHERE child_id IN (SELECT id FROM victims) OR parent_id IN (SELECT id FROM victims)),
 -- A webhook delivery goes with its delivery job (jobs.events): its status was the job's.
 dl AS (DELETE FROM jobs_webhookdelivery WHERE job_id IN (SELECT id FROM victims)),
-gone AS (DELETE FROM {T} WHERE id IN (SELECT id FROM victims) RETURNING 1)
+gone AS (DELETE FROM {_HOT} WHERE id IN (SELECT id FROM victims) RETURNING 1)
 SELECT count(*) FROM gone"""
 
 
 def prune_finished(older_than_seconds: float, statuses: Sequence[str], batch: int) -> int:
-    """Delete one batch of terminal jobs finished more than `older_than_seconds` ago
-    (database clock), with their history, steps, signals and workflow links; returns
-    how many jobs went.
+    """Delete one batch of terminal jobs still in jobs_job_hot and finished more than
+    `older_than_seconds` ago (database clock), with their history, steps, signals and
+    workflow links; returns how many jobs went.
 
     One short statement: rows another transaction holds are skipped (SKIP LOCKED),
     so workers, the reaper and a concurrent prune never wait on it. Only terminal

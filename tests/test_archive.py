@@ -22,7 +22,7 @@ from rest_framework.test import APIClient
 
 from harness import ROOT, database_url, service_env
 from jobs import services
-from jobs.archive import files
+from jobs.archive import files, tables
 from jobs.archive.tables import SIDE_TABLES
 from jobs.models import (
     ArchivedPeriod,
@@ -62,14 +62,16 @@ def legacy_bound() -> str:
     return bound.split("TO (", 1)[1].rstrip(")")
 
 
+MADE: list[str] = []
+
+
 @pytest.fixture
 def layout(transactional_db):
-    """Cold partitions for the five weeks before this one; history partitions for the
-    oldest three (legacy history ends there), as a database partitioned that long ago
-    has. Everything made here is undone after the test."""
+    """History partitions from five weeks ago on (older history is legacy), as a
+    database partitioned that long ago has; cold job partitions are made as tests move
+    jobs into them. Everything made here is undone after the test."""
     old_bound = legacy_bound()
     start = monday(5)
-    made_jobs, made_events = [], []
     raw("ALTER TABLE jobs_jobevent DETACH PARTITION jobs_jobevent_legacy")
     raw(
         "ALTER TABLE jobs_jobevent ATTACH PARTITION jobs_jobevent_legacy "
@@ -79,20 +81,18 @@ def layout(transactional_db):
     while at(day) < datetime.datetime.fromisoformat(old_bound.strip("'")):
         end = day + WEEK
         name = f"jobs_jobevent_p{day:%Y%m%d}"
-        if not raw("SELECT 1 FROM pg_class WHERE relname = %s", [name]):
+        if not exists(name):
             raw(
                 f"CREATE TABLE {name} PARTITION OF jobs_jobevent "
                 f"FOR VALUES FROM ('{at(day)}') TO ('{at(end)}')"
             )
             raw(f"ALTER TABLE {name} ADD PRIMARY KEY (id)")
-            made_events.append(name)
+            MADE.append(name)
         day = end
-    for weeks_ago in range(7, 0, -1):
-        make_job_partition(monday(weeks_ago), made_jobs)
     yield start
     raw("TRUNCATE jobs_job, jobs_jobevent")
-    for name in made_events + made_jobs:
-        raw(f"DROP TABLE IF EXISTS {name}")
+    while MADE:
+        raw(f"DROP TABLE IF EXISTS {MADE.pop()}")
     raw("ALTER TABLE jobs_jobevent DETACH PARTITION jobs_jobevent_legacy")
     raw(
         "ALTER TABLE jobs_jobevent ATTACH PARTITION jobs_jobevent_legacy "
@@ -100,32 +100,37 @@ def layout(transactional_db):
     )
 
 
-def make_job_partition(day: datetime.date, made: list[str]) -> None:
+def make_job_partition(day: datetime.date) -> None:
     name = f"jobs_job_p{day:%Y%m%d}"
-    if raw("SELECT 1 FROM pg_class WHERE relname = %s", [name]):
+    if exists(name):
         return
     raw(f"CREATE TABLE {name} PARTITION OF jobs_job FOR VALUES FROM ('{day}') TO ('{day + WEEK}')")
     raw(f"ALTER TABLE {name} ADD PRIMARY KEY (id)")
-    made.append(name)
+    MADE.append(name)
 
 
 def move(job_ids: list[int], day: datetime.date, finished_hours: float = 30) -> None:
     """Jobs created on `day` and finished `finished_hours` later, moved to the day's
     period with their history, as the mover does once they are finished."""
     raw(
-        """UPDATE jobs_job SET created_at = %s, finished_at = %s + (id %% 100) * interval '1 ms'
+        """UPDATE jobs_job SET created_at = %s,
+                  finished_at = CASE WHEN finished_at IS NULL THEN NULL
+                                     ELSE %s + (id %% 100) * interval '1 ms' END
            WHERE id = ANY(%s)""",
         [at(day, 2), at(day, finished_hours), job_ids],
     )
     start = day - datetime.timedelta(days=day.weekday())
+    make_job_partition(start)
     raw(
         "UPDATE jobs_job SET period = %s WHERE id = ANY(%s) AND status IN ('done', 'failed')",
         [start, job_ids],
     )
+    # History of jobs created before the history partitions is legacy ('-infinity').
     raw(
-        """UPDATE jobs_jobevent e SET job_created_at = j.created_at FROM jobs_job j
-           WHERE j.id = e.job_id AND j.id = ANY(%s) AND j.created_at >= %s""",
-        [job_ids, at(monday(5))],
+        """UPDATE jobs_jobevent e SET job_created_at = CASE WHEN j.created_at >= %s
+                                     THEN j.created_at ELSE '-infinity' END
+           FROM jobs_job j WHERE j.id = e.job_id AND j.id = ANY(%s)""",
+        [at(monday(5)), job_ids],
     )
 
 
@@ -155,7 +160,9 @@ def populate(day: datetime.date) -> dict:
     WorkflowNode.objects.create(job_id=done[1], workflow=flow, key="a", ended=True)
     WorkflowNode.objects.create(job_id=done[2], workflow=flow, key="b", ended=True)
     JobDependency.objects.create(parent_id=done[1], child_id=done[2])
-    hook = Webhook.objects.create(client=client, url="https://example.com/h", secret_salt="s")
+    hook = Webhook.objects.create(
+        client=client, url="https://example.com/h", secret_salt="s", events=["job.done"]
+    )
     WebhookDelivery.objects.create(
         webhook=hook, event_id=1, source_job_id=done[0], seq=1, type="job.done",
         body="{}", job_id=failed[0],
@@ -173,7 +180,10 @@ def snapshot(job_ids: list[int]) -> dict[str, list]:
     out = {}
     for table in TABLES:
         where = (wheres.get(table) or SIDE_TABLES[table]).format(jobs=jobs)
-        rows = raw(f"SELECT to_jsonb(t) FROM {table} t WHERE {where} ORDER BY id", {"ids": job_ids})
+        rows = raw(
+            f"SELECT to_jsonb(t) FROM {table} t WHERE {where} ORDER BY to_jsonb(t)::text",
+            {"ids": job_ids},
+        )
         out[table] = [r[0] for r in rows]
     return out
 
@@ -213,7 +223,7 @@ def test_period_is_archived_verified_dropped_shown_and_restored(layout, tmp_path
     data = populate(day)
     ids = data["ids"]
     before = snapshot(ids)
-    assert len(before["jobs_jobevent"]) >= 3 * len(ids)
+    assert len(before["jobs_jobevent"]) == 3 * len(ids) - 1  # the cancelled job: 2
     assert all(before[t] for t in TABLES if t != "jobs_jobevent_legacy")
     api_before = {
         i: (
@@ -227,12 +237,12 @@ def test_period_is_archived_verified_dropped_shown_and_restored(layout, tmp_path
     out = prune()
 
     assert f"period {day:%Y-%m-%d}: detach" in out and "verify" in out and "drop" in out
-    assert f"archived 1 periods ({len(ids)} jobs" in out
+    assert f"period {day:%Y-%m-%d}: {len(ids)} jobs, {len(before['jobs_jobevent'])} history" in out
     assert not exists(jobs_table) and not exists(events_table)
     assert raw("SELECT count(*) FROM jobs_job WHERE id = ANY(%s)", [ids]) == [(0,)]
     after = snapshot(ids)
     assert all(after[t] == [] for t in TABLES), "side rows and history went with the period"
-    period = ArchivedPeriod.objects.get()
+    period = ArchivedPeriod.objects.get(period=day)
     assert (period.period, period.jobs) == (day, len(ids))
     assert (period.min_job_id, period.max_job_id) == (min(ids), max(ids))
     directory = tmp_path / f"{day:%Y%m%d}"
@@ -267,7 +277,7 @@ def test_period_is_archived_verified_dropped_shown_and_restored(layout, tmp_path
         assert api_get(data["token"], f"/api/v1/jobs/{i}/").json() == job
         got = api_get(data["token"], f"/api/v1/jobs/{i}/history/?page_size=100").json()
         assert got["results"] == history
-    assert ArchivedPeriod.objects.get().restored_at is not None
+    assert ArchivedPeriod.objects.get(period=day).restored_at is not None
     assert "restored" in archive("list")
 
     with pytest.raises(CommandError, match="is attached"):
@@ -328,6 +338,32 @@ def test_a_job_finished_after_the_cutoff_holds_its_period_back(layout, tmp_path,
     assert attached(f"jobs_job_p{day:%Y%m%d}")
 
 
+def test_a_staff_retry_just_before_detach_sends_the_period_back(
+    layout, tmp_path, settings, monkeypatch
+):
+    """Between the look at jobs_job_hot and DETACH, staff retry a failed job of the
+    period (it goes back hot): the look after DETACH finds it, and the period goes back
+    attached, whole, with its history."""
+    settings.JOBS_ARCHIVE_DIR = str(tmp_path)
+    day = layout
+    ids = [JobFactory.create(status="failed").pk for _ in range(2)]
+    move(ids, day)
+    table = f"jobs_job_p{day:%Y%m%d}"
+    detach = tables.detach
+
+    def retry_then_detach(p):
+        assert services.staff_retry([ids[0]], actor="staff:test") == [ids[0]]
+        detach(p)
+
+    monkeypatch.setattr(tables, "detach", retry_then_detach)
+    out = prune()
+    assert f"period {day:%Y-%m-%d} held back: 1 jobs created in it are still in" in out
+    assert attached(table) and attached(f"jobs_jobevent_p{day:%Y%m%d}")
+    assert raw("SELECT count(*) FROM jobs_job WHERE id = ANY(%s)", [ids]) == [(2,)]
+    assert raw("SELECT count(*) FROM jobs_jobevent WHERE job_id = %s", [ids[0]]) == [(4,)]
+    assert not ArchivedPeriod.objects.filter(period=day).exists()
+
+
 def test_dry_run_and_no_archive_dir_change_nothing(layout, settings):
     settings.JOBS_ARCHIVE_DIR = ""
     day = layout
@@ -352,7 +388,7 @@ def test_an_unfinished_row_in_a_detached_period_stops_retention(layout, tmp_path
     ids = [JobFactory.create(status="done").pk for _ in range(2)]
     move(ids, day)
     table = f"jobs_job_p{day:%Y%m%d}"
-    raw(f"ALTER TABLE jobs_job DETACH PARTITION {table}")
+    raw(f"ALTER TABLE jobs_job DETACH PARTITION {table} CONCURRENTLY")
     raw(f"ALTER TABLE {table} DROP CONSTRAINT job_cold_is_finished")
     raw(
         f"UPDATE {table} SET status = 'queued', finished_at = NULL, result = NULL WHERE id = %s",
@@ -416,9 +452,9 @@ def test_a_prune_killed_midway_is_finished_by_the_next(layout, tmp_path, setting
 
     out = prune()
 
-    assert f"archived 1 periods ({len(data['ids'])} jobs" in out
+    assert f"period {day:%Y-%m-%d}: {len(data['ids'])} jobs" in out
     assert not exists(table)
-    assert ArchivedPeriod.objects.count() == 1
+    assert ArchivedPeriod.objects.filter(period=day).count() == 1
     archive("restore", f"{day:%Y-%m-%d}")
     assert snapshot(data["ids"]) == before, "nothing lost, nothing twice"
 
@@ -468,7 +504,7 @@ def test_a_detach_left_pending_is_finalized(layout, tmp_path, settings):
 
     out = prune()
 
-    assert "archived 1 periods (3 jobs" in out
+    assert f"period {day:%Y-%m-%d}: 3 jobs" in out
     assert not exists(table)
 
 
@@ -492,8 +528,10 @@ def test_a_corrupted_file_fails_verification_and_nothing_is_dropped(
     monkeypatch.setattr(files, "write_manifest", corrupt_then_write)
     with pytest.raises(CommandError, match="failed verification, nothing dropped.*sha256"):
         prune()
-    assert exists(table) and not attached(table)
-    assert snapshot(data["ids"]) == before
+    assert exists(table) and not attached(table), "kept, detached"
+    assert raw(f"SELECT count(*) FROM {table}") == [(len(data["ids"]),)]
+    kept = snapshot(data["ids"])
+    assert all(kept[t] == before[t] for t in SIDE_TABLES), "side rows kept"
     assert not ArchivedPeriod.objects.exists()
 
     monkeypatch.undo()
@@ -523,3 +561,55 @@ def test_archive_command_refuses_bad_input(args, message):
 
 def test_archive_list_when_empty():
     assert archive("list").strip() == "nothing archived, nothing detached"
+
+
+# --- the admin ----------------------------------------------------------------------------
+
+
+def archived_row(day: datetime.date, low: int, high: int) -> ArchivedPeriod:
+    return ArchivedPeriod.objects.create(
+        period=day, starts_at=at(day), ends_at=at(day + WEEK), jobs=high - low + 1, events=0,
+        min_job_id=low, max_job_id=high, location=f"/archive/{day:%Y%m%d}", files={},
+        archived_at=at(day + 5 * WEEK, 3),
+    )  # fmt: skip
+
+
+@pytest.fixture
+def staff(client):
+    from django.contrib.auth.models import Permission, User
+
+    user = User.objects.create_user("ada", password="pw", is_staff=True)
+    user.user_permissions.set(Permission.objects.filter(codename="view_job"))
+    client.force_login(User.objects.get(pk=user.pk))
+    return client
+
+
+def test_the_admin_says_where_an_archived_job_went(staff):
+    from django.contrib.messages import get_messages
+    from django.urls import reverse
+
+    day = monday(6)
+    archived_row(day, 1_000_000, 1_000_999)
+    said = f"job 1000500 was archived at {at(day + 5 * WEEK, 3):%Y-%m-%d %H:%M}"
+    restore_with = f"restore with `manage.py archive restore {day:%Y-%m-%d}`"
+
+    page = staff.get(reverse("admin:jobs_job_changelist"), {"q": "1000500"})
+    assert page.status_code == 200
+    shown = [str(m) for m in get_messages(page.wsgi_request)]
+    assert any(said in m and restore_with in m for m in shown), shown
+
+    page = staff.get(reverse("admin:jobs_job_change", args=[1000500]), follow=True)
+    shown = [str(m) for m in get_messages(page.wsgi_request)]
+    assert any(said in m and restore_with in m for m in shown), shown
+
+    # An id no period held: Django's own "does not exist".
+    page = staff.get(reverse("admin:jobs_job_change", args=[999]), follow=True)
+    shown = [str(m) for m in get_messages(page.wsgi_request)]
+    assert shown and not any("archived" in m for m in shown)
+
+    listing = staff.get(reverse("admin:jobs_archivedperiod_changelist"))
+    assert listing.status_code == 200
+    assert f"/archive/{day:%Y%m%d}" in listing.content.decode()
+    detail = staff.get(reverse("admin:jobs_archivedperiod_change", args=[str(day)]))
+    assert f"manage.py archive restore {day:%Y-%m-%d}" in detail.content.decode()
+    assert staff.get(reverse("admin:jobs_archivedperiod_add")).status_code == 403

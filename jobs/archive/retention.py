@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
 from jobs.archive import files, tables
@@ -43,6 +43,14 @@ log = logging.getLogger("jobs.archive")
 
 class ArchiveStopped(Exception):
     """Retention stopped at a period; what was archived before it stays archived."""
+
+
+class PeriodHeld(Exception):
+    """Found after DETACH: a job of the period is hot again; the period went back."""
+
+    def __init__(self, period: datetime.date, why: str) -> None:
+        super().__init__(why)
+        self.period, self.why = period, why
 
 
 @dataclass
@@ -129,7 +137,10 @@ def archive_expired(
         return report
     root = Path(archive_dir)
     for p in todo:
-        report.archived.append(archive_period(p, root, progress))
+        try:
+            report.archived.append(archive_period(p, root, progress))
+        except PeriodHeld as e:
+            report.held.append((e.period, e.why))
     report.seconds = time.monotonic() - started
     return report
 
@@ -149,6 +160,19 @@ def archive_period(
             progress(f"period {p.period:%Y-%m-%d}: {name} {out.seconds[name]:.2f} s")
         return result
 
+    if p.start is None or p.end is None:
+        raise ArchiveStopped(
+            f"{p.jobs} is detached without the check of its bound that DETACH … "
+            "CONCURRENTLY leaves: attach it again (or add the check) and run again"
+        )
+    earlier = ArchivedPeriod.objects.filter(period=p.period, restored_at__isnull=True).first()
+    if earlier is not None:
+        raise ArchiveStopped(
+            f"period {p.period:%Y-%m-%d} was archived at {earlier.archived_at:%Y-%m-%d %H:%M} "
+            f"to {earlier.location} and {p.jobs} exists again: its files are not "
+            "overwritten; move them aside (and delete its jobs_archivedperiod row) to "
+            "archive the table as it is now"
+        )
     bounds = {tables.JOBS: tables.bound_of(p.jobs), tables.EVENTS: tables.bound_of(p.events)}
     step("detach", lambda: tables.detach(p))
     step("check", lambda: _check_finished(p))
@@ -172,13 +196,24 @@ def archive_period(
 
 def _check_finished(p: tables.Partition) -> None:
     bad = tables.unfinished(p.jobs)
-    if bad:
+    if not bad:
+        hot = tables.still_hot(p)
+        if hot:  # a staff retry brought one back between the first look and DETACH
+            tables.reattach(p)
+            raise PeriodHeld(p.period, f"{hot} jobs created in it are still in {tables.HOT}")
+        return
+    what = f"period {p.period:%Y-%m-%d}: {bad} jobs in {p.jobs} are not finished"
+    try:
         tables.reattach(p)
+    except DatabaseError as e:
         raise ArchiveStopped(
-            f"period {p.period:%Y-%m-%d}: {bad} jobs in {p.jobs} are not finished; the "
-            "period was attached again and nothing was archived (a finished job belongs "
-            "in a cold partition only)"
-        )
+            f"{what}; nothing was archived, and attaching it again failed ({e}): it stays "
+            "detached until its rows are fixed and it is attached by hand"
+        ) from e
+    raise ArchiveStopped(
+        f"{what}; the period was attached again and nothing was archived (only finished "
+        "jobs belong in a cold partition)"
+    )
 
 
 def _write(p: tables.Partition, directory: Path, bounds: dict[str, str | None]) -> dict:
@@ -193,7 +228,7 @@ def _write(p: tables.Partition, directory: Path, bounds: dict[str, str | None]) 
     entries = {}
     for name, table, where in sources:
         cols = tables.columns(table)
-        order = tables.ORDER.get(name, "id")
+        order = tables.ORDER.get(name) or tables.primary_key(table)
         entries[name] = files.write_table(
             directory,
             name,

@@ -44,7 +44,8 @@ SIDE_TABLES: dict[str, str] = {
     # A webhook delivery goes with its delivery job (jobs.events): its status was the job's.
     "jobs_webhookdelivery": "job_id IN (SELECT id FROM {jobs})",
 }
-# The order each file is written in: what `archive show` filters on is sorted.
+# The order each file is written in: what `archive show` filters on is sorted (the
+# others go in primary key order).
 ORDER = {JOBS: "id", EVENTS: "job_id, id", LEGACY: "job_id, id"}
 
 
@@ -117,16 +118,22 @@ def held_back(p: Partition, cutoff: datetime.datetime) -> str | None:
     """Why an attached period whose end is past `cutoff` must stay, or None: a job
     created in it is still hot (live, or finished and not moved yet), or one of its
     jobs finished after the cutoff."""
-    start, end = period_start_utc(p.start), period_start_utc(p.end)
-    hot = _rows(
-        f"SELECT count(*) FROM {HOT} WHERE created_at >= %s AND created_at < %s", [start, end]
-    )[0][0]
+    hot = still_hot(p)
     if hot:
         return f"{hot} jobs created in it are still in {HOT}"
     late = _rows(f"SELECT count(*) FROM {p.jobs} WHERE finished_at >= %s", [cutoff])[0][0]
     if late:
         return f"{late} of its jobs finished after the cutoff"
     return None
+
+
+def still_hot(p: Partition) -> int:
+    """Jobs created in the period that are in jobs_job_hot (live, not moved yet, or
+    brought back by a staff retry)."""
+    start, end = period_start_utc(p.start), period_start_utc(p.end)
+    return _rows(
+        f"SELECT count(*) FROM {HOT} WHERE created_at >= %s AND created_at < %s", [start, end]
+    )[0][0]
 
 
 @contextmanager
@@ -168,6 +175,18 @@ def columns(table: str) -> list[Column]:
             [table],
         )
     ]
+
+
+def primary_key(table: str) -> str:
+    """The primary key's column(s), comma-separated: the order of its file and what a
+    restore skips when already there."""
+    cols = _rows(
+        """SELECT a.attname FROM pg_index i
+           JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
+           WHERE i.indrelid = %s::regclass AND i.indisprimary ORDER BY a.attnum""",
+        [table],
+    )
+    return ", ".join(c for (c,) in cols) or "id"
 
 
 def count(table: str, where: str = "TRUE") -> int:
@@ -263,7 +282,7 @@ def copy_in(table: str, cols: list[Column], rows: list[tuple], on_conflict: bool
         if on_conflict:
             cur.execute(
                 f"INSERT INTO {table} ({names}) SELECT {names} FROM {target} "
-                "ON CONFLICT (id) DO NOTHING"
+                f"ON CONFLICT ({primary_key(table)}) DO NOTHING"
             )
             return cur.rowcount
     return len(rows)

@@ -167,14 +167,14 @@ class Command(BaseCommand):
     def _dry_run(self, age: int, statuses: list[str]) -> None:
         with connection.cursor() as cur:
             cur.execute(
-                """SELECT status, count(*) FROM jobs_job
+                """SELECT status, count(*) FROM jobs_job_hot
                    WHERE status = ANY(%s) AND finished_at < now() - %s * interval '1 second'
                    GROUP BY status ORDER BY status""",
                 [statuses, age],
             )
             counts = dict(cur.fetchall())
             cur.execute(
-                """SELECT count(*) FROM jobs_jobevent e JOIN jobs_job j ON j.id = e.job_id
+                """SELECT count(*) FROM jobs_jobevent e JOIN jobs_job_hot j ON j.id = e.job_id
                    WHERE j.status = ANY(%s) AND j.finished_at < now() - %s * interval '1 second'""",
                 [statuses, age],
             )
