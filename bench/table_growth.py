@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -106,11 +106,14 @@ FROM generate_series(1, %s) AS g
 def fill(url: str, name: str, jobs: int, queued: int) -> dict[str, float]:
     """N - queued finished jobs with their history, then the backlog; seconds per part."""
     assert name.startswith(SCRATCH_PREFIX), name  # triggers are switched off only here
+    from jobs.conf import settings
+
     finished = jobs - queued
     times: dict[str, float] = {}
     with psycopg.connect(url, autocommit=True) as c:
         start, span = fill_window(c)
         parted = is_partitioned(c)
+        hot = getattr(settings, "JOBS_HOT_FINISHED_SECONDS", 0)
         if parted:
             prepare_partitions(c, start)
         # Finished jobs go to their period's partition, those of the last hour excepted
@@ -118,7 +121,7 @@ def fill(url: str, name: str, jobs: int, queued: int) -> dict[str, float]:
         columns = {
             "period_col": ", period" if parted else "",
             "period": (
-                ", CASE WHEN t > now() - interval '1 hour' THEN 'infinity'::date "
+                ", CASE WHEN t > now() - %(hot)s * interval '1 second' THEN 'infinity'::date "
                 "ELSE date_trunc('week', t AT TIME ZONE 'UTC')::date END"
                 if parted
                 else ""
@@ -130,7 +133,7 @@ def fill(url: str, name: str, jobs: int, queued: int) -> dict[str, float]:
         c.execute("SET session_replication_role = replica")
         for lo in range(1, finished + 1, CHUNK):
             hi = min(finished, lo + CHUNK - 1)
-            args = {"lo": lo, "hi": hi, "n": finished, "start": start, "span": span}
+            args = {"lo": lo, "hi": hi, "n": finished, "start": start, "span": span, "hot": hot}
             with c.transaction():
                 c.execute(_FILL_JOBS.format(**columns), args)
                 c.execute(_FILL_HISTORY.format(**columns), args)
@@ -175,32 +178,10 @@ def prepare_partitions(conn: psycopg.Connection, start: Any) -> None:
         "ALTER TABLE jobs_jobevent ATTACH PARTITION jobs_jobevent_legacy "
         f"FOR VALUES FROM (MINVALUE) TO ('{first} 00:00:00+00')"
     )
-    existing = {
-        r[0]
-        for r in conn.execute(
-            "SELECT relid::regclass::text FROM pg_partition_tree('jobs_job') "
-            "UNION SELECT relid::regclass::text FROM pg_partition_tree('jobs_jobevent')"
-        )
-    }
-    today = datetime.now(UTC).date()
-    week = first
-    while week <= today:
-        end = week + timedelta(days=7)
-        for table, low, high in (
-            ("jobs_job", f"'{week}'", f"'{end}'"),
-            ("jobs_jobevent", f"'{week} 00:00:00+00'", f"'{end} 00:00:00+00'"),
-        ):
-            name = f"{table}_p{week:%Y%m%d}"
-            if name in existing:
-                continue
-            conn.execute(
-                f"CREATE TABLE {name} (LIKE {table} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)"
-            )
-            conn.execute(f"ALTER TABLE {name} ADD PRIMARY KEY (id)")
-            conn.execute(
-                f"ALTER TABLE {table} ATTACH PARTITION {name} FOR VALUES FROM ({low}) TO ({high})"
-            )
-        week = end
+    from jobs import partitions
+
+    weeks = {first + timedelta(days=7 * n) for n in range(WEEKS + 1)}
+    partitions.ensure({partitions.JOBS: weeks, partitions.EVENTS: weeks})
 
 
 # --- what one layout measures (the child process, Django on the scratch database) ------------
@@ -276,8 +257,10 @@ def explain_claim() -> dict[str, Any]:
     found: set[str] = set()
 
     def walk(node: Any) -> None:
+        """Relations read or written; an UPDATE through a partitioned parent names the
+        parent (no storage of its own) and lists the partitions it wrote as targets."""
         if isinstance(node, dict):
-            if "Relation Name" in node:
+            if "Relation Name" in node and "Target Tables" not in node:
                 found.add(node["Relation Name"])
             for v in node.values():
                 walk(v)
@@ -433,6 +416,10 @@ def retention(url: str) -> dict[str, Any]:
 def measure_layout(args: argparse.Namespace) -> dict[str, Any]:
     db = ScratchDatabase("tablegrowth", args.admin_url, name=args.db)
     assert db.name.startswith(SCRATCH_PREFIX), db.name
+    with psycopg.connect(args.admin_url) as c:
+        busy = c.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s", [db.name])
+        if busy.fetchone()[0]:
+            raise SystemExit(f"{db.name} is in use (another table-growth run?): not dropped")
     db.create()
     url = db.url()
     report: dict[str, Any] = {"layout": args.layout, "jobs": args.jobs, "database": db.name}
@@ -491,7 +478,7 @@ def child_main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.table_growth")
     p.add_argument("--layout", choices=["today", "partitioned"], required=True)
     p.add_argument("--jobs", type=int, default=20_000)
-    p.add_argument("--db", default=f"{SCRATCH_PREFIX}{checkout_tag()}")
+    p.add_argument("--db", required=True, help="the scratch database (dropped and re-created)")
     p.add_argument("--admin-url", default=DEFAULT_ADMIN_URL)
     p.add_argument("--claimers", type=int, default=4)
     p.add_argument("--seconds", type=float, default=10.0)
@@ -529,8 +516,11 @@ def today_ref() -> str | None:
     return f"{out[0]}^" if out else None
 
 
-def run_layout(layout: str, root: Path, env: dict[str, str], options: list[str]) -> dict:
-    argv = [sys.executable, "-m", "bench.table_growth", "--layout", layout, *options]
+def run_layout(
+    layout: str, root: Path, env: dict[str, str], options: list[str], suffix: str = ""
+) -> dict:
+    db = f"{SCRATCH_PREFIX}{checkout_tag()}_{layout}{suffix}"
+    argv = [sys.executable, "-m", "bench.table_growth", "--layout", layout, "--db", db, *options]
     proc = subprocess.run(argv, cwd=root, env=env, stdout=subprocess.PIPE, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"{layout} layout failed (exit {proc.returncode})")
@@ -541,8 +531,7 @@ def layouts(ctx: Any) -> Iterator[dict[str, Any]]:
     from bench.env import Code
 
     jobs = ctx.args.growth_jobs or (20_000 if ctx.quick else DEFAULT_JOBS)
-    db = f"{SCRATCH_PREFIX}{checkout_tag()}"
-    options = ["--jobs", str(jobs), "--admin-url", ctx.db.admin_url, "--db", db]
+    options = ["--jobs", str(jobs), "--admin-url", ctx.db.admin_url]
     if ctx.quick:
         options += ["--seconds", "2", "--submissions", "200"]
     if ctx.args.claimers:
@@ -550,16 +539,17 @@ def layouts(ctx: Any) -> Iterator[dict[str, Any]]:
     env = {k: v for k, v in ctx.procs.env.items() if not k.startswith("DJANGO_")}
     env.update(PYTHONPATH="", LOG_LEVEL="WARNING", DJANGO_SETTINGS_MODULE="jobservice.settings")
     wanted = ctx.args.growth_layout or ["today", "partitioned"]
+    suffix = "_quick" if ctx.quick else ""  # the suite's smoke run beside a long one
     ref = today_ref()
     if "today" in wanted:
         code = Code(ref) if ref else None
         try:
-            yield run_layout("today", code.root if code else ROOT, env, options)
+            yield run_layout("today", code.root if code else ROOT, env, options, suffix)
         finally:
             if code:
                 code.close()
     if "partitioned" in wanted and ref:
-        yield run_layout("partitioned", ROOT, env, options)
+        yield run_layout("partitioned", ROOT, env, options, suffix)
 
 
 def records(report: dict[str, Any]) -> Iterator[dict[str, Any]]:
