@@ -16,18 +16,13 @@ from typing import Any
 
 import psycopg
 
-from bench.measure import sql
+from bench.measure import hot_table, sql
 from bench.scenarios import Context, reset, scenario
 
 FILLFACTORS = (100, 90, 70)
 BATCH = 500
 CLAIM_SLICE = 50
 HEARTBEATS = 3
-
-
-def hot_table() -> str:
-    """The table live jobs are written in: the hot partition once jobs_job is partitioned."""
-    return "jobs_job_hot" if sql("SELECT to_regclass('jobs_job_hot')")[0][0] else "jobs_job"
 
 
 def table_stats(db_url: str, table: str) -> dict[str, Any]:

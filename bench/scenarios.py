@@ -22,6 +22,7 @@ from bench.measure import (
     backend_pids,
     cpu_seconds,
     fmt_pcts,
+    hot_table,
     percentiles,
     released_together,
     sql,
@@ -60,11 +61,11 @@ VARIANTS: dict[str, str | tuple[str, ...]] = {
     # The history trigger as it was before 0006: one trigger call per changed row.
     "row-history": _triggers.HISTORY_PER_ROW,
     # Without the storage settings of migration 0004 (fillfactor, autovacuum), for a
-    # before/after of that migration.
+    # before/after of that migration; on the table live jobs are written in ({hot}).
     "no-table-storage": (
-        "ALTER TABLE jobs_job RESET (fillfactor, autovacuum_vacuum_scale_factor, "
+        "ALTER TABLE {hot} RESET (fillfactor, autovacuum_vacuum_scale_factor, "
         "autovacuum_analyze_scale_factor, autovacuum_vacuum_cost_limit)",
-        "VACUUM FULL jobs_job",
+        "VACUUM FULL {hot}",
     ),
 }
 
@@ -77,11 +78,14 @@ def apply_variant(name: str) -> None:
 
     sql(guard_trigger_sql("jobs_job", "jobs_jobevent"))
     sql("DROP TRIGGER IF EXISTS jobs_job_history ON jobs_job")
-    sql(importlib.import_module("jobs.migrations.0004_jobs_table_storage").FORWARD)
+    # 0004's settings, on the hot partition once jobs_job is partitioned (D181).
+    storage = importlib.import_module("jobs.migrations.0004_jobs_table_storage").STORAGE
+    hot = hot_table()
+    sql(f"ALTER TABLE {hot} SET ({', '.join(f'{k} = {v}' for k, v in storage.items())})")
     statements = VARIANTS[name]
     for statement in (statements,) if isinstance(statements, str) else statements:
         if statement:
-            sql(statement)
+            sql(statement.replace("{hot}", hot))
 
 
 ALL: dict[str, Callable[[Context], Iterator[dict]]] = {}
