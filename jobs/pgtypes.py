@@ -13,7 +13,12 @@ import struct
 
 from psycopg import pq
 from psycopg.adapt import Loader as Loader_
-from psycopg.types.datetime import DateBinaryDumper, DateDumper
+from psycopg.types.datetime import (
+    DateBinaryDumper,
+    DateDumper,
+    DatetimeBinaryDumper,
+    DatetimeDumper,
+)
 
 HOT = datetime.date.max  # 'infinity': the hot partition's period
 LEGACY = datetime.datetime.min.replace(tzinfo=datetime.UTC)  # '-infinity': legacy history
@@ -32,6 +37,20 @@ class _InfDateDumper(DateDumper):
 class _InfDateBinaryDumper(DateBinaryDumper):
     def dump(self, obj):
         return _DATE_INF if obj == HOT else super().dump(obj)
+
+
+def _is_legacy(obj) -> bool:
+    return obj.tzinfo is not None and obj == LEGACY
+
+
+class _InfDatetimeDumper(DatetimeDumper):
+    def dump(self, obj):
+        return b"-infinity" if _is_legacy(obj) else super().dump(obj)
+
+
+class _InfDatetimeBinaryDumper(DatetimeBinaryDumper):
+    def dump(self, obj):
+        return _TS_NEG if _is_legacy(obj) else super().dump(obj)
 
 
 def _loader(base, fmt, *, high, low, inf: bytes, neg: bytes):
@@ -77,6 +96,8 @@ def register(connection) -> None:
         )
     adapters.register_dumper(datetime.date, _InfDateDumper)
     adapters.register_dumper(datetime.date, _InfDateBinaryDumper)
+    adapters.register_dumper(datetime.datetime, _InfDatetimeDumper)
+    adapters.register_dumper(datetime.datetime, _InfDatetimeBinaryDumper)
 
 
 def on_connection_created(sender, connection, **kwargs) -> None:

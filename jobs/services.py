@@ -232,7 +232,7 @@ RETURNING {", ".join(_JOB_FIELDS)}, run_at <= now()
 _KEY_HOLDER_SQL = f"""
 SELECT {", ".join(_JOB_FIELDS)} FROM {T}
 WHERE client_id IS NOT DISTINCT FROM %s AND unique_key = %s
-  AND status IN ({lifecycle.sql_list(NON_TERMINAL)})"""
+  AND status IN ({lifecycle.sql_list(NON_TERMINAL)}) AND {lifecycle.hot_sql()}"""
 # An idempotency key is unique per partition only (the index carries `period`): after
 # the insert into hot, a later statement (a new snapshot) looks for the key in the
 # cold partitions; a row the mover moved there meanwhile is seen, since the insert

@@ -39,12 +39,15 @@ LAYERS: list[tuple[str, list[str]]] = [
                         # the read replica: where reads that may lag go (D147)
                         "jobs.replica",
                         # Parquet files of archived periods: the only pyarrow import
-                        "jobs.archive.files"]),
+                        "jobs.archive.files",
+                        # PostgreSQL's infinite dates as Python values (D158)
+                        "jobs.pgtypes"]),
     ("models", ["jobs.models", "jobs.graph"]),
     # Caches of model rows that the writes keep honest (the API clients by token hash).
     ("model caches", ["jobs.clientcache"]),
     # Every write (one fenced compare-and-set each) and every read.
-    ("services and selectors", ["jobs.services", "jobs.selectors"]),
+    # jobs.partitions: partitions ahead and the mover (D163), the reaper's.
+    ("services and selectors", ["jobs.services", "jobs.selectors", "jobs.partitions"]),
     # Retention by partition, the PostgreSQL side: periods, DETACH, DROP, ATTACH.
     ("archive tables", ["jobs.archive.tables"]),
     # A schedule's slots: the scheduler_runs row and the job it makes, in one statement.

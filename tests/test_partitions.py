@@ -30,26 +30,24 @@ def _children(parent: str) -> list[str]:
     ]
 
 
+def _names(sql: str, table: str) -> set[str]:
+    return {r[0] for r in raw(sql, [table])}
+
+
 def _named_checks(table: str) -> set[str]:
-    return {
-        r[0]
-        for r in raw(
-            "SELECT conname FROM pg_constraint WHERE conrelid = %s::regclass AND contype = 'c'",
-            [table],
-        )
-    }
+    return _names(
+        "SELECT conname FROM pg_constraint WHERE conrelid = %s::regclass AND contype = 'c'",
+        table,
+    )
 
 
 def _row_triggers(table: str) -> set[str]:
     # tgtype bit 0: FOR EACH ROW
-    return {
-        r[0]
-        for r in raw(
-            "SELECT tgname FROM pg_trigger WHERE tgrelid = %s::regclass AND tgtype & 1 = 1"
-            " AND NOT tgisinternal",
-            [table],
-        )
-    }
+    return _names(
+        "SELECT tgname FROM pg_trigger WHERE tgrelid = %s::regclass AND tgtype & 1 = 1"
+        " AND NOT tgisinternal",
+        table,
+    )
 
 
 def _finished(status: str = "done", **kw) -> Job:

@@ -1,6 +1,7 @@
-"""Migration 0004: storage settings on the table live jobs are updated in (jobs_job_hot
-since 0021: a partitioned parent has no storage), and its reverse; a cold partition is
-written once and keeps the defaults (D180, D181)."""
+"""Migration 0004: storage settings on jobs_job, and its reverse. Since 0021 the table
+is jobs_job_hot, the partition every live job is in (a partitioned parent has no
+storage of its own); a cold partition is written once and keeps the defaults (D180,
+D181)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from jobs import partitions
 from tests.factories import raw
 
 storage = importlib.import_module("jobs.migrations.0004_jobs_table_storage")
+FORWARD = storage.FORWARD.replace("jobs_job", "jobs_job_hot")
+REVERSE = storage.REVERSE.replace("jobs_job", "jobs_job_hot")
 
 
 def reloptions(table: str = "jobs_job_hot") -> dict[str, str]:
@@ -22,7 +25,7 @@ def reloptions(table: str = "jobs_job_hot") -> dict[str, str]:
 
 
 @pytest.mark.django_db
-def test_hot_partition_has_fillfactor_and_autovacuum_settings():
+def test_jobs_table_has_fillfactor_and_autovacuum_settings():
     assert reloptions() == {
         "fillfactor": "70",
         "autovacuum_vacuum_scale_factor": "0.02",
@@ -36,17 +39,12 @@ def test_reverse_restores_the_defaults():
     class Rollback(Exception):
         pass
 
-    # 0004 ran before 0021 renamed its table: its statements, on that table's new name.
-    forward, reverse = (
-        sql.replace("ALTER TABLE jobs_job ", "ALTER TABLE jobs_job_hot ")
-        for sql in (storage.FORWARD, storage.REVERSE)
-    )
     with pytest.raises(Rollback), transaction.atomic():
-        raw(reverse)
+        raw(REVERSE)
         assert reloptions() == {}
-        raw(forward)
+        raw(FORWARD)
         assert reloptions()["fillfactor"] == "70"
-        raw(reverse)
+        raw(REVERSE)
         assert reloptions() == {}
         raise Rollback
     assert reloptions()["fillfactor"] == "70"

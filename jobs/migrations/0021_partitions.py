@@ -16,21 +16,26 @@ are read.
    re-created on the parents, `id` moved from an identity to a sequence of the parent
    continuing where the identity stopped.
 
-A failed step 2 leaves an INVALID index: drop it and migrate again. The reverse is in
-docs/operations.md "Partitions" (it needs the cold rows moved back first).
+A failed step 2 leaves an INVALID index: drop it and migrate again. The reverse
+(`migrate jobs 0020`, with the reapers stopped) moves the cold rows back to the hot
+table, then undoes the swap in one short transaction (docs/operations.md "Partitions").
 """
 
 import datetime
+import logging
 import time
 
 from django.conf import settings
 from django.db import OperationalError, migrations, models, transaction
 
 from jobs.migrations._triggers import (
+    GUARD_0013,
     GUARD_0021,
     HISTORY_PLAN_0016,
     WORKFLOW_TRIGGERS_0016,
 )
+
+log = logging.getLogger("jobs.migrations")
 
 TERMINAL = "('done', 'failed')"
 LIVE = "('enqueue_failed', 'processing', 'queued')"
@@ -140,11 +145,12 @@ def _identity_to_sequence(cursor, table: str) -> None:
     cursor.execute(f"ALTER SEQUENCE {table}_id_seq_p RENAME TO {table}_id_seq")
 
 
-def _swap(cursor, bound: datetime.date) -> None:
+def _swap(cursor, bound: datetime.date) -> float:
     """Step 3, inside one transaction that holds ACCESS EXCLUSIVE on both old tables
     for the length of catalog changes only."""
     cursor.execute("SET LOCAL lock_timeout = '2s'")
     cursor.execute("LOCK TABLE jobs_job, jobs_jobevent IN ACCESS EXCLUSIVE MODE")
+    locked = time.monotonic()
     for table in ("jobs_job", "jobs_jobevent"):
         _identity_to_sequence(cursor, table)
     for trigger in JOB_TRIGGERS:
@@ -214,6 +220,7 @@ def _swap(cursor, bound: datetime.date) -> None:
         )
         cursor.execute(f"ALTER TABLE jobs_jobevent_p{start:%Y%m%d} ADD PRIMARY KEY (id)")
         start = end
+    return locked
 
 
 def forward(apps, schema_editor) -> None:
@@ -225,8 +232,16 @@ def forward(apps, schema_editor) -> None:
         _prepare(cursor, bound)
     for attempt in range(30):
         try:
+            started = time.monotonic()
             with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
-                _swap(cursor, bound)
+                locked = _swap(cursor, bound)
+            log.info(
+                "0021: the swap waited %.1f ms for its locks and held ACCESS EXCLUSIVE "
+                "for %.1f ms (attempt %d)",
+                (locked - started) * 1000,
+                (time.monotonic() - locked) * 1000,
+                attempt + 1,
+            )
             return
         except OperationalError as exc:  # lock_timeout: writers held a lock; try again
             if "lock timeout" not in str(exc) or attempt == 29:
@@ -234,11 +249,87 @@ def forward(apps, schema_editor) -> None:
             time.sleep(min(0.2 * (attempt + 1), 3))
 
 
-def backward(apps, schema_editor) -> None:
-    raise RuntimeError(
-        "0021_partitions is reversed by the runbook in docs/operations.md 'Partitions' "
-        "(cold rows must be moved back to jobs_job_hot first)"
+_MOVE_BACK = """
+UPDATE jobs_job SET period = 'infinity'
+WHERE id IN (SELECT id FROM jobs_job WHERE period < 'infinity' LIMIT 5000)"""
+
+
+def _unswap(cursor) -> None:
+    """The reverse of _swap, in one transaction: the old tables detached and renamed
+    back, history written since copied into the old history table (the only copy: the
+    rows of the periods since the migration), identities and 0020's triggers back."""
+    cursor.execute("SET LOCAL lock_timeout = '2s'")
+    cursor.execute("LOCK TABLE jobs_job, jobs_jobevent IN ACCESS EXCLUSIVE MODE")
+    if _exists(cursor, "SELECT 1 FROM jobs_job WHERE period < 'infinity' LIMIT 1"):
+        raise RuntimeError("jobs_job has cold rows: stop the reapers (the mover) and migrate again")
+    sequences = {}
+    for table in ("jobs_job", "jobs_jobevent"):
+        cursor.execute(f"SELECT last_value, is_called FROM {table}_id_seq")
+        sequences[table] = cursor.fetchone()
+    for trigger in JOB_TRIGGERS:
+        cursor.execute(f"DROP TRIGGER IF EXISTS {trigger} ON jobs_job")
+    parts = {"jobs_job": "jobs_job_hot", "jobs_jobevent": "jobs_jobevent_legacy"}
+    for parent, part in parts.items():
+        cursor.execute(f"ALTER TABLE {parent} DETACH PARTITION {part}")
+        cursor.execute(f"ALTER TABLE {part} ALTER COLUMN id DROP DEFAULT")  # the parent's
+    cursor.execute(
+        "SELECT string_agg(quote_ident(attname), ', ' ORDER BY attnum) FROM pg_attribute "
+        "WHERE attrelid = 'jobs_jobevent_legacy'::regclass AND attnum > 0 AND NOT attisdropped"
     )
+    columns = cursor.fetchone()[0]
+    cursor.execute(
+        f"INSERT INTO jobs_jobevent_legacy ({columns}) SELECT {columns} FROM jobs_jobevent"
+    )
+    for parent, part in parts.items():
+        cursor.execute(f"DROP TABLE {parent}")  # the parent, its sequence, empty partitions
+        cursor.execute(f"ALTER TABLE {part} RENAME TO {parent}")
+        cursor.execute(f"ALTER TABLE {parent} RENAME CONSTRAINT {part}_pkey TO {parent}_pkey")
+        for name, _ in _index_defs(cursor, parent):
+            if name.startswith(f"{part}_") and name[len(part) + 1 :] not in NEW_UNIQUE:
+                cursor.execute(f"ALTER INDEX {name} RENAME TO {name[len(part) + 1 :]}")
+        cursor.execute(f"ALTER TABLE {parent} ALTER COLUMN id ADD GENERATED BY DEFAULT AS IDENTITY")
+        cursor.execute(
+            f"SELECT setval(pg_get_serial_sequence('{parent}', 'id'), %s, %s)",
+            list(sequences[parent]),
+        )
+    cursor.execute(GUARD_0013)
+    cursor.execute(WORKFLOW_TRIGGERS_0016)
+    cursor.execute(HISTORY_PLAN_0016)
+
+
+def backward(apps, schema_editor) -> None:
+    """Cold rows are moved back to the hot table first (in batches, the guard lets a
+    move through), then the swap is undone; 0020's unique indexes are built
+    CONCURRENTLY before the partition columns go. Stop the reapers first: the mover
+    would move rows out again."""
+    connection = schema_editor.connection
+    with connection.cursor() as cursor:
+        if not _exists(cursor, "SELECT 1 FROM pg_class WHERE relname = 'jobs_job_hot'"):
+            return
+        while True:
+            cursor.execute(_MOVE_BACK)
+            if cursor.rowcount == 0:
+                break
+    for attempt in range(30):
+        try:
+            with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
+                _unswap(cursor)
+            break
+        except OperationalError as exc:
+            if "lock timeout" not in str(exc) or attempt == 29:
+                raise
+            time.sleep(min(0.2 * (attempt + 1), 3))
+    with connection.cursor() as cursor:
+        for name, definition in NEW_UNIQUE.items():
+            old = definition.replace(", period)", ")")
+            cursor.execute(
+                f"CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS {name} ON jobs_job {old}"
+            )
+        cursor.execute("SET lock_timeout = '10s'")
+        # Drops the period indexes and job_cold_is_finished with it: catalog only.
+        cursor.execute("ALTER TABLE jobs_job DROP COLUMN period")
+        cursor.execute("ALTER TABLE jobs_jobevent DROP COLUMN job_created_at")
+        cursor.execute("RESET lock_timeout")
 
 
 class Migration(migrations.Migration):
