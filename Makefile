@@ -6,7 +6,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-12)
 
 .PHONY: run test lint install tools migrate browser chaos chaos-long bench crash-bench webhooks \
-	table-health table-growth fillfactor fuzz schedules-long workflow-bench workflow-linear stop-db reset-db clean \
+	table-health table-growth fillfactor archive-bench fuzz schedules-long workflow-bench workflow-linear \
+	stop-db reset-db clean \
 	fresh-project
 
 $(STAMP): pyproject.toml
@@ -147,6 +148,12 @@ table-growth: install
 FILLFACTOR_JOBS ?= 50000
 fillfactor: install
 	$(PY) -m bench --scenario fillfactor --jobs $(FILLFACTOR_JOBS)
+
+## archive-bench: retention of one period of N finished jobs (three history rows each):
+## prunejobs by partition (DETACH, Parquet, verify, DROP) against the row-wise DELETE, on
+## copies of one scratch database (docs/operations.md "Retention and archive").
+archive-bench: install
+	$(PY) -m bench.archive_retention --jobs $(N)
 
 ## fresh-project: docs/django.md in a startproject project, the wheel installed with its
 ## dependencies by pip into a clean virtualenv (`make test` runs it with this checkout's

@@ -38,10 +38,10 @@ LAYERS: list[tuple[str, list[str]]] = [
                         "jobs.quotas",
                         # the read replica: where reads that may lag go (D147)
                         "jobs.replica",
-                        # Parquet files of archived periods: the only pyarrow import
-                        "jobs.archive.files",
                         # PostgreSQL's infinite dates as Python values (D158)
-                        "jobs.pgtypes"]),
+                        "jobs.pgtypes",
+                        # Parquet files of archived periods: the only pyarrow import
+                        "jobs.archive.files"]),
     ("models", ["jobs.models", "jobs.graph"]),
     # Caches of model rows that the writes keep honest (the API clients by token hash).
     ("model caches", ["jobs.clientcache"]),

@@ -52,6 +52,7 @@ SKIPPED = {
 # fewest queued jobs that allows).
 QUICK = {
     "table-health": ["N=2000", "TABLE_HEALTH_ARGS=--claims 100 --queued 1000"],
+    "archive-bench": ["N=2000"],
     "chaos-long": ["CHAOS_DURATION=8"],  # faults, the drain and every check still run
     # The positive cases only: the suite runs both modes itself (tests/api/test_fuzz.py).
     "fuzz": ["FUZZ_EXAMPLES=2", "FUZZ_ARGS=-k positive"],

@@ -153,9 +153,7 @@ def _csv_batches(path: Path, columns: list[Column]) -> Iterator[pa.RecordBatch]:
         return
     reader = pacsv.open_csv(
         path,
-        read_options=pacsv.ReadOptions(
-            column_names=[c.name for c in columns], block_size=_BLOCK, use_threads=False
-        ),
+        read_options=pacsv.ReadOptions(column_names=[c.name for c in columns], block_size=_BLOCK),
         parse_options=pacsv.ParseOptions(newlines_in_values=True),
         convert_options=pacsv.ConvertOptions(
             column_types={c.name: c.csv_type() for c in columns},
@@ -286,13 +284,21 @@ def _python_column(col: Any, field: pa.Field) -> list[Any]:
     ]
 
 
-def iter_rows(path: Path, batch_size: int = 10_000) -> Iterator[tuple[list[Column], list[tuple]]]:
-    """Every row of the file, a batch at a time, as tuples in column order ready for
-    `COPY … FROM STDIN`, with the columns they come in."""
+def csv_chunks(path: Path, batch_size: int = 200_000) -> Iterator[tuple[list[Column], bytes]]:
+    """The file back as CSV for `COPY … FROM STDIN (FORMAT csv)`, a batch at a time, with
+    the columns it holds: timestamps as their microseconds since the epoch (±infinity
+    as stored), JSON as its text, NULL unquoted and every string quoted."""
     f = pq.ParquetFile(path)
     columns = columns_of(f.schema_arrow)
+    options = pacsv.WriteOptions(include_header=False)
     for batch in f.iter_batches(batch_size=batch_size):
-        yield columns, _python_rows(batch)
+        arrays = [
+            pc.cast(col, pa.int64()) if pa.types.is_timestamp(col.type) else col
+            for col in batch.columns
+        ]
+        out = pa.BufferOutputStream()
+        pacsv.write_csv(pa.RecordBatch.from_arrays(arrays, names=batch.schema.names), out, options)
+        yield columns, out.getvalue().to_pybytes()
 
 
 def file_rows(path: Path) -> int:

@@ -191,7 +191,4 @@ def restore(period: datetime.date) -> Restored:
 
 
 def _load(path: Path, table: str, on_conflict: bool = False) -> int:
-    n = 0
-    for cols, rows in files.iter_rows(path):
-        n += tables.copy_in(table, cols, rows, on_conflict=on_conflict)
-    return n
+    return tables.copy_in(table, files.csv_chunks(path), on_conflict=on_conflict)

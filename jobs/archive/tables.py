@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import datetime
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, BinaryIO
@@ -19,7 +19,7 @@ from typing import Any, BinaryIO
 import psycopg
 from django.db import connection, transaction
 
-from jobs.archive.files import Column, select_list
+from jobs.archive.files import INFINITY, Column, select_list
 from jobs.lifecycle import TERMINAL
 
 JOBS = "jobs_job"
@@ -266,26 +266,57 @@ def create_like(parent: str, table: str) -> None:
         )
 
 
-def copy_in(table: str, cols: list[Column], rows: list[tuple], on_conflict: bool = False) -> int:
-    """Rows (in `cols` order) into `table` with COPY; with `on_conflict`, rows whose id
-    is already there are skipped (an edge archived with both of its jobs' periods)."""
-    names = ", ".join(f'"{c.name}"' for c in cols)
-    target = table
+def copy_in(
+    table: str, chunks: Iterable[tuple[list[Column], bytes]], on_conflict: bool = False
+) -> int:
+    """Rows of an archive file (files.csv_chunks) into `table`: COPY into a temporary
+    table of the CSV's types, then one INSERT … SELECT turning microseconds back into
+    timestamps and text into jsonb. With `on_conflict`, rows whose key is already there
+    are skipped (an edge archived with both of its jobs' periods). Inside a transaction."""
+    staging, cols, names = f"_load_{table}", [], ""
     with connection.cursor() as cur:
-        if on_conflict:
-            target = f"_restore_{table}"
-            cur.execute(f"CREATE TEMP TABLE IF NOT EXISTS {target} (LIKE {table}) ON COMMIT DROP")
-            cur.execute(f"TRUNCATE {target}")
-        with cur.connection.cursor().copy(f"COPY {target} ({names}) FROM STDIN") as copy:
-            for row in rows:
-                copy.write_row(row)
-        if on_conflict:
-            cur.execute(
-                f"INSERT INTO {table} ({names}) SELECT {names} FROM {target} "
-                f"ON CONFLICT ({primary_key(table)}) DO NOTHING"
-            )
-            return cur.rowcount
-    return len(rows)
+        for cols, data in chunks:
+            if not names:
+                names = ", ".join(f'"{c.name}"' for c in cols)
+                cur.execute(f"DROP TABLE IF EXISTS {staging}")
+                cur.execute(
+                    f"CREATE TEMP TABLE {staging} ("
+                    + ", ".join(f'"{c.name}" {_staging_type(c)}' for c in cols)
+                    + ") ON COMMIT DROP"
+                )
+            with cur.connection.cursor().copy(f"COPY {staging} FROM STDIN (FORMAT csv)") as copy:
+                copy.write(data)
+        if not names:
+            return 0
+        conflict = f" ON CONFLICT ({primary_key(table)}) DO NOTHING" if on_conflict else ""
+        cur.execute(
+            f"INSERT INTO {table} ({names}) SELECT {', '.join(map(_from_staging, cols))} "
+            f"FROM {staging}{conflict}"
+        )
+        count = cur.rowcount
+        cur.execute(f"DROP TABLE {staging}")
+        return count
+
+
+def _staging_type(c: Column) -> str:
+    if c.base_type == "timestamp with time zone":
+        return "bigint"
+    if c.base_type in ("jsonb", "json", "uuid"):
+        return "text"
+    return c.pg_type
+
+
+def _from_staging(c: Column) -> str:
+    name = f'"{c.name}"'
+    if c.base_type == "timestamp with time zone":
+        return (
+            f"CASE WHEN {name} = {INFINITY} THEN 'infinity'::timestamptz "
+            f"WHEN {name} = {-INFINITY} THEN '-infinity'::timestamptz "
+            f"ELSE 'epoch'::timestamptz + {name} * interval '1 microsecond' END"
+        )
+    if c.base_type in ("jsonb", "json", "uuid"):
+        return f"{name}::{c.base_type}"
+    return name
 
 
 def bound_of(table: str) -> str | None:
