@@ -552,72 +552,76 @@ def layouts(ctx: Any) -> Iterator[dict[str, Any]]:
         yield run_layout("partitioned", ROOT, env, options, suffix)
 
 
+def figure(name: str, value: float, unit: str, summary: str, **extra: Any) -> dict[str, Any]:
+    """A bench record: what was measured, its value and unit, and how it came out."""
+    return {"figure": name, "value": float(value), "unit": unit, "summary": summary, **extra}
+
+
 def records(report: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """One record per figure of one layout's report."""
     layout, n = report["layout"], report["jobs"]
     at = f"{layout} layout, {n:,} jobs"
     fill = report["fill"]
-    yield {
-        "figure": f"{at}: fill rate (SQL, triggers off), finished jobs with 5 history rows",
-        "value": float(fill["jobs_per_second"]),
-        "unit": "jobs/s",
-        "summary": f"finished {fill['finished_seconds']}s, backlog {fill['backlog_seconds']}s, "
+    yield figure(
+        f"{at}: fill rate (SQL, triggers off), finished jobs with 5 history rows",
+        fill["jobs_per_second"],
+        "jobs/s",
+        f"finished {fill['finished_seconds']}s, backlog {fill['backlog_seconds']}s, "
         f"VACUUM ANALYZE {fill['vacuum_seconds']}s",
-    }
+    )
     sizes_ = report["after_fill"]
-    yield {
-        "figure": f"{at}: disk per million jobs (jobs + history, tables + indexes)",
-        "value": float(report["gb_per_million_jobs"]),
-        "unit": "GB",
-        "summary": f"jobs {sizes_['jobs']['total_mb']:,} MB in {sizes_['jobs']['partitions']} "
+    yield figure(
+        f"{at}: disk per million jobs (jobs + history, tables + indexes)",
+        report["gb_per_million_jobs"],
+        "GB",
+        f"jobs {sizes_['jobs']['total_mb']:,} MB in {sizes_['jobs']['partitions']} "
         f"table(s), history {sizes_['history']['total_mb']:,} MB",
-    }
+    )
     claim = report["claim"]
-    yield {
-        "figure": f"{at}: claim statement p99, {claim['claimers']} concurrent claimers",
-        "value": float(claim["p99"]),
-        "unit": "ms",
-        "summary": fmt_pcts({k: v for k, v in claim.items() if k not in ("claimers", "seconds")}),
-    }
-    yield {
-        "figure": f"{at}: submission p99 (services.submit, one job per transaction)",
-        "value": float(report["submit"]["p99"]),
-        "unit": "ms",
-        "summary": fmt_pcts(report["submit"]),
-    }
+    yield figure(
+        f"{at}: claim statement p99, {claim['claimers']} concurrent claimers",
+        claim["p99"],
+        "ms",
+        fmt_pcts({k: v for k, v in claim.items() if k not in ("claimers", "seconds")}),
+    )
+    yield figure(
+        f"{at}: submission p99 (services.submit, one job per transaction)",
+        report["submit"]["p99"],
+        "ms",
+        fmt_pcts(report["submit"]),
+    )
     churned = report["after_churn"]
-    yield {
-        "figure": f"{at}: dead tuples in the job tables after a day's churn",
-        "value": float(churned["jobs"]["dead_tuples"]),
-        "unit": "tuples",
-        "summary": f"{report['churn']['scale']} in {report['churn']['seconds']}s; jobs "
+    yield figure(
+        f"{at}: dead tuples in the job tables after a day's churn",
+        churned["jobs"]["dead_tuples"],
+        "tuples",
+        f"{report['churn']['scale']} in {report['churn']['seconds']}s; jobs "
         f"{churned['jobs']['total_mb']:,} MB (heap {churned['jobs']['heap_mb']:,}), history "
         f"{churned['history']['total_mb']:,} MB"
         + (f"; hot table {churned['hot']}" if "hot" in churned else ""),
-    }
+    )
     vacuumed = report["vacuum"]
-    yield {
-        "figure": f"{at}: VACUUM of the job tables the day's churn dirtied",
-        "value": float(vacuumed["seconds"]),
-        "unit": "s",
-        "summary": ", ".join(vacuumed["tables"]),
-    }
+    yield figure(
+        f"{at}: VACUUM of the job tables the day's churn dirtied",
+        vacuumed["seconds"],
+        "s",
+        ", ".join(vacuumed["tables"]),
+    )
     kept = report["retention"]
-    yield {
-        "figure": f"{at}: retention of the oldest week",
-        "value": float(kept["seconds"]),
-        "unit": "s",
-        "summary": f"{kept['method']}: {kept['jobs']:,} jobs, "
-        f"{kept['history_rows']:,} history rows",
-    }
+    yield figure(
+        f"{at}: retention of the oldest week",
+        kept["seconds"],
+        "s",
+        f"{kept['method']}: {kept['jobs']:,} jobs, {kept['history_rows']:,} history rows",
+    )
     explain = report["explain"]
-    yield {
-        "figure": f"{at}: job tables the claim's EXPLAIN (ANALYZE, BUFFERS) touches",
-        "value": float(len(explain["job_relations"])),
-        "unit": "tables",
-        "summary": ", ".join(explain["job_relations"]) + "\n" + explain["text"],
-        "details": explain,
-    }
+    yield figure(
+        f"{at}: job tables the claim's EXPLAIN (ANALYZE, BUFFERS) touches",
+        len(explain["job_relations"]),
+        "tables",
+        ", ".join(explain["job_relations"]) + "\n" + explain["text"],
+        details=explain,
+    )
 
 
 @scenario("table-growth")

@@ -12,8 +12,10 @@ import os
 import subprocess
 import sys
 
+import psycopg
 import pytest
 
+from harness import DEFAULT_ADMIN_URL
 from tests.harness import ROOT
 
 pytestmark = pytest.mark.slow
@@ -69,20 +71,8 @@ def test_quick_table_growth_reports_both_layouts(tmp_path):
     assert parted["explain"]["job_relations"] == ["jobs_job_hot"], parted["explain"]["text"]
     assert "jobs_job_hot" in parted["explain"]["text"]
     assert today["migration"].startswith("0020_") and parted["migration"] > today["migration"]
-    # The scratch database is gone afterwards.
-    listed = subprocess.run(
-        [
-            "psql",
-            "-h",
-            "127.0.0.1",
-            "-U",
-            "root",
-            "-d",
-            "postgres",
-            "-Atc",
-            f"SELECT count(*) FROM pg_database WHERE datname = '{today['database']}'",
-        ],
-        capture_output=True,
-        text=True,
-    )
-    assert listed.stdout.strip() == "0"
+    # The scratch databases are gone afterwards.
+    with psycopg.connect(DEFAULT_ADMIN_URL) as c:
+        names = [today["database"], parted["database"]]
+        left = c.execute("SELECT datname FROM pg_database WHERE datname = ANY(%s)", [names])
+        assert left.fetchall() == []
