@@ -2,8 +2,9 @@
 layout beside the partitioned one, each filled to the same N jobs, one after the other.
 
 Each layout runs in a child process (`python -m bench.table_growth --layout ...`) on a
-scratch database of its own, `jobservice_tablegrowth_<checkout>`, created, measured and
-dropped before the next layout starts (50 M jobs of both do not fit the disk together):
+scratch database of its own, `jobservice_tablegrowth_<checkout>_<layout>`, created,
+measured and dropped before the next layout starts (50 M jobs of both do not fit the disk
+together):
 
 - today's layout is the tree as it was before the first jobs migration after 0020
   (exported with `git archive`, so its own code runs on its own schema), migrated to 0020;
