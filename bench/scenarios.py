@@ -22,7 +22,6 @@ from bench.measure import (
     backend_pids,
     cpu_seconds,
     fmt_pcts,
-    hot_table,
     percentiles,
     released_together,
     sql,
@@ -61,11 +60,11 @@ VARIANTS: dict[str, str | tuple[str, ...]] = {
     # The history trigger as it was before 0006: one trigger call per changed row.
     "row-history": _triggers.HISTORY_PER_ROW,
     # Without the storage settings of migration 0004 (fillfactor, autovacuum), for a
-    # before/after of that migration; on the table live jobs are written in ({hot}).
+    # before/after of that migration; they are the hot partition's since 0021.
     "no-table-storage": (
-        "ALTER TABLE {hot} RESET (fillfactor, autovacuum_vacuum_scale_factor, "
+        "ALTER TABLE jobs_job_hot RESET (fillfactor, autovacuum_vacuum_scale_factor, "
         "autovacuum_analyze_scale_factor, autovacuum_vacuum_cost_limit)",
-        "VACUUM FULL {hot}",
+        "VACUUM FULL jobs_job_hot",
     ),
 }
 
@@ -78,14 +77,12 @@ def apply_variant(name: str) -> None:
 
     sql(guard_trigger_sql("jobs_job", "jobs_jobevent"))
     sql("DROP TRIGGER IF EXISTS jobs_job_history ON jobs_job")
-    # 0004's settings, on the hot partition once jobs_job is partitioned (D181).
-    storage = importlib.import_module("jobs.migrations.0004_jobs_table_storage").STORAGE
-    hot = hot_table()
-    sql(f"ALTER TABLE {hot} SET ({', '.join(f'{k} = {v}' for k, v in storage.items())})")
+    storage = importlib.import_module("jobs.migrations.0004_jobs_table_storage").FORWARD
+    sql(storage.replace("jobs_job", "jobs_job_hot"))  # the hot partition's since 0021
     statements = VARIANTS[name]
     for statement in (statements,) if isinstance(statements, str) else statements:
         if statement:
-            sql(statement.replace("{hot}", hot))
+            sql(statement)
 
 
 ALL: dict[str, Callable[[Context], Iterator[dict]]] = {}

@@ -199,43 +199,33 @@ def vacuum(db_url: str) -> float:
     return time.monotonic() - started
 
 
-def storage_table(c: psycopg.Connection) -> str:
-    """Where the job rows live: jobs_job, or its hot partition once jobs_job is partitioned
-    (a parent has no storage; this script moves no row out of the hot partition)."""
-    hot = c.execute("SELECT to_regclass('jobs_job_hot')").fetchone()[0]
-    return "jobs_job_hot" if hot else "jobs_job"
-
-
 def sizes(db_url: str) -> dict[str, Any]:
     with psycopg.connect(db_url) as c:
         c.execute("SELECT pg_stat_force_next_flush()")
-        table = storage_table(c)
         row = c.execute(
-            """SELECT pg_relation_size(%(t)s), pg_indexes_size(%(t)s),
-                      pg_total_relation_size(%(t)s),
-                      greatest(pg_total_relation_size('jobs_jobevent'),
-                               (SELECT coalesce(sum(pg_total_relation_size(relid)), 0)
-                                FROM pg_partition_tree('jobs_jobevent'))),
+            """SELECT pg_relation_size('jobs_job_hot'), pg_indexes_size('jobs_job_hot'),
+                      pg_total_relation_size('jobs_job_hot'),
+                      (SELECT sum(pg_total_relation_size(inhrelid)) FROM pg_inherits
+                       WHERE inhparent = 'jobs_jobevent'::regclass),
                       (SELECT count(*) FROM jobs_job),
-                      (SELECT count(*) FROM jobs_jobevent)""",
-            {"t": table},
+                      (SELECT count(*) FROM jobs_jobevent)"""
         ).fetchone()
-        indexes = dict(
-            c.execute(
+        indexes = {  # the hot partition's, named after the parent's (0021)
+            name.removeprefix("jobs_job_hot_"): size
+            for name, size in c.execute(
                 """SELECT indexrelid::regclass::text, pg_relation_size(indexrelid)
-                   FROM pg_index WHERE indrelid = %s::regclass ORDER BY 1""",
-                [table],
+                   FROM pg_index WHERE indrelid = 'jobs_job_hot'::regclass ORDER BY 1"""
             ).fetchall()
-        )
+        }
         by_status = dict(
             c.execute("SELECT status, count(*) FROM jobs_job GROUP BY status ORDER BY 1").fetchall()
         )
         dead = c.execute(
-            "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = %s", [table]
+            "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = 'jobs_job_hot'"
         ).fetchone()[0]
         free = None
         if c.execute("SELECT 1 FROM pg_extension WHERE extname = 'pgstattuple'").fetchone():
-            free = c.execute("SELECT free_percent FROM pgstattuple(%s)", [table]).fetchone()[0]
+            free = c.execute("SELECT free_percent FROM pgstattuple('jobs_job_hot')").fetchone()[0]
     return {
         "jobs_rows": row[4],
         "by_status": by_status,
@@ -275,8 +265,8 @@ def measure_services(db_url: str, claims: int) -> dict[str, Any]:
         time.sleep(0.3)
         with psycopg.connect(db_url) as c:
             return c.execute(
-                "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = %s",
-                [storage_table(c)],
+                "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables "
+                "WHERE relname = 'jobs_job_hot'"
             ).fetchone()
 
     with connection.cursor() as cur:
@@ -419,11 +409,6 @@ def main() -> None:
     log(f"written to {out.relative_to(ROOT)}")
 
 
-def claim_index_mb(sizes: dict[str, Any]) -> float:
-    """job_claim_idx, or the hot partition's copy of it (jobs_job_hot_job_claim_idx)."""
-    return next(v for k, v in sizes["index_mb"].items() if k.endswith("job_claim_idx"))
-
-
 def print_summary(r: dict[str, Any]) -> None:
     phases = [r["baseline"], r["before"], r["after_prune"], r["after_vacuum"]]
 
@@ -443,7 +428,7 @@ def print_summary(r: dict[str, Any]) -> None:
         ("jobs rows", size("jobs_rows")),
         ("jobs heap MB", size("jobs_heap_mb")),
         ("jobs indexes MB", size("jobs_indexes_mb")),
-        ("job_claim_idx MB", [claim_index_mb(p["sizes"]) for p in phases]),
+        ("job_claim_idx MB", [p["sizes"]["index_mb"]["job_claim_idx"] for p in phases]),
         ("jobs free space %", size("jobs_free_percent")),
         ("jobs dead tuples", size("jobs_dead_tuples")),
         ("history rows", size("history_rows")),

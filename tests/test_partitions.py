@@ -288,11 +288,9 @@ def test_submissions_racing_the_mover_of_the_key_holder_make_no_second_job():
     assert holder.period != HOT
 
 
-@pytest.mark.django_db(transaction=True)
-def test_a_staff_retry_racing_the_mover_is_tried_again_not_an_error(caplog):
-    """The retry's UPDATE waits on the mover's lock; the mover commits, the row is
-    in a cold partition: PostgreSQL answers 40001, the retry runs again (D162)."""
-    job = _finished("failed")
+def _under_an_uncommitted_move(job: Job, write, wait) -> list:
+    """Run `write()` in a thread while the mover's move of `job` is uncommitted; commit
+    the move once `wait()` says the write got where it should; the write's result."""
     partitions.ensure({partitions.JOBS: {partitions.period_start(job.created_at)}})
     moving, release = threading.Event(), threading.Event()
     mover = threading.Thread(target=_hold_move, args=(job.pk, moving, release))
@@ -300,20 +298,33 @@ def test_a_staff_retry_racing_the_mover_is_tried_again_not_an_error(caplog):
     assert moving.wait(10)
     out: list = []
 
-    def retry() -> None:
+    def run() -> None:
         try:
-            out.append(services.staff_retry([job.pk], "staff:bob"))
+            out.append(write())
         except BaseException as exc:
             out.append(exc)
         finally:
             connections.close_all()
 
-    t = threading.Thread(target=retry)
+    t = threading.Thread(target=run)
     t.start()
-    _wait_until(_blocked_on_lock)
+    wait()
     release.set()
     mover.join(30)
     t.join(30)
+    return out
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_staff_retry_racing_the_mover_is_tried_again_not_an_error(caplog):
+    """The retry's UPDATE waits on the mover's lock; the mover commits, the row is
+    in a cold partition: PostgreSQL answers 40001, the retry runs again (D162)."""
+    job = _finished("failed")
+    out = _under_an_uncommitted_move(
+        job,
+        lambda: services.staff_retry([job.pk], "staff:bob"),
+        lambda: _wait_until(_blocked_on_lock),
+    )
     assert out == [[job.pk]]
     assert "moved partition under a write" in caplog.text  # the 40001 was met, and retried
     job.refresh_from_db()
@@ -324,27 +335,12 @@ def test_a_staff_retry_racing_the_mover_is_tried_again_not_an_error(caplog):
 def test_a_prune_racing_the_mover_is_tried_again_not_an_error():
     job = _finished("done")
     raw("UPDATE jobs_job SET finished_at = now() - interval '2 days' WHERE id = %s", [job.pk])
-    partitions.ensure({partitions.JOBS: {partitions.period_start(job.created_at)}})
-    moving, release = threading.Event(), threading.Event()
-    mover = threading.Thread(target=_hold_move, args=(job.pk, moving, release))
-    mover.start()
-    assert moving.wait(10)
-    out: list = []
-
-    def prune() -> None:
-        try:
-            out.append(services.prune_finished(86400, ["done"], 100))
-        except BaseException as exc:
-            out.append(exc)
-        finally:
-            connections.close_all()
-
-    t = threading.Thread(target=prune)
-    t.start()
-    time.sleep(0.3)  # the prune's snapshot sees the row hot; SKIP LOCKED passes it by
-    release.set()
-    mover.join(30)
-    t.join(30)
+    out = _under_an_uncommitted_move(
+        job,
+        lambda: services.prune_finished(86400, ["done"], 100),
+        # the prune's snapshot sees the row hot; SKIP LOCKED passes it by
+        lambda: time.sleep(0.3),
+    )
     assert len(out) == 1 and not isinstance(out[0], BaseException), out
     # The prune took the row while hot, or the mover moved it first: then it is cold,
     # and goes with its period (jobs.archive), never row by row.
