@@ -541,6 +541,19 @@ def test_a_corrupted_file_fails_verification_and_nothing_is_dropped(
     assert snapshot(data["ids"]) == before
 
 
+def test_one_archiving_run_at_a_time(layout, tmp_path, settings):
+    settings.JOBS_ARCHIVE_DIR = str(tmp_path)
+    day = layout
+    ids = [JobFactory.create(status="done").pk for _ in range(2)]
+    move(ids, day)
+    with psycopg.connect(database_url(), autocommit=True) as other:
+        other.execute("SELECT pg_advisory_lock(%s)", [tables._LOCK_KEY])
+        with pytest.raises(CommandError, match="another prunejobs is archiving"):
+            prune()
+        assert attached(f"jobs_job_p{day:%Y%m%d}")
+    assert f"period {day:%Y-%m-%d}: 2 jobs" in prune()
+
+
 # --- the command's input ------------------------------------------------------------------
 
 

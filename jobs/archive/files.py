@@ -141,7 +141,7 @@ def write_table(
                 rows += batch.num_rows
         _fsync(tmp)
         os.replace(tmp, final)
-        _fsync_dir(directory)
+        _fsync(directory)  # the rename itself
     finally:
         for p in (scratch, tmp):
             p.unlink(missing_ok=True)
@@ -179,15 +179,12 @@ def _to_schema(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
 
 
 def _fsync(path: Path) -> None:
+    """A file's bytes, or a directory's entries, on disk."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    _fsync(path)
 
 
 def sha256_of(path: Path) -> str:
@@ -204,7 +201,7 @@ def write_manifest(directory: Path, manifest: dict[str, Any]) -> Path:
     _fsync(tmp)
     final = directory / MANIFEST
     os.replace(tmp, final)
-    _fsync_dir(directory)
+    _fsync(directory)  # the rename itself
     return final
 
 
@@ -299,7 +296,3 @@ def csv_chunks(path: Path, batch_size: int = 200_000) -> Iterator[tuple[list[Col
         out = pa.BufferOutputStream()
         pacsv.write_csv(pa.RecordBatch.from_arrays(arrays, names=batch.schema.names), out, options)
         yield columns, out.getvalue().to_pybytes()
-
-
-def file_rows(path: Path) -> int:
-    return pq.ParquetFile(path).metadata.num_rows

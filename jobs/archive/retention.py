@@ -130,17 +130,20 @@ def archive_expired(
         raise ValueError("older_than_seconds must be positive")
     started = time.monotonic()
     cutoff = cutoff_for(older_than_seconds)
-    todo, held = expired(cutoff)
-    report = Report(cutoff, str(archive_dir or ""), held=held)
+    report = Report(cutoff, str(archive_dir or ""))
     if dry_run or not archive_dir:
-        report.pending = todo
+        report.pending, report.held = expired(cutoff)
         return report
     root = Path(archive_dir)
-    for p in todo:
-        try:
-            report.archived.append(archive_period(p, root, progress))
-        except PeriodHeld as e:
-            report.held.append((e.period, e.why))
+    with tables.archiving() as alone:
+        if not alone:
+            raise ArchiveStopped("another prunejobs is archiving periods now; nothing done")
+        todo, report.held = expired(cutoff)
+        for p in todo:
+            try:
+                report.archived.append(archive_period(p, root, progress))
+            except PeriodHeld as e:
+                report.held.append((e.period, e.why))
     report.seconds = time.monotonic() - started
     return report
 

@@ -136,6 +136,21 @@ def still_hot(p: Partition) -> int:
     )[0][0]
 
 
+# One archiving run at a time (a session advisory lock of its own).
+_LOCK_KEY = 0x6A6F6273_61726368  # "jobsarch"
+
+
+@contextmanager
+def archiving() -> Iterator[bool]:
+    """Whether this session holds the archiving lock (not waited for), held inside."""
+    got = _rows("SELECT pg_try_advisory_lock(%s)", [_LOCK_KEY])[0][0]
+    try:
+        yield got
+    finally:
+        if got:
+            _rows("SELECT pg_advisory_unlock(%s)", [_LOCK_KEY])
+
+
 @contextmanager
 def autocommit() -> Iterator[psycopg.Connection]:
     """A connection of its own, outside any transaction of Django's."""

@@ -108,7 +108,8 @@ def test_code_still_submits_internal_tasks():
 # --- no write to another client's rows --------------------------------------------------
 
 # Rows that belong to no client (shared bookkeeping), so not "another client's rows".
-SHARED = {"WorkerProcess", "Queue", "OutboxCursor", "DomainEvent"}
+# ArchivedPeriod: a period of every client's jobs, written by prunejobs only.
+SHARED = {"WorkerProcess", "Queue", "OutboxCursor", "DomainEvent", "ArchivedPeriod"}
 # How each client-owned table reaches its client.
 OWNER_PATH = {
     "Client": "pk",
