@@ -6,7 +6,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-12)
 
 .PHONY: run test lint install tools migrate browser chaos chaos-long bench crash-bench webhooks \
-	table-health archive-bench fuzz schedules-long workflow-bench workflow-linear stop-db reset-db clean \
+	table-health table-growth fillfactor archive-bench fuzz schedules-long workflow-bench workflow-linear \
+	stop-db reset-db clean \
 	fresh-project
 
 $(STAMP): pyproject.toml
@@ -133,6 +134,20 @@ webhooks: install
 N ?= 1000000
 table-health: install
 	$(PY) -m bench.table_health --rows $(N) $(TABLE_HEALTH_ARGS)
+
+## table-growth: today's layout beside the partitioned one, each filled in turn to
+## TABLE_GROWTH_JOBS jobs with their history (SQL fill) in a scratch database of its own: claim
+## and submission latency, a week's retention, a day's churn, the claim's plan, disk per million.
+## 50 M takes hours and ~70 GB per layout (docs/performance.md "Table growth").
+TABLE_GROWTH_JOBS ?= 50000000
+table-growth: install
+	$(PY) -m bench --scenario table-growth --growth-jobs $(TABLE_GROWTH_JOBS) $(TABLE_GROWTH_ARGS)
+
+## fillfactor: the same churn on the hot job table at fillfactor 100, 90 and 70 (HOT share,
+## dead tuples, size); FILLFACTOR_JOBS jobs each.
+FILLFACTOR_JOBS ?= 50000
+fillfactor: install
+	$(PY) -m bench --scenario fillfactor --jobs $(FILLFACTOR_JOBS)
 
 ## archive-bench: retention of one period of N finished jobs (three history rows each):
 ## prunejobs by partition (DETACH, Parquet, verify, DROP) against the row-wise DELETE, on

@@ -19,7 +19,8 @@ import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bench import scaling, scenarios  # noqa: F401  (scaling registers `scale`)
+# scaling, fillfactor and table_growth register their scenarios when imported.
+from bench import fillfactor, scaling, scenarios, table_growth  # noqa: F401
 from bench.env import Code, processes, scratch_database, setup_django
 from harness import ROOT, PgBouncer, RedisServer
 
@@ -100,6 +101,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="Run the stack's processes through a PgBouncer of the bench's own (transaction "
         "mode; presence sessions direct, JOBS_DIRECT_DATABASE_URL).",
     )
+    p.add_argument(
+        "--growth-jobs",
+        type=int,
+        default=None,
+        help="Jobs per layout for table-growth (default 50,000,000; quick 20,000).",
+    )
+    p.add_argument(
+        "--growth-layout",
+        action="append",
+        choices=["today", "partitioned"],
+        help="Only this layout in table-growth (repeatable; default both, in turn).",
+    )
     p.add_argument("--out", type=Path, default=None, help="JSON lines file to append to.")
     p.add_argument("--keep-db", action="store_true", help="Do not drop the scratch database.")
     return p.parse_args(argv)
@@ -177,6 +190,11 @@ def command_for(name: str, args: argparse.Namespace, record: dict) -> str:
             parts += [f"--{opt.replace('_', '-')}", str(value)]
     if args.worker_args:
         parts += ["--worker-args", args.worker_args]
+    if name == "table-growth" and args.growth_jobs:
+        parts += ["--growth-jobs", str(args.growth_jobs)]
+    if name == "table-growth":
+        for layout in args.growth_layout or []:
+            parts += ["--growth-layout", layout]
     if name == "claim-big":
         parts += ["--finished-rows", str(args.finished_rows)]
     if args.baseline:

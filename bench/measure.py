@@ -25,6 +25,11 @@ def sql(query: str, params: Any = None) -> list[tuple]:
         return cur.fetchall() if cur.description else []
 
 
+def hot_table() -> str:
+    """The table live jobs are written in: the hot partition once jobs_job is partitioned."""
+    return "jobs_job_hot" if sql("SELECT to_regclass('jobs_job_hot')")[0][0] else "jobs_job"
+
+
 def percentiles(values: list[float]) -> dict[str, float]:
     if not values:
         return {}

@@ -97,8 +97,8 @@ def scenario(name: str):
 
 
 # Run only when named: the scaling curve (bench/scaling.py) takes minutes and starts
-# its own PgBouncer.
-ON_REQUEST = {"scale"}
+# its own PgBouncer; the fillfactor comparison and the table-growth fill take minutes too.
+ON_REQUEST = {"scale", "fillfactor", "table-growth"}
 
 
 def default_names(quick: bool) -> list[str]:

@@ -41,6 +41,7 @@ SKIPPED = {
     "clean": "deletes the virtualenv the suite runs in",
     "chaos": "tests/test_chaos_short.py runs its command; test_recipe_matches_suite checks it",
     "bench": "tests/test_bench.py runs --quick; test_recipe_matches_suite checks the recipe",
+    "table-growth": "tests/test_table_growth.py runs its quick size; test_recipe_matches_suite",
     "webhooks": "the suite runs its tests at 200 jobs; test_sized_target_runs_suite_tests",
     "schedules-long": "the suite runs its test for 25 s; test_sized_target_runs_suite_tests",
     "workflow-bench": "the suite runs its test at 100 nodes; test_sized_target_runs_suite_tests",
@@ -57,6 +58,7 @@ QUICK = {
     "fuzz": ["FUZZ_EXAMPLES=2", "FUZZ_ARGS=-k positive"],
     "crash-bench": ["CRASH_KILLS=1"],
     "workflow-linear": ["WORKFLOW_LINEAR_ARGS=--repeat 1"],
+    "fillfactor": ["FILLFACTOR_JOBS=1000"],
 }
 # Targets that run tests of this suite at full size, by the variable those tests read.
 SIZED = {
@@ -69,6 +71,9 @@ SIZED = {
 SAME_AS_SUITE = {
     ("chaos",): ".venv/bin/python -m chaos --profile short",
     ("bench", "BENCH_ARGS=--quick"): ".venv/bin/python -m bench --quick",
+    ("table-growth", "TABLE_GROWTH_JOBS=20000", "TABLE_GROWTH_ARGS=--quick"): (
+        ".venv/bin/python -m bench --scenario table-growth --growth-jobs 20000 --quick"
+    ),
 }
 
 
