@@ -1,10 +1,10 @@
 """`python -m bench.request_cpu [--baseline REF] [--rounds 6] [--requests 1000]`: the CPU
 of one single submission inside the API process, with no server, client or other thread in
-the way: Django's WSGI handler called in one thread with the environ granian passes (the
-process environment merged in), on a scratch database and a private Redis, as the
-deployment's settings run it. Each tree runs in a process of its own, rounds alternating
-between the trees; prints the thread CPU per request of each round and the median.
-Reports; asserts nothing."""
+the way: the WSGI application the servers load, called in one thread with the environ
+granian passes (the process environment merged in), on a scratch database and a private
+Redis, as the deployment's settings run it. Each tree runs in a process of its own, rounds
+alternating between the trees; prints the thread CPU per request of each round and the
+median. Reports; asserts nothing."""
 
 from __future__ import annotations
 
@@ -23,12 +23,10 @@ def child(rounds: int, requests: int) -> None:
     import django
 
     django.setup()
-    from django.core.handlers.wsgi import WSGIHandler
-
     from jobs.models import Client
+    from jobservice.wsgi import application as app  # what the servers load
 
     _, token = Client.create_with_token(f"request-cpu-{os.getpid()}")
-    app = WSGIHandler()
     body = json.dumps({"task": "echo", "payload": {"n": 1}}).encode()
     request = {
         "REQUEST_METHOD": "POST", "PATH_INFO": "/api/v1/jobs/", "SCRIPT_NAME": "",

@@ -68,6 +68,7 @@ SETTINGS: dict[str, Setting] = {
     "JOBS_MAX_STEPS": Setting(1000, "Steps (checkpoints and waits) one durable job may have."),
     "JOBS_WORKFLOW_MAX_EDGES": Setting(10_000, "Most `after` entries (edges) in one workflow."),
     "JOBS_MAX_QUEUE_DEPTH": Setting(100_000, "Queued jobs per queue past which submissions get 503."),
+    "JOBS_API_FAST_LANE": Setting(True, "The deployment's WSGI application (jobservice.wsgi) serves the plain single submission before Django's request machinery, with the same answers (jobs.api.fastlane, D185); off: every request goes through Django."),
     "JOBS_MAX_PAYLOAD_BYTES": Setting(65_536, "Largest payload, in bytes of JSON."),
     "JOBS_RETRY_BACKOFF_BASE": Setting(1.0, "Retry backoff: base × 2^(retry-1) seconds, jittered."),
     "JOBS_RETRY_BACKOFF_MAX": Setting(60.0, "Retry backoff cap, in seconds."),

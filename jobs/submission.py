@@ -629,6 +629,19 @@ def submit_request(
         raise
 
 
+def checked_request(raw: Any, *, client: Client) -> dict[str, Any] | None:
+    """submit_request's checked item for a body without an Idempotency-Key, or None when
+    a rule refuses it (uncounted: the caller hands the request to the view, which counts)."""
+    item, problems = _request_item(raw, REQUEST_FIELDS, None, for_client=True)
+    return None if problems else item
+
+
+def submit_checked(item: dict[str, Any], client: Client) -> tuple[Job, bool]:
+    """submit_request's write for an item checked_request returned. A SubmissionError is
+    raised before any write, uncounted (as for checked_request)."""
+    return _submit_checked(item, client)
+
+
 # --- many at once -------------------------------------------------------------------
 
 MAX_BATCH = 1000

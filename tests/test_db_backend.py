@@ -13,6 +13,7 @@ import psycopg
 import pytest
 from django.db import connection, connections
 
+from jobs import clientcache
 from jobs.models import Client, Job
 from tests.harness import database_url
 
@@ -63,16 +64,18 @@ def _post(base: str, token: str) -> int:
 
 
 @pytest.mark.slow
-def test_the_api_answers_after_the_server_ended_its_sessions(tmp_path):
+@pytest.mark.parametrize("lane", ["1", "0"], ids=["fast-lane", "django"])
+def test_the_api_answers_after_the_server_ended_its_sessions(tmp_path, lane):
     """Every session of the API's workers is terminated between requests: the next
     requests reconnect before their first query (the INSERT of a single submission,
-    which bypasses Django's cursor) instead of failing with a 500."""
+    which bypasses Django's cursor) instead of failing with a 500; through the single
+    submission's lane (its request signals) as through Django."""
     from tests.test_metrics_e2e import ApiServer
 
     metrics_dir = tmp_path / "metrics"
     metrics_dir.mkdir()
-    _, token = Client.create_with_token("health-check-e2e")
-    api = ApiServer(tmp_path, metrics_dir)
+    client, token = Client.create_with_token("health-check-e2e")
+    api = ApiServer(tmp_path, metrics_dir, JOBS_API_FAST_LANE=lane)
     try:
         assert [_post(api.base, token) for _ in range(10)] == [201] * 10
         mine = connection.connection.info.backend_pid if connection.connection else 0
@@ -86,6 +89,9 @@ def test_the_api_answers_after_the_server_ended_its_sessions(tmp_path):
                 [mine],
             ).fetchone()[0]
         assert ended >= 1
+        # The token's next lookup reads the row through Django's cursor, which checks
+        # nothing itself: close_old_connections at the request's start must have.
+        clientcache.forget([client.token_hash])
         assert [_post(api.base, token) for _ in range(10)] == [201] * 10
         assert Job.objects.count() == 20
     finally:

@@ -48,11 +48,15 @@ STATUSES_SEEN: dict[str, dict[int, int]] = {}
 @pytest.fixture(scope="module")
 def schema(django_db_blocker):
     """Loaded once per module, before any test's own database fixture: the request that
-    fetches it may touch the database (Django's request_started handler does)."""
+    fetches it may touch the database (Django's request_started handler does). The
+    application is the servers' own, the single submission's lane in front of Django."""
     from django.core.wsgi import get_wsgi_application
 
+    from jobs.api.fastlane import FastLane
+
     with django_db_blocker.unblock():
-        return schemathesis.openapi.from_wsgi("/api/v1/schema/?format=json", get_wsgi_application())
+        app = FastLane(get_wsgi_application())
+        return schemathesis.openapi.from_wsgi("/api/v1/schema/?format=json", app)
 
 
 def _operations() -> list[tuple[str, str]]:

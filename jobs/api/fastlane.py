@@ -1,0 +1,223 @@
+"""A WSGI lane in front of Django for the common single submission (issue 31, D185).
+
+Django's request, its eleven middleware and DRF's view machinery were most of the API
+process's ~1.1 ms per `POST /api/v1/jobs/`. For the plain case only (a JSON body, a
+valid token of an active client, no Idempotency-Key, within the throttle and the body
+limit, a body the shared rules accept), this lane runs the same steps Django would: the
+request signals (close_old_connections, D76), the client cache (revocation, D45), the
+throttle, the shared rules and the same service call, the hand-written answer (D150),
+the replica pin (D147) and the kept Prometheus series (D73), and writes the bytes and
+headers the full application writes. Anything else, a refusal included, is replayed to
+Django untouched (the body it read in a BytesIO): every other answer stays Django's.
+JOBS_API_FAST_LANE=0 turns it off.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from typing import Any
+
+import orjson
+from django.conf import settings as django_settings
+from django.core import signals
+from django.core.handlers.exception import response_for_exception
+from django.core.handlers.wsgi import WSGIHandler, WSGIRequest, get_script_name
+from django.http.request import split_domain_port, validate_host
+from django.urls import resolve, reverse, set_script_prefix
+from django_prometheus.middleware import Metrics
+from django_prometheus.utils import Time, TimeSince
+
+from jobs import clientcache, replica, submission
+from jobs.api import answers
+from jobs.api.auth import SCHEMES, ClientRateThrottle
+from jobs.api.parsers import max_body_bytes
+from jobs.api.renderers import ORJSONRenderer
+from jobs.api.views import job_location
+from jobs.conf import settings
+from jobs.exceptions import SubmissionError
+from jobs.lifecycle import Status
+from jobs.models import Client, Job
+
+_FAST_ACCEPTS = frozenset((None, "*/*", "application/json"))
+_LONG_NUMBER = re.compile(rb"\d{19}")  # the parser's cue for the standard decoder
+_STATUS = {201: "201 Created", 200: "200 OK"}
+_RENDER = ORJSONRenderer().render
+
+
+class _Answer:
+    """The body, then request_finished when the server closes it, as Django's response."""
+
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+
+    def __iter__(self) -> Any:
+        return iter((self.body,))
+
+    def close(self) -> None:
+        signals.request_finished.send(sender=WSGIHandler)
+
+
+class FastLane:
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.path = reverse("job-list")
+        self.view = resolve(self.path).view_name
+        self.metrics = Metrics.get_instance()
+        self.headers = {secure: self._headers(secure) for secure in (False, True)}
+
+    def _headers(self, secure: bool) -> tuple[list, list]:
+        """What DRF and the middleware add, in the full application's order: the answer
+        goes Content-Type, Location, these, Content-Length, those."""
+        ours = django_settings
+        inner = [("Vary", "Accept"), ("Allow", "GET, POST, HEAD, OPTIONS")]
+        if ours.X_FRAME_OPTIONS:
+            inner.append(("X-Frame-Options", ours.X_FRAME_OPTIONS.upper()))
+        outer = []
+        if secure and ours.SECURE_HSTS_SECONDS:
+            sts = f"max-age={ours.SECURE_HSTS_SECONDS}"
+            sts += "; includeSubDomains" if ours.SECURE_HSTS_INCLUDE_SUBDOMAINS else ""
+            outer.append(
+                (
+                    "Strict-Transport-Security",
+                    sts + ("; preload" if ours.SECURE_HSTS_PRELOAD else ""),
+                )
+            )
+        if ours.SECURE_CONTENT_TYPE_NOSNIFF:
+            outer.append(("X-Content-Type-Options", "nosniff"))
+        if policy := ours.SECURE_REFERRER_POLICY:
+            parts = [v.strip() for v in policy.split(",")] if isinstance(policy, str) else policy
+            outer.append(("Referrer-Policy", ",".join(parts)))
+        if ours.SECURE_CROSS_ORIGIN_OPENER_POLICY:
+            outer.append(("Cross-Origin-Opener-Policy", ours.SECURE_CROSS_ORIGIN_OPENER_POLICY))
+        return inner, outer
+
+    def _plain(self, environ: dict[str, Any]) -> bool:
+        """The request is the common case, by its environ alone."""
+        length = environ.get("CONTENT_LENGTH", "")
+        return (
+            environ.get("REQUEST_METHOD") == "POST"
+            and environ.get("PATH_INFO") == self.path
+            and not environ.get("SCRIPT_NAME")
+            and not environ.get("QUERY_STRING")
+            and environ.get("CONTENT_TYPE") == "application/json"
+            and environ.get("HTTP_ACCEPT") in _FAST_ACCEPTS
+            and "HTTP_IDEMPOTENCY_KEY" not in environ
+            and "HTTP_CONTENT_LENGTH" not in environ
+            and length.isdigit()
+            and int(length) <= max_body_bytes()
+            and not django_settings.FORCE_SCRIPT_NAME
+            and not django_settings.USE_X_FORWARDED_HOST
+            and (_secure(environ) or not django_settings.SECURE_SSL_REDIRECT)
+            and _host_allowed(environ.get("HTTP_HOST", ""))
+        )
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
+        if not settings.JOBS_API_FAST_LANE or not self._plain(environ):
+            return self.app(environ, start_response)
+        length = int(environ["CONTENT_LENGTH"])
+        raw = environ["wsgi.input"].read(length) if length else b""
+        environ["wsgi.input"] = io.BytesIO(raw)  # Django reads it if the lane does not answer
+        started = Time()
+        set_script_prefix(get_script_name(environ))  # as WSGIHandler: Location reads it
+        signals.request_started.send(sender=WSGIHandler, environ=environ)
+        client = _client(environ.get("HTTP_AUTHORIZATION", ""))
+        item = data = None
+        if client is not None and len(raw) == length and not _LONG_NUMBER.search(raw):
+            try:
+                data = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                data = None
+            if isinstance(data, dict):
+                item = submission.checked_request(data, client=client)
+        if item is None or not _allowed(client):
+            environ["wsgi.input"] = io.BytesIO(raw)
+            return self.app(environ, start_response)
+        try:
+            job, created = submission.submit_checked(item, client)
+            if created and job.status != Status.QUEUED:
+                job = Job.objects.get(pk=job.pk)
+            body = _RENDER(answers.submitted(job))
+        except SubmissionError:  # refused before any write: Django answers it
+            environ["wsgi.input"] = io.BytesIO(raw)
+            return self.app(environ, start_response)
+        except Exception as exc:  # the write may have committed: answered, not replayed
+            return self._failed(environ, raw, exc, started, start_response)
+        replica.pin(client.pk)
+        code = 201 if created else 200
+        inner, outer = self.headers[_secure(environ)]
+        headers = [("Content-Type", "application/json")]
+        if created:
+            headers.append(("Location", job_location(job.pk)))
+        headers += [*inner, ("Content-Length", str(len(body))), *outer]
+        self._count(code, started)
+        start_response(_STATUS[code], headers)
+        return _Answer(body)
+
+    def _failed(self, environ, raw, exc, started, start_response) -> Any:
+        """Django's answer to a view's exception (handler500, got_request_exception, the
+        django.request log) with what the middleware adds to it."""
+        m = self.metrics  # django_prometheus's process_exception
+        m.exceptions_by_type.labels(type=type(exc).__name__).inc()
+        m.exceptions_by_view.labels(view=self.view).inc()
+        m.requests_latency_by_view_method.labels(view=self.view, method="POST").observe(
+            TimeSince(started)
+        )
+        request = WSGIRequest({**environ, "wsgi.input": io.BytesIO(raw)})
+        response = response_for_exception(request, exc)
+        inner, outer = self.headers[_secure(environ)]
+        frame = [h for h in inner if h[0] == "X-Frame-Options"]
+        length = [("Content-Length", str(len(response.content)))]
+        headers = [*response.items(), *frame, *length, *outer]
+        self._count(response.status_code, started, template=False)
+        start_response(f"{response.status_code} {response.reason_phrase}", headers)
+        return response  # its close() sends request_finished
+
+    def _count(self, code: int, started: float, template: bool = True) -> None:
+        """The series PrometheusBeforeMiddleware and our PrometheusAfterMiddleware write."""
+        m, status = self.metrics, str(code)
+        m.requests_total.inc()
+        if template:  # DRF's Response is a template response
+            m.responses_by_templatename.labels(templatename="None").inc()
+        m.responses_by_status.labels(status=status).inc()
+        m.responses_by_status_view_method.labels(status=status, view=self.view, method="POST").inc()
+        m.requests_latency_by_view_method.labels(view=self.view, method="POST").observe(
+            TimeSince(started)
+        )
+        m.responses_total.inc()
+        m.requests_latency_before.observe(TimeSince(started))
+
+
+def _secure(environ: dict[str, Any]) -> bool:
+    """HttpRequest.is_secure()."""
+    if django_settings.SECURE_PROXY_SSL_HEADER:
+        header, value = django_settings.SECURE_PROXY_SSL_HEADER
+        sent = environ.get(header)
+        if sent is not None:
+            return sent.split(",", 1)[0].strip() == value
+    return environ.get("wsgi.url_scheme") == "https"
+
+
+def _host_allowed(host: str) -> bool:
+    domain, _ = split_domain_port(host)
+    return bool(domain) and validate_host(domain, django_settings.ALLOWED_HOSTS)
+
+
+def _client(header: str) -> Client | None:
+    """ClientTokenAuthentication's answer when it accepts; None for anything it refuses."""
+    parts = header.encode("latin-1", "replace").split()
+    if len(parts) != 2 or parts[0].lower() not in SCHEMES or not parts[1].isascii():
+        return None
+    client = clientcache.active_client(Client.hash_token(parts[1].decode("ascii")))
+    return client if client is not None and client.is_active else None
+
+
+class _User:
+    def __init__(self, client: Client) -> None:
+        self.user = client
+
+
+def _allowed(client: Client) -> bool:
+    """ClientRateThrottle's verdict; a refused request is not counted, so Django's
+    second look refuses it too and words the 429."""
+    return ClientRateThrottle().allow_request(_User(client), None)
