@@ -443,7 +443,10 @@ _MANY_ARRAYS = ("tasks", "payloads", "queues", "priorities", "run_ats", "max_ret
 
 def _submit_many_rows(items: Sequence[NewJob], params: dict[str, Any]) -> list[tuple]:
     """The batch insert, one row per item (id None: not inserted). Items whose key a
-    cold job holds are left out of a second try, and answered from that job."""
+    cold job holds are left out of a second try, and answered from that job. Without
+    keys there is nothing to look up: one insert, no savepoint, no copies."""
+    if not any(i.idempotency_key for i in items):
+        return _hot_rows(_SUBMIT_MANY_SQL, params)
     cold: set[str] = set()
     for _ in range(_KEY_ROUNDS):
         todo = [n for n, i in enumerate(items) if i.idempotency_key not in cold]
