@@ -306,6 +306,44 @@ def test_legacy_history_goes_with_its_period(layout, tmp_path, settings):
     assert snapshot(ids) == before
 
 
+def test_a_restore_missing_a_deleted_client_says_which_and_changes_nothing(
+    layout, tmp_path, settings
+):
+    """Once its jobs are archived nothing protects their client: staff may delete it
+    (its workflow first; its webhooks go with it). A restore names the missing row,
+    leaves no table behind, and succeeds once the rows are back."""
+    settings.JOBS_ARCHIVE_DIR = str(tmp_path)
+    day = layout
+    data = populate(day)
+    before = snapshot(data["ids"])
+    prune()
+    client_id = data["client"].pk
+    gone = {}
+    for table in ("jobs_webhook", "jobs_workflow", "jobs_client"):
+        column = "id" if table == "jobs_client" else "client_id"
+        gone[table] = raw(f"SELECT to_jsonb(t) FROM {table} t WHERE {column} = %s", [client_id])
+    Workflow.objects.filter(client_id=client_id).delete()
+    Client.objects.filter(pk=client_id).delete()
+    assert not Webhook.objects.filter(client_id=client_id).exists()
+    jobs_table, events_table = f"jobs_job_p{day:%Y%m%d}", f"jobs_jobevent_p{day:%Y%m%d}"
+
+    missing = rf'Key \(client_id\)=\({client_id}\) is not present in table "jobs_client"'
+    with pytest.raises(CommandError, match=missing + ".*nothing was restored"):
+        archive("restore", f"{day:%Y-%m-%d}")
+
+    for table in (jobs_table, events_table, f"{jobs_table}_restore", f"{events_table}_restore"):
+        assert not exists(table), table
+    assert snapshot(data["ids"]) == {t: [] for t in TABLES}
+    assert ArchivedPeriod.objects.get(period=day).restored_at is None
+
+    for table in ("jobs_client", "jobs_workflow", "jobs_webhook"):
+        for (row,) in gone[table]:  # to_jsonb's text, as Django's cursor returns it
+            raw(f"INSERT INTO {table} SELECT * FROM jsonb_populate_record(NULL::{table}, %s)",
+                [row])  # fmt: skip
+    archive("restore", f"{day:%Y-%m-%d}")
+    assert snapshot(data["ids"]) == before
+
+
 # --- what holds a period back -------------------------------------------------------------
 
 

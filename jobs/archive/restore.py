@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from django.db import transaction
+import psycopg.errors
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 from rest_framework.fields import DateTimeField
 
@@ -166,6 +167,24 @@ def restore(period: datetime.date) -> Restored:
         raise RestoreRefused(f"{directory}: no manifest")
     for entry in manifest["tables"].values():
         files.verify(directory, entry)
+    try:
+        return _restore_verified(archived, manifest, directory)
+    except IntegrityError as e:
+        if not isinstance(e.__cause__, psycopg.errors.ForeignKeyViolation):
+            raise
+        # A row the archived jobs point to is gone since: a client (its jobs no longer
+        # protected it once archived), a workflow, a webhook.
+        raise RestoreRefused(
+            f"period {period:%Y-%m-%d}: {e.__cause__.diag.message_detail} Re-create it "
+            "first; nothing was restored"
+        ) from e
+
+
+def _restore_verified(
+    archived: ArchivedPeriod, manifest: dict[str, Any], directory: Path
+) -> Restored:
+    period = archived.period
+    jobs_table, events_table = tables.job_table(period), tables.event_table(period)
     counts: dict[str, int] = {}
     with transaction.atomic():
         for parent, table in ((tables.JOBS, jobs_table), (tables.EVENTS, events_table)):
