@@ -12,6 +12,8 @@
   state, one small grouped query per cache period; reaper only.
 - `WaitingCollector`: jobs_waiting by reason (parked durable jobs, blocked workflow
   jobs), from the partial index job_waiting_idx, cached like the depth; reaper only.
+- `PartitionCollector`: the hot partition's rows, the mover's lag and the history
+  partitions' runway, one small query per cache period; reaper only.
 - `worker_gauges`: jobs_worker_inflight and jobs_worker_slots of one worker.
 - `reaper_gauges`: when the reaper last finished a sweep, and its cadence.
 """
@@ -284,6 +286,45 @@ class WaitingCollector(Collector):
         for reason in WaitReason.values:
             gauge.add_metric([reason], counts.get(reason, 0))
         yield gauge
+
+
+HOT_ROWS_HELP = (
+    "Rows in jobs_job_hot: live jobs and those finished within JOBS_HOT_FINISHED_SECONDS "
+    "(the planner's estimate from the last ANALYZE)"
+)
+MOVE_LAG_HELP = (
+    "How long the oldest finished job in jobs_job_hot has waited past "
+    "JOBS_HOT_FINISHED_SECONDS for the mover (0: none is late)"
+)
+RUNWAY_HELP = (
+    "Seconds until the end of the newest history partition: past it no job can be "
+    "written; the reaper creates partitions ahead"
+)
+
+
+class PartitionCollector(Collector):
+    """The partitioned tables' health: the hot partition's size, the mover's lag and
+    the partitions' runway, one small query per cache period (D191)."""
+
+    def __init__(self, cache_seconds: float | None = None) -> None:
+        seconds = settings.JOBS_METRICS_CACHE_SECONDS if cache_seconds is None else cache_seconds
+        self._state = ScrapeCache("partitions", selectors.partition_state, seconds, time.monotonic)
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily("jobs_hot_partition_rows", HOT_ROWS_HELP)
+        yield GaugeMetricFamily("jobs_partition_move_lag_seconds", MOVE_LAG_HELP)
+        yield GaugeMetricFamily("jobs_partition_runway_seconds", RUNWAY_HELP)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        state = self._state.get()
+        if state is None:
+            return
+        if state.hot_rows is not None:
+            yield GaugeMetricFamily("jobs_hot_partition_rows", HOT_ROWS_HELP, state.hot_rows)
+        late = (state.oldest_hot_finished_age or 0.0) - settings.JOBS_HOT_FINISHED_SECONDS
+        yield GaugeMetricFamily("jobs_partition_move_lag_seconds", MOVE_LAG_HELP, max(0.0, late))
+        if state.runway is not None:
+            yield GaugeMetricFamily("jobs_partition_runway_seconds", RUNWAY_HELP, state.runway)
 
 
 class LiveGauges(Collector):

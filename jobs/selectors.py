@@ -23,7 +23,7 @@ from django.db.models.functions import Now
 
 from jobs import replica
 from jobs.conf import settings
-from jobs.lifecycle import NON_TERMINAL, Status, due_sql, sql_list
+from jobs.lifecycle import NON_TERMINAL, TERMINAL, Status, due_sql, hot_sql, sql_list
 from jobs.models import Job, Queue, WorkerProcess
 
 T = Job._meta.db_table
@@ -351,6 +351,39 @@ def webhook_circuit_counts() -> dict[str, int]:
     counts = dict.fromkeys(CircuitState.values, 0)
     counts.update(dict(_fetch(WEBHOOK_CIRCUITS_SQL, [])))
     return counts
+
+
+# --- the partitions (exported by the reaper) ----------------------------------------------
+
+# No count of the hot partition: the planner's estimate (ANALYZE, autovacuum) is free.
+# The oldest finished job still hot comes from job_finished_idx; the runway is the upper
+# bound of the newest history partition (past it, no job row can be written: D191).
+PARTITIONS_SQL = f"""
+SELECT (SELECT reltuples FROM pg_class WHERE oid = 'jobs_job_hot'::regclass),
+       (SELECT EXTRACT(EPOCH FROM statement_timestamp() - min(finished_at))
+        FROM jobs_job WHERE {hot_sql()} AND status IN ({sql_list(TERMINAL)})),
+       (SELECT EXTRACT(EPOCH FROM max(substring(pg_get_expr(c.relpartbound, c.oid)
+                                                FROM 'TO \\(''([^'']+)''\\)')::timestamptz)
+                                  - statement_timestamp())
+        FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+        WHERE i.inhparent = 'jobs_jobevent'::regclass)
+"""
+
+
+@dataclass(frozen=True)
+class PartitionState:
+    hot_rows: float | None  # None: never analyzed
+    oldest_hot_finished_age: float | None  # seconds; None: no finished job is hot
+    runway: float | None  # seconds; None: no bounded history partition
+
+
+def partition_state() -> PartitionState:
+    hot_rows, oldest, runway = _fetch(PARTITIONS_SQL, [])[0]
+    return PartitionState(
+        None if hot_rows is None or hot_rows < 0 else float(hot_rows),
+        None if oldest is None else float(oldest),
+        None if runway is None else float(runway),
+    )
 
 
 # --- why a queued job waits -------------------------------------------------------------

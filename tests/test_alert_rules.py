@@ -19,6 +19,7 @@ from jobs import metrics
 from jobs.collectors import (
     ConsumersCollector,
     DepthCollector,
+    PartitionCollector,
     QueueControlsCollector,
     WebhookCircuitsCollector,
     reaper_gauges,
@@ -102,6 +103,8 @@ def exported() -> dict[str, set[str]]:
         names[family.name] = {"queue"}
     for family in WebhookCircuitsCollector(cache_seconds=5).describe():
         names[family.name] = {"state"}
+    for family in PartitionCollector(cache_seconds=5).describe():
+        names[family.name] = set()
     for family in OutboxLagCollector().describe():
         names[family.name] = {"subscriber"}
     return names

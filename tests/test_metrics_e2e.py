@@ -27,6 +27,7 @@ from prometheus_client import multiprocess
 
 from harness import Service, api_server, http_ok
 from jobs import selectors, services
+from jobs.conf import settings as jobs_settings
 from jobs.models import Client, Job, JobEvent
 from jobs.transport import get_transport
 from tests.conftest import job_row
@@ -440,6 +441,11 @@ def test_depth_and_age_gauges_from_the_reaper_match_the_database(stack):
         assert truth - 2.5 <= measured <= truth, (measured, truth)
         assert measured >= 2.0
     assert age("queued", "obs-b") == 0 and age("processing", "obs-b") == 0
+    # The partitions (D191): the finished job is within its hot window; the first sweep
+    # made the periods ahead.
+    assert m.value("jobs_partition_move_lag_seconds") == 0
+    ahead = jobs_settings.JOBS_PARTITION_AHEAD * 7 * 86400
+    assert m.value("jobs_partition_runway_seconds") >= ahead
 
     # Cached between scrapes: a new job shows only once the reading is older than 2 s.
     services.submit("echo", {}, queue="obs-a")

@@ -407,3 +407,32 @@ def test_jobs_of_a_detached_or_archived_period_wait_hot_and_the_rest_still_move(
         job.refresh_from_db()
         assert job.period == HOT
     assert partitions.move_batch(hot_seconds=0) == 0
+
+
+def test_the_reaper_exports_the_hot_rows_the_movers_lag_and_the_runway(settings):
+    """What an operator watches: a finished job the mover has not moved past the hot
+    window shows as lag until it moves; the runway covers the periods made ahead."""
+    from jobs.collectors import PartitionCollector
+
+    def gauges() -> dict[str, float]:
+        return {f.name: f.samples[0].value for f in PartitionCollector(cache_seconds=0).collect()}
+
+    settings.JOBS_HOT_FINISHED_SECONDS = 3600
+    _move_all()
+    assert gauges()["jobs_partition_move_lag_seconds"] == 0
+    late, recent = _finished(), _finished("failed")
+    raw("UPDATE jobs_job SET finished_at = now() - interval '2 hours' WHERE id = %s", [late.pk])
+    raw("ANALYZE jobs_job_hot")
+    (hot,) = raw("SELECT count(*) FROM jobs_job_hot")[0]
+
+    got = gauges()
+
+    assert 3600 - 5 < got["jobs_partition_move_lag_seconds"] < 3600 + 60
+    assert got["jobs_hot_partition_rows"] == hot
+    partitions.ensure_ahead()
+    runway = gauges()["jobs_partition_runway_seconds"]
+    assert settings.JOBS_PARTITION_AHEAD * 7 * 86400 <= runway < 366 * 86400
+    assert partitions.move_batch(hot_seconds=3600) == 1  # the late one, not the recent one
+    assert gauges()["jobs_partition_move_lag_seconds"] == 0
+    recent.refresh_from_db()
+    assert recent.period == HOT
