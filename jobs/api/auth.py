@@ -33,33 +33,39 @@ def authorization_header(request: Request) -> bytes:
     return auth.encode(HTTP_HEADER_ENCODING) if isinstance(auth, str) else auth
 
 
+def client_for(header: bytes) -> tuple[Client, str] | None:
+    """The active client and token an Authorization header names; None without
+    credentials. Anything else raises AuthenticationFailed with the reason (a 401)."""
+    parts = header.split()
+    if not parts:
+        return None  # no credentials: IsClient answers 401
+    if parts[0].lower() not in SCHEMES:
+        scheme = parts[0].decode("latin-1")[:20]
+        raise exceptions.AuthenticationFailed(
+            f"Unsupported authorization scheme {scheme!r}: send "
+            "'Authorization: Token <token>' (or 'Bearer <token>')."
+        )
+    if len(parts) != 2:
+        raise exceptions.AuthenticationFailed(
+            "Invalid Authorization header: expected 'Token <token>'."
+        )
+    try:
+        token = parts[1].decode("ascii")
+    except UnicodeDecodeError as exc:
+        raise exceptions.AuthenticationFailed("Invalid token.") from exc
+    client = clientcache.active_client(Client.hash_token(token))
+    if client is None:
+        raise exceptions.AuthenticationFailed("Invalid token.")
+    if not client.is_active:
+        raise exceptions.AuthenticationFailed("Client is inactive.")
+    return client, token
+
+
 class ClientTokenAuthentication(BaseAuthentication):
     """`Authorization: Token <token>` → the active Client whose token hash matches."""
 
     def authenticate(self, request: Request) -> tuple[Client, str] | None:
-        parts = authorization_header(request).split()
-        if not parts:
-            return None  # no credentials: IsClient answers 401
-        if parts[0].lower() not in SCHEMES:
-            scheme = parts[0].decode("latin-1")[:20]
-            raise exceptions.AuthenticationFailed(
-                f"Unsupported authorization scheme {scheme!r}: send "
-                "'Authorization: Token <token>' (or 'Bearer <token>')."
-            )
-        if len(parts) != 2:
-            raise exceptions.AuthenticationFailed(
-                "Invalid Authorization header: expected 'Token <token>'."
-            )
-        try:
-            token = parts[1].decode("ascii")
-        except UnicodeDecodeError as exc:
-            raise exceptions.AuthenticationFailed("Invalid token.") from exc
-        client = clientcache.active_client(Client.hash_token(token))
-        if client is None:
-            raise exceptions.AuthenticationFailed("Invalid token.")
-        if not client.is_active:
-            raise exceptions.AuthenticationFailed("Client is inactive.")
-        return client, token
+        return client_for(authorization_header(request))
 
     def authenticate_header(self, request: Request) -> str:
         # Makes DRF answer 401 (with WWW-Authenticate) rather than 403.

@@ -27,10 +27,11 @@ from django.http.request import split_domain_port, validate_host
 from django.urls import resolve, reverse, set_script_prefix
 from django_prometheus.middleware import Metrics
 from django_prometheus.utils import Time, TimeSince
+from rest_framework.exceptions import AuthenticationFailed
 
-from jobs import clientcache, replica, submission
+from jobs import replica, submission
 from jobs.api import answers
-from jobs.api.auth import SCHEMES, ClientRateThrottle
+from jobs.api.auth import ClientRateThrottle, client_for
 from jobs.api.parsers import max_body_bytes
 from jobs.api.renderers import ORJSONRenderer
 from jobs.api.views import job_location
@@ -204,12 +205,13 @@ def _host_allowed(host: str) -> bool:
 
 
 def _client(header: str) -> Client | None:
-    """ClientTokenAuthentication's answer when it accepts; None for anything it refuses."""
-    parts = header.encode("latin-1", "replace").split()
-    if len(parts) != 2 or parts[0].lower() not in SCHEMES or not parts[1].isascii():
+    """ClientTokenAuthentication's answer when it accepts; None for anything it refuses
+    (Django's path answers those, with the reason)."""
+    try:
+        found = client_for(header.encode("latin-1", "replace"))
+    except AuthenticationFailed:
         return None
-    client = clientcache.active_client(Client.hash_token(parts[1].decode("ascii")))
-    return client if client is not None and client.is_active else None
+    return found[0] if found else None
 
 
 class _User:
