@@ -315,7 +315,7 @@ def _submit(
         timeout,
         for_client=client is not None,
     )
-    return _submit_checked(
+    return submit_checked(
         {
             "task": task,
             "payload": payload,
@@ -334,8 +334,9 @@ def _submit(
     )
 
 
-def _submit_checked(item: dict[str, Any], client: Client | None) -> tuple[Job, bool]:
-    """Backpressure and the write, for a submission _validate has passed."""
+def submit_checked(item: dict[str, Any], client: Client | None) -> tuple[Job, bool]:
+    """Backpressure and the write, for a submission _validate (or checked_request) has
+    passed. A SubmissionError is raised before any write, uncounted."""
     task, payload, queue = item["task"], item["payload"], item["queue"]
     idempotency_key, digest = item["idempotency_key"], item["request_hash"]
     limit = settings.JOBS_MAX_QUEUE_DEPTH
@@ -623,7 +624,7 @@ def submit_request(
             )
         raise RequestInvalid(errors)
     try:
-        return _submit_checked(item, client)
+        return submit_checked(item, client)
     except SubmissionError as exc:
         metrics.SUBMISSIONS_REJECTED.labels(_metric_queue(item["queue"]), exc.code).inc()
         raise
@@ -634,12 +635,6 @@ def checked_request(raw: Any, *, client: Client) -> dict[str, Any] | None:
     a rule refuses it (uncounted: the caller hands the request to the view, which counts)."""
     item, problems = _request_item(raw, REQUEST_FIELDS, None, for_client=True)
     return None if problems else item
-
-
-def submit_checked(item: dict[str, Any], client: Client) -> tuple[Job, bool]:
-    """submit_request's write for an item checked_request returned. A SubmissionError is
-    raised before any write, uncounted (as for checked_request)."""
-    return _submit_checked(item, client)
 
 
 # --- many at once -------------------------------------------------------------------

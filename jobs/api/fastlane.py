@@ -34,11 +34,10 @@ from jobs.api import answers
 from jobs.api.auth import ClientRateThrottle, client_for
 from jobs.api.parsers import max_body_bytes
 from jobs.api.renderers import ORJSONRenderer
-from jobs.api.views import job_location
+from jobs.api.views import as_stored, job_location
 from jobs.conf import settings
 from jobs.exceptions import SubmissionError
-from jobs.lifecycle import Status
-from jobs.models import Client, Job
+from jobs.models import Client
 
 _FAST_ACCEPTS = frozenset((None, "*/*", "application/json"))
 _LONG_NUMBER = re.compile(rb"\d{19}")  # the parser's cue for the standard decoder
@@ -132,15 +131,13 @@ class FastLane:
             if isinstance(data, dict):
                 item = submission.checked_request(data, client=client)
         if item is None or not _allowed(client):
-            environ["wsgi.input"] = io.BytesIO(raw)
             return self.app(environ, start_response)
         try:
             job, created = submission.submit_checked(item, client)
-            if created and job.status != Status.QUEUED:
-                job = Job.objects.get(pk=job.pk)
+            if created:
+                job = as_stored(job)
             body = _RENDER(answers.submitted(job))
         except SubmissionError:  # refused before any write: Django answers it
-            environ["wsgi.input"] = io.BytesIO(raw)
             return self.app(environ, start_response)
         except Exception as exc:  # the write may have committed: answered, not replayed
             return self._failed(environ, raw, exc, started, start_response)

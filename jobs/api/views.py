@@ -143,6 +143,12 @@ _LOCATIONS: dict[tuple[str, str], tuple[str, str]] = {}
 _SOME_ID = 918_273_645_546_372
 
 
+def as_stored(job: Job) -> Job:
+    """A new job as its row now reads: one that is not queued had its push fail and was
+    parked (enqueue_failed) after the object was made, so it is read again."""
+    return job if job.status == Status.QUEUED else Job.objects.get(pk=job.pk)
+
+
 def job_location(pk: int) -> str:
     """reverse("job-detail", args=[pk]), from the URL reverse() gave for another id."""
     key = (get_urlconf() or django_settings.ROOT_URLCONF, get_script_prefix())
@@ -207,8 +213,7 @@ class JobViewSet(APIPolicy, viewsets.GenericViewSet):
         )
         if not created:
             return Response(answers.submitted(job), status=status.HTTP_200_OK)
-        if job.status != Status.QUEUED:
-            job = Job.objects.get(pk=job.pk)
+        job = as_stored(job)
         return Response(
             answers.submitted(job),
             status=status.HTTP_201_CREATED,

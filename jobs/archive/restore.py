@@ -167,8 +167,28 @@ def restore(period: datetime.date) -> Restored:
         raise RestoreRefused(f"{directory}: no manifest")
     for entry in manifest["tables"].values():
         files.verify(directory, entry)
+    counts: dict[str, int] = {}
+    side: dict[str, int] = {}
     try:
-        return _restore_verified(archived, manifest, directory)
+        with transaction.atomic():
+            for parent, table in ((tables.JOBS, jobs_table), (tables.EVENTS, events_table)):
+                entry = manifest["tables"].get(parent)
+                if entry is None:
+                    continue
+                loading = f"{table}_restore"
+                tables.create_like(parent, loading)
+                counts[parent] = _load(directory / entry["file"], loading)
+                if counts[parent] != entry["rows"]:
+                    raise ArchiveError(
+                        f"{loading}: {counts[parent]} rows loaded, {entry['rows']} archived"
+                    )
+                tables.attach_restored(parent, loading, table, manifest["bounds"][parent])
+                if tables.count(table) != entry["rows"]:
+                    raise ArchiveError(f"{table}: count after attach is not {entry['rows']}")
+            for name, entry in manifest["tables"].items():
+                if name in tables.SIDE_TABLES:
+                    side[name] = _load(directory / entry["file"], name, on_conflict=True)
+            ArchivedPeriod.objects.filter(period=period).update(restored_at=timezone.now())
     except IntegrityError as e:
         if not isinstance(e.__cause__, psycopg.errors.ForeignKeyViolation):
             raise
@@ -178,34 +198,6 @@ def restore(period: datetime.date) -> Restored:
             f"period {period:%Y-%m-%d}: {e.__cause__.diag.message_detail} Re-create it "
             "first; nothing was restored"
         ) from e
-
-
-def _restore_verified(
-    archived: ArchivedPeriod, manifest: dict[str, Any], directory: Path
-) -> Restored:
-    period = archived.period
-    jobs_table, events_table = tables.job_table(period), tables.event_table(period)
-    counts: dict[str, int] = {}
-    with transaction.atomic():
-        for parent, table in ((tables.JOBS, jobs_table), (tables.EVENTS, events_table)):
-            entry = manifest["tables"].get(parent)
-            if entry is None:
-                continue
-            loading = f"{table}_restore"
-            tables.create_like(parent, loading)
-            counts[parent] = _load(directory / entry["file"], loading)
-            if counts[parent] != entry["rows"]:
-                raise ArchiveError(
-                    f"{loading}: {counts[parent]} rows loaded, {entry['rows']} archived"
-                )
-            tables.attach_restored(parent, loading, table, manifest["bounds"][parent])
-            if tables.count(table) != entry["rows"]:
-                raise ArchiveError(f"{table}: count after attach is not {entry['rows']}")
-        side = {}
-        for name, entry in manifest["tables"].items():
-            if name in tables.SIDE_TABLES:
-                side[name] = _load(directory / entry["file"], name, on_conflict=True)
-        ArchivedPeriod.objects.filter(period=period).update(restored_at=timezone.now())
     return Restored(period, counts.get(tables.JOBS, 0), counts.get(tables.EVENTS, 0), side)
 
 

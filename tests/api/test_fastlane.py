@@ -223,6 +223,20 @@ def test_a_live_unique_key_answers_200_with_the_holder_as_django_does(lane):
     assert on == off
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_job_parked_by_a_refused_push_answers_as_django_does(lane, settings, closed_redis_url):
+    """Redis refuses the push: the new job is parked (enqueue_failed) after its object
+    was made, and both paths answer it as its row now reads."""
+    _, token = new_client()
+    settings.REDIS_URL = closed_redis_url
+    on, off, served = both(lane, HTTP_AUTHORIZATION=f"Token {token}")
+    assert served and on[0] == "201 Created"
+    answer = json.loads(on[2])
+    assert answer["status"] == "enqueue_failed"
+    assert on[2] == serializers_bytes(answer["id"])  # the row as stored, times included
+    assert masked(on) == masked(off)
+
+
 def _throttled(lane, token):
     with override_settings(REST_FRAMEWORK={"DEFAULT_THROTTLE_RATES": {"client": "1/minute"}}):
         call(lane, HTTP_AUTHORIZATION=f"Token {token}")
