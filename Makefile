@@ -12,8 +12,10 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-12)
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[deploy,dev]'
+	# A truncated index page from the package index fails pip at once: the upgrade of pip
+	# itself is optional, and the project's install is tried a second time.
+	$(PY) -m pip install --quiet --upgrade pip || echo "pip not upgraded: the venv's own is used"
+	$(PY) -m pip install --quiet -e '.[deploy,dev]' || $(PY) -m pip install --quiet -e '.[deploy,dev]'
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
