@@ -31,6 +31,7 @@ WEIGHTS: dict[str, float] = {
     "reaper_kill": 1,
     "api_kill": 1,
     "orphan_submit": 1,
+    "child_pause": 1,
 }
 UNITS = {
     "worker_kill": "s down",
@@ -39,7 +40,9 @@ UNITS = {
     "redis_restart": "s down",
     "duplicate_push": " ids",
     "orphan_submit": " rows",
+    "child_pause": "s armed",
 }
+CHILD_PAUSE = 0.05  # seconds a child's main thread sleeps after each `end` (issue 39)
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,9 @@ def plan(seed: int, profile: Profile) -> list[Fault]:
     if not kinds:
         return []
     workers = [f"worker-{i + 1}" for i in range(profile.workers)]
+    # The children of the process-pool workers (the last `pool_workers`): paused apart
+    # from their worker's own faults.
+    children = [f"{w}/children" for w in workers[len(workers) - profile.pool_workers :]]
     reapers = [f"reaper-{i + 1}" for i in range(profile.reapers)]
     n = max(len(kinds), round(profile.duration / profile.fault_every))
     extra = rng.choices(kinds, [WEIGHTS.get(k, 1) for k in kinds], k=n - len(kinds))
@@ -93,6 +99,9 @@ def plan(seed: int, profile: Profile) -> list[Fault]:
             return rng.randint(20, 200), 0.5
         if kind == "orphan_submit":
             return rng.randint(3, 15), 5.0
+        if kind == "child_pause":
+            value = round(rng.uniform(3.0, 8.0), 2)
+            return value, value + 0.5
         return 0, 3.0 if kind == "api_kill" else 0.5
 
     def candidates(kind: str, a: float, b: float) -> list[str]:
@@ -102,6 +111,8 @@ def plan(seed: int, profile: Profile) -> list[Fault]:
             return [w for w in workers if free(w, a, b)]
         if kind == "reaper_kill":
             return [r for r in reapers if free(r, a, b)]
+        if kind == "child_pause":
+            return [c for c in children if free(c, a, b)]
         if kind == "pg_terminate":
             pool = [*workers, *workers, *reapers, "api"]  # workers twice as likely
             return [x for x in pool if free(x, a, b)]
@@ -254,6 +265,15 @@ class Injector(threading.Thread):
             pid = self.rng.choice(children)
             st.kill_pid(pid)
             return f"kill -9 gunicorn worker {pid}"
+        if kind == "child_pause":
+            # Every child of the worker, after each attempt's `end`, sleeps on its main
+            # thread while its reader takes the next `run` and its flags (D210).
+            svc = st.service(f.target.split("/")[0])
+            hook = st.pause_file(svc.name)
+            hook.write_text(str(CHILD_PAUSE))
+            self._later(f.value, kind, lambda: self._unpause(hook, svc.name))
+            return (f"{svc.name}'s children pause {CHILD_PAUSE * 1000:g} ms after each end "
+                    f"for {f.value:g}s")  # fmt: skip
         if kind == "orphan_submit":
             seed = self.rng.randrange(2**31)
             threading.Thread(
@@ -269,6 +289,10 @@ class Injector(threading.Thread):
     def _cont(self, svc) -> str:
         svc.signal(signal.SIGCONT, group=True)
         return f"SIGCONT {svc.name}"
+
+    def _unpause(self, hook, name: str) -> str:
+        hook.unlink(missing_ok=True)
+        return f"{name}'s children no longer pause"
 
     def _redis_up(self) -> str:
         self.stack.redis.start()

@@ -15,6 +15,7 @@ FAULT_KINDS: tuple[str, ...] = (
     "pg_terminate",  # pg_terminate_backend on a process's connections
     "api_kill",  # kill -9 a gunicorn worker mid-traffic (commit without push or reply)
     "orphan_submit",  # commit rows and die before the on-commit push: signal-less queued rows
+    "child_pause",  # process-pool children pause right after `end` (the next `run` comes)
 )
 
 POOL_QUEUE = "children"  # served by process-pool workers only

@@ -42,9 +42,12 @@ class Stack:
         pool = [*worker, "--pool", "processes", "--queues", f"default,{POOL_QUEUE},webhooks"]
         first_pool = profile.workers - profile.pool_workers
         self.workers = [
-            self._service(f"worker-{i + 1}", pool if i >= first_pool else worker)
+            self._service(f"worker-{i + 1}", pool, JOBS_TEST_PAUSE_AFTER_END=str(
+                self.pause_file(f"worker-{i + 1}")))
+            if i >= first_pool
+            else self._service(f"worker-{i + 1}", worker)
             for i in range(profile.workers)
-        ]
+        ]  # fmt: skip
         self.reapers = [
             self._service(f"reaper-{i + 1}", manage("runreaper")) for i in range(profile.reapers)
         ]
@@ -60,8 +63,13 @@ class Stack:
                 return svc
         raise KeyError(name)
 
-    def _service(self, name: str, argv: list[str]) -> Service:
-        return Service(name, argv, self.env(name), self.logdir / f"{name}.log")
+    def _service(self, name: str, argv: list[str], **env: str) -> Service:
+        return Service(name, argv, {**self.env(name), **env}, self.logdir / f"{name}.log")
+
+    def pause_file(self, worker: str) -> Path:
+        """While it exists, the worker's children pause after each `end` (fault
+        `child_pause`; the child reads the path once, at its start)."""
+        return self.logdir / f"{worker}.pause-after-end"
 
     def env(self, app: str) -> dict[str, str]:
         p = self.profile

@@ -108,3 +108,29 @@ def tx_hang(payload: Any, ctx: JobContext) -> str:
     """Transactional and ignoring ctx.stop: in the process pool it runs in the parent."""
     time.sleep(payload.get("seconds", 10))
     return "woke up"
+
+
+@task("contain.local_str")
+def local_str(payload: dict, ctx: JobContext) -> str:
+    """Notes its call, returns an instance of a class defined in the handler: JSON takes
+    it (a str), pickle cannot carry it out of a process-pool child."""
+
+    class Label(str):
+        pass
+
+    with open(payload["calls"], "a") as f:
+        f.write(f"{os.getpid()}\n")
+    return Label("labelled")
+
+
+@task("contain.hold")
+def hold(payload: dict, ctx: JobContext) -> int:
+    """Notes each call in `calls` (one line per attempt), then holds until the file `go`
+    exists or it is told to stop."""
+    with open(payload["calls"], "a") as f:
+        f.write(f"{ctx.attempt}\n")
+    go = Path(payload["go"])
+    until = time.monotonic() + HANG_LIMIT
+    while not go.exists() and time.monotonic() < until and not ctx.stop.wait(0.05):
+        pass
+    return os.getpid()

@@ -11,13 +11,15 @@ import json
 import time
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import Max
 
 from jobs import services
-from jobs.models import Job, JobEvent, Queue
+from jobs.models import Job, JobEvent, Queue, WorkerProcess
+from tests.conftest import job_row
 from tests.factories import ClientFactory
 from tests.harness import wait_until
+from tests.test_containment_e2e import MODULES
 from tests.test_queue_controls_e2e import Sampler
 
 pytestmark = pytest.mark.slow
@@ -146,3 +148,49 @@ def test_a_fair_queue_runs_a_late_clients_jobs_before_an_earlier_backlog(stack):
         "A's backlog done",
         interval=0.2,
     )
+
+
+def test_a_fair_claim_marks_started_the_job_its_thread_runs(stack, tmp_path):
+    """D211: one thread, a fair queue, one claim of two jobs on their last attempt: the
+    first client's turn `first` (priority 0), then the next client's `urgent` (priority
+    10). The job the claim marks started (D77) is the one whose handler runs, so after
+    kill -9 the job that ran is charged and the other is put back unrun, no retry spent.
+    (The claim marked `first` while the worker's heap ran `urgent`: `first` failed
+    "worker gone" with its handler never called.)"""
+    env = _declare(turns={"fair": True})
+    warm_client, one, two = (ClientFactory.create(name=n) for n in ("warm", "one", "two"))
+    stack.reaper()
+    # No Redis: the worker claims by polling PostgreSQL, so two jobs committed together
+    # come in one claim; a 60 s lease keeps them prefetched (not released) for 8 s.
+    settings = dict(JOBS_LEASE_SECONDS="60", JOBS_TASK_MODULES=MODULES, REDIS_URL="", **env)
+    w = stack.worker("--concurrency", "1", "--queues", "turns", ready=True, **settings)
+    wait_until(lambda: WorkerProcess.objects.filter(pid=w.pid).exists(), 20, "registered")
+    warm = _submit("turns", 3, client=warm_client)  # a run time measured: it prefetches
+    wait_until(lambda: Job.objects.filter(pk__in=warm, status="done").count() == 3, 20, "warm")
+    go = tmp_path / "go"
+    calls = {"first": tmp_path / "first", "urgent": tmp_path / "urgent"}
+    with transaction.atomic():
+        ids = {
+            name: services.submit(
+                "contain.hold", {"calls": str(calls[name]), "go": str(go)}, queue="turns",
+                client_id=client.pk, priority=priority, max_retries=0,
+            )[0].pk
+            for name, client, priority in (("first", one, 0), ("urgent", two, 10))
+        }  # fmt: skip
+    held = Job.objects.filter(pk__in=ids.values(), status="processing")
+    wait_until(lambda: held.count() == 2, 15, "both claimed", interval=0.05)
+    wait_until(lambda: any(p.exists() for p in calls.values()), 15, "a handler runs")
+    ran = next(name for name, p in calls.items() if p.exists())
+    unrun = "urgent" if ran == "first" else "first"
+    wait_until(lambda: job_row(ids[ran])["started_at"] is not None, 10, "its start marked")
+    assert job_row(ids[unrun])["started_at"] is None, f"{unrun} marked started, {ran} ran"
+    w.kill()
+    go.write_text("go")
+    stack.worker("--concurrency", "2", "--queues", "turns", **settings)
+    wait_until(lambda: job_row(ids[unrun])["status"] == "done", 30, f"{unrun} done")
+    wait_until(lambda: job_row(ids[ran])["status"] == "failed", 30, f"{ran} charged")
+    assert job_row(ids[ran])["error"].startswith("worker gone")
+    assert job_row(ids[unrun])["retry_count"] == 0
+    assert calls[unrun].read_text().splitlines() == ["1"]  # its handler called once
+    assert calls[ran].read_text().splitlines() == ["1"]
+    assert not JobEvent.objects.filter(job_id=ids[unrun], to_status="failed").exists()

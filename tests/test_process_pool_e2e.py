@@ -225,3 +225,59 @@ def test_children_dying_together_each_fail_their_attempt_at_once(stack):
         assert (end.at - claimed_at(job_id)[0]).total_seconds() < 5
         assert end.error == "worker child exited: exit code 1"
     wait_until(lambda: len(_children(w.pid)) == 4, 10, message="four children again")
+
+
+def _paused_after_end(tmp_path, seconds: float = 0.3) -> dict[str, str]:
+    """Each child sleeps `seconds` right after sending `end` (its reader thread reads the
+    parent's next `run` meanwhile): the interleaving that lost the next job's flags."""
+    hook = tmp_path / "pause-after-end"
+    hook.write_text(str(seconds))
+    return {"JOBS_TEST_PAUSE_AFTER_END": str(hook)}
+
+
+def test_the_next_jobs_timeout_reaches_its_handler_while_the_child_pauses_after_end(
+    stack, tmp_path
+):
+    """D210: the job a child runs right after another is told its time is up (the soft
+    stop) and returns; lost, its child ran on until killed at timeout + grace."""
+    report = tmp_path / "report"
+    first = submit("contain.pid")
+    after = submit("contain.cooperative", {"report": str(report)})
+    pool(stack, **_paused_after_end(tmp_path))
+    wait_until(lambda: job_row(after)["status"] == "failed", 20, message="timed out")
+    assert job_row(first)["status"] == "done"
+    (end,) = attempts(after)
+    assert end.error.startswith("timeout:"), end.error
+    assert report.exists(), "the handler was never told to stop: its child was killed"
+    assert report.read_text() == "stopped=True timed_out=True"
+
+
+def test_a_cancel_reaches_the_next_jobs_handler_while_the_child_pauses_after_end(stack, tmp_path):
+    """D210: a cancel of the job a child runs right after another reaches its handler."""
+    flag = tmp_path / "running"
+    first = submit("contain.pid")
+    after = submit("contain.report", {"wait_cancel": str(flag)})
+    pool(stack, **_paused_after_end(tmp_path))
+    wait_until(flag.exists, 15, message="the second handler runs")
+    # The handler runs once the child's pause is over: the cancel comes after it.
+    assert job_row(first)["status"] == "done"
+    services.request_cancel([after], actor="test")
+    wait_until(lambda: job_row(after)["status"] == "failed", 10, message="cancelled")
+    assert job_row(after)["error"] == "cancelled"
+
+
+@pytest.mark.parametrize("kind", ["threads", "processes"])
+def test_a_result_pickle_cannot_carry_is_stored_as_in_the_thread_pool(stack, tmp_path, kind):
+    """D212: a str subclass defined in the handler: JSON stores it, pickle cannot carry it
+    from a child. Both pools store it `done`, the handler called once (it killed the
+    child: `worker child exited: exit code 1`, retried with its side effects)."""
+    calls = tmp_path / "calls"
+    job_id = submit("contain.local_str", {"calls": str(calls)}, max_retries=2)
+    after = submit("contain.pid")
+    w = worker(stack, "--pool", kind, "--burst")
+    assert w.wait(30) == 0
+    row = job_row(job_id)
+    assert (row["status"], row["result"], row["retry_count"]) == ("done", "labelled", 0), row
+    assert len(calls.read_text().splitlines()) == 1
+    assert job_row(after)["status"] == "done"
+    assert "exited" not in w.output()

@@ -159,10 +159,12 @@ class Worker(Execution, Prefetch, WriteBack, Heartbeats, Watch, Shutdown):
         self._lock = threading.Lock()
         self._slot_free = threading.Event()
         self._quiet = threading.Event()  # set when a write-back starts (see _start)
-        # Claimed jobs wait in a heap (priority DESC, then claim order) under `_lock`, so a
-        # job claimed later with a higher priority starts before prefetched lower ones;
-        # `_ready` carries one token per entry to wake a handler thread (None: exit).
-        self._heap: list[tuple[int, int, InFlight]] = []
+        # Claimed jobs wait in a heap under `_lock`: first those their claim marked
+        # started (they are what the idle threads take, D211), then priority DESC, then
+        # claim order, so a job claimed later with a higher priority starts before
+        # prefetched lower ones; `_ready` carries one token per entry to wake a handler
+        # thread (None: exit).
+        self._heap: list[tuple[bool, int, int, InFlight]] = []
         self._seq = itertools.count()
         self._ready: queue_mod.SimpleQueue[bool | None] = queue_mod.SimpleQueue()
         self._outcomes: queue_mod.SimpleQueue[Outcome] = queue_mod.SimpleQueue()
@@ -375,7 +377,9 @@ class Worker(Execution, Prefetch, WriteBack, Heartbeats, Watch, Shutdown):
             idle = bool(claimed) and not self._inflight
             for item in claimed:
                 self._inflight[_key(item.lease)] = item
-                heapq.heappush(self._heap, (-item.lease.priority, next(seq), item))
+                # Marked first: the claim marked its best rows in its own order (turns
+                # in a fair queue), the threads must run those, not the heap's best.
+                heapq.heappush(self._heap, (not item.marked, -item.lease.priority, next(seq), item))
             self._waiting += len(claimed)
         self.claimed += len(leases)
         put = self._ready.put

@@ -59,7 +59,7 @@ class Execution:
             if get() is None:
                 return
             with lock:  # one token per heap entry: the heap is not empty
-                item = pop(heap)[2]
+                item = pop(heap)[-1]
                 if not item.waiting:  # released unrun meanwhile (shutdown, waited too long)
                     continue
                 item.waiting = False

@@ -14,12 +14,16 @@ when the parent is gone (pipe EOF).
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
+import pickle
 import queue
 import signal
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from django.db import close_old_connections, connections
@@ -38,6 +42,11 @@ from jobs.worker.attempts import (
 )
 
 PROGRESS_EVERY = 0.05  # seconds between progress messages to the parent (the latest wins)
+# A hook of the tests and the fault suite, read once at the child's start: the path of a
+# file holding seconds; while it exists, the child's main thread sleeps that long right
+# after sending `end`, while its reader thread already reads the parent's next `run`
+# (D210). Unset (production): no cost per attempt.
+PAUSE_AFTER_END_ENV = "JOBS_TEST_PAUSE_AFTER_END"
 
 
 def forget_inherited_connections() -> None:
@@ -138,6 +147,38 @@ def rss_mb() -> float:
     return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+def pause_after_end(path: str) -> None:
+    try:
+        seconds = float(Path(path).read_text())
+    except (OSError, ValueError):
+        return  # disarmed
+    time.sleep(max(0.0, seconds))
+
+
+def carried(outcome: Outcome) -> Outcome:
+    """The outcome as the parent stores it, in types pickle always carries: the result as
+    its JSON (what the write-back stores, already checked by check_result), and
+    `retry_after` as a float (D212)."""
+    result = outcome.result
+    if result is not None:
+        result = json.loads(json.dumps(result))
+    try:
+        retry_after = None if outcome.retry_after is None else float(outcome.retry_after)
+    except (TypeError, ValueError):
+        retry_after = None
+    return dataclasses.replace(outcome, result=result, retry_after=retry_after)
+
+
+def send_end(channel: Channel, outcome: Outcome, *rest: Any) -> None:
+    """The attempt's end to the parent. A value JSON takes but pickle cannot carry (an
+    instance of a class defined inside the handler) fails the pickling before a byte is
+    written: it is sent again as stored, so the child lives on (D212)."""
+    try:
+        channel.send(("end", outcome, *rest))
+    except (pickle.PicklingError, TypeError, AttributeError):
+        channel.send(("end", carried(outcome), *rest))
+
+
 def main(conn) -> None:
     """The child's life: run what the parent sends until told to exit or orphaned."""
     # The parent decides when a child ends (a terminal's Ctrl-C and a supervisor's
@@ -149,6 +190,7 @@ def main(conn) -> None:
     except ValueError:
         pass
     forget_inherited_connections()
+    pause_file = os.environ.get(PAUSE_AFTER_END_ENV)
     channel = Channel(conn)
     inbox: queue.SimpleQueue = queue.SimpleQueue()
     current: list[ChildContext | None] = [None]
@@ -180,8 +222,14 @@ def main(conn) -> None:
         outcome = run(lease, ctx, channel, limiter)
         channel.flush()
         names = sorted(ctx._names or ())
-        channel.send(("end", outcome, ctx.cancel_seen, names, rss_mb()))
+        # Cleared before `end` is sent: the parent sends the next `run` only once it has
+        # read `end`, so the reader installs the next attempt's context after this line,
+        # never before it (cleared after, the next attempt's stop, timeout and cancel
+        # flags were lost: the parent sends a flag once, D210).
         current[0] = None
+        send_end(channel, outcome, ctx.cancel_seen, names, rss_mb())
+        if pause_file:
+            pause_after_end(pause_file)
     os._exit(0)
 
 
