@@ -18,6 +18,8 @@ from django.http import JsonResponse
 from django_prometheus import middleware as prometheus
 from django_prometheus.utils import Time, TimeSince
 
+from jobs.api.errors import error_body
+
 API_PREFIX = "/api/"
 
 
@@ -64,8 +66,33 @@ class RefuseBadContentLength:
         value = request.META.get("CONTENT_LENGTH", "")
         if value and not value.strip().isdigit():
             return JsonResponse(
-                {"detail": "Content-Length must be a whole number.", "code": "bad_request"},
+                error_body("Content-Length must be a whole number.", code="bad_request"),
                 status=400,
+            )
+        return self.get_response(request)
+
+
+class RefuseUnknownLength:
+    """A body without a Content-Length (`Transfer-Encoding: chunked`) is a 411 (D209).
+
+    Django reads CONTENT_LENGTH bytes of a body, none without it: the view would answer
+    a 400 about fields the client did send. Last in the chain, so the answer is counted
+    and carries the security headers as any view's does.
+    """
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        meta = request.META
+        if meta.get("HTTP_TRANSFER_ENCODING") and not meta.get("CONTENT_LENGTH"):
+            return JsonResponse(
+                error_body(
+                    "Send the body with a Content-Length header: a body without one "
+                    "(Transfer-Encoding: chunked) is not read.",
+                    code="length_required",
+                ),
+                status=411,
             )
         return self.get_response(request)
 

@@ -86,6 +86,7 @@ MIDDLEWARE = [
     "jobservice.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "jobservice.middleware.PrometheusAfterMiddleware",
+    "jobservice.middleware.RefuseUnknownLength",
 ]
 
 ROOT_URLCONF = "jobservice.urls"

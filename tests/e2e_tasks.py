@@ -4,11 +4,12 @@ handlers whose results or errors PostgreSQL cannot store as they are."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 from django.db import connection
 
-from jobs.tasks import InvalidPayload, JobContext, PermanentError, task
+from jobs.tasks import InvalidPayload, JobContext, PermanentError, RetryableError, task
 
 
 @task("e2e.unserializable")
@@ -131,3 +132,14 @@ def record_call(payload: Any, ctx: JobContext) -> Any:
                           worker_id=ctx.worker_id)  # fmt: skip
     time.sleep(float(payload.get("seconds", 0)))
     return {"recorded": ctx.lease_version}
+
+
+@task("e2e.hold")
+def hold(payload: Any, ctx: JobContext) -> Any:
+    """Works until the file `gate` exists, on every attempt: a test that needs the job
+    running opens the gate when it is done with it, however slow the machine."""
+    gate = Path(payload["gate"])
+    while not gate.exists():
+        if not ctx.sleep(0.05):
+            raise RetryableError("stopped before the gate opened")
+    return {"held_by": ctx.worker_id}

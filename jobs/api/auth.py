@@ -122,6 +122,18 @@ class ClientRateThrottle(SimpleRateThrottle):
             history.append(now)
         return True
 
+    def uncount(self) -> None:
+        """Take back the request allow_request just counted: the lane's, when it hands
+        the request to the view, which counts it again."""
+        if getattr(self, "key", None) is None:
+            return  # nothing was counted (no rate, or no client)
+        with self._lock:
+            history = self._histories.get(self.key, ())
+            for i in range(len(history) - 1, -1, -1):  # the newest, or nearly: O(1)
+                if history[i] == self.now:
+                    del history[i]
+                    return
+
     def wait(self) -> float | None:
         """DRF's Retry-After arithmetic over the snapshot allow_request took."""
         if self._oldest is not None:

@@ -115,10 +115,22 @@ class FastLane:
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
         if not settings.JOBS_API_FAST_LANE or not self._plain(environ):
             return self.app(environ, start_response)
+        started = Time()
+        try:
+            answer = self._serve(environ, started)
+        except Exception as exc:  # any step, the client lookup too; never replayed (D207)
+            return self._failed(environ, exc, started, start_response)
+        if answer is None:
+            return self.app(environ, start_response)
+        status, headers, body = answer
+        start_response(status, headers)
+        return _Answer(body)
+
+    def _serve(self, environ: dict[str, Any], started: float) -> tuple[str, list, bytes] | None:
+        """The answer's status, headers and body; None for a request Django answers."""
         length = int(environ["CONTENT_LENGTH"])
         raw = environ["wsgi.input"].read(length) if length else b""
         environ["wsgi.input"] = io.BytesIO(raw)  # Django reads it if the lane does not answer
-        started = Time()
         set_script_prefix(get_script_name(environ))  # as WSGIHandler: Location reads it
         signals.request_started.send(sender=WSGIHandler, environ=environ)
         client = _client(environ.get("HTTP_AUTHORIZATION", ""))
@@ -130,17 +142,19 @@ class FastLane:
                 data = None
             if isinstance(data, dict):
                 item = submission.checked_request(data, client=client)
-        if item is None or not _allowed(client):
-            return self.app(environ, start_response)
+        if item is None:
+            return None
+        throttle = ClientRateThrottle()
+        if not throttle.allow_request(_User(client), None):
+            return None  # not counted: Django's second look refuses it too and words the 429
         try:
             job, created = submission.submit_checked(item, client)
-            if created:
-                job = as_stored(job)
-            body = _RENDER(answers.submitted(job))
-        except SubmissionError:  # refused before any write: Django answers it
-            return self.app(environ, start_response)
-        except Exception as exc:  # the write may have committed: answered, not replayed
-            return self._failed(environ, raw, exc, started, start_response)
+        except SubmissionError:  # refused before any write: Django answers it...
+            throttle.uncount()  # ... and charges the throttle for it, once (D208)
+            return None
+        if created:
+            job = as_stored(job)
+        body = _RENDER(answers.submitted(job))
         replica.pin(client.pk)
         code = 201 if created else 200
         inner, outer = self.headers[_secure(environ)]
@@ -149,19 +163,19 @@ class FastLane:
             headers.append(("Location", job_location(job.pk)))
         headers += [*inner, ("Content-Length", str(len(body))), *outer]
         self._count(code, started)
-        start_response(_STATUS[code], headers)
-        return _Answer(body)
+        return _STATUS[code], headers, body
 
-    def _failed(self, environ, raw, exc, started, start_response) -> Any:
+    def _failed(self, environ, exc, started, start_response) -> Any:
         """Django's answer to a view's exception (handler500, got_request_exception, the
-        django.request log) with what the middleware adds to it."""
+        django.request log) with what the middleware adds to it: never the server's bare
+        500, which has no body, no security header and no count (D187, D207)."""
         m = self.metrics  # django_prometheus's process_exception
         m.exceptions_by_type.labels(type=type(exc).__name__).inc()
         m.exceptions_by_view.labels(view=self.view).inc()
         m.requests_latency_by_view_method.labels(view=self.view, method="POST").observe(
             TimeSince(started)
         )
-        request = WSGIRequest({**environ, "wsgi.input": io.BytesIO(raw)})
+        request = WSGIRequest(environ)  # the body, if read, is in a BytesIO: not read again
         response = response_for_exception(request, exc)
         inner, outer = self.headers[_secure(environ)]
         frame = [h for h in inner if h[0] == "X-Frame-Options"]
@@ -214,9 +228,3 @@ def _client(header: str) -> Client | None:
 class _User:
     def __init__(self, client: Client) -> None:
         self.user = client
-
-
-def _allowed(client: Client) -> bool:
-    """ClientRateThrottle's verdict; a refused request is not counted, so Django's
-    second look refuses it too and words the 429."""
-    return ClientRateThrottle().allow_request(_User(client), None)

@@ -320,6 +320,20 @@ def test_backpressure_is_djangos_429(lane):
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_refusal_after_the_throttle_is_charged_once_as_django_charges_it(lane):
+    """The lane counts the request, the service refuses it (a full queue), the view
+    answers it and counts it: the lane's count is taken back (D208)."""
+    _, token = new_client()
+    JobFactory.create_batch(2)
+    rates = {"DEFAULT_THROTTLE_RATES": {"client": "2/minute"}}
+    with override_settings(JOBS_MAX_QUEUE_DEPTH=1, REST_FRAMEWORK=rates):
+        codes = [
+            json.loads(call(lane, HTTP_AUTHORIZATION=f"Token {token}")[2])["code"] for _ in range(3)
+        ]
+    assert codes == ["queue_full", "queue_full", "throttled"]
+
+
+@pytest.mark.django_db(transaction=True)
 def test_throttling_is_djangos_429(lane):
     _, token = new_client()
     on = _throttled(lane, token)
