@@ -31,6 +31,7 @@ WEIGHTS: dict[str, float] = {
     "reaper_kill": 1,
     "api_kill": 1,
     "orphan_submit": 1,
+    "detach_pending": 1,
 }
 UNITS = {
     "worker_kill": "s down",
@@ -93,6 +94,8 @@ def plan(seed: int, profile: Profile) -> list[Fault]:
             return rng.randint(20, 200), 0.5
         if kind == "orphan_submit":
             return rng.randint(3, 15), 5.0
+        if kind == "detach_pending":
+            return 0, 3.0  # one pending detach at a time (PostgreSQL allows no second)
         return 0, 3.0 if kind == "api_kill" else 0.5
 
     def candidates(kind: str, a: float, b: float) -> list[str]:
@@ -111,6 +114,7 @@ def plan(seed: int, profile: Profile) -> list[Fault]:
             "duplicate_push": "redis",
             "api_kill": "api",
             "orphan_submit": "orphan",
+            "detach_pending": "partitions",
         }[kind]
         return [resource] if free(resource, a, b) else []
 
@@ -125,7 +129,7 @@ def plan(seed: int, profile: Profile) -> list[Fault]:
             if found:
                 target = rng.choice(found)
                 busy.setdefault(target, []).append((t, t + span))
-                shown = None if target in ("redis", "orphan") else target
+                shown = None if target in ("redis", "orphan", "partitions") else target
                 out.append(Fault(round(t, 2), kind, shown, value))
                 return
 
@@ -260,6 +264,10 @@ class Injector(threading.Thread):
                 target=self._orphans, args=(int(f.value), seed), name="orphans", daemon=True
             ).start()
             return f"orphan submit of {int(f.value)} rows (commit, then exit before the push)"
+        if kind == "detach_pending":
+            table = st.interrupt_detach()
+            self.notes["partitions left detach pending"] += 1
+            return f"DETACH {table} CONCURRENTLY cut off by pg_terminate_backend: pending"
         raise ValueError(f"unknown fault kind {kind!r}")
 
     def _restart(self, svc) -> str:
