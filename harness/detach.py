@@ -24,13 +24,16 @@ def pending(conn: psycopg.Connection, partition: str) -> bool:
 
 def interrupt_detach(url: str, parent: str, partition: str, timeout: float = 30.0) -> None:
     """Start DETACH CONCURRENTLY of `partition` while a snapshot is held, wait until it
-    is pending, terminate its backend, release the snapshot. Raises if it never got
-    pending (the partition is then as it was, or detached if the detach finished)."""
+    is pending, terminate its backend, release the snapshot. Raises if it was pending
+    already or never got pending (the partition is then as it was, or detached if the
+    detach finished)."""
     with (
         psycopg.connect(url, autocommit=True) as watcher,
         psycopg.connect(url) as holder,
         psycopg.connect(url, autocommit=True) as detacher,
     ):
+        if pending(watcher, partition):
+            raise RuntimeError(f"{partition} is detach pending already")
         holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
         holder.execute(f"SELECT count(*) FROM (SELECT 1 FROM {parent} LIMIT 1) s")
         pid = detacher.info.backend_pid
