@@ -469,6 +469,27 @@ def children_after_parents(conn: Any, accepted: Collection[int]) -> list[Violati
     return out
 
 
+def partitions_whole(conn: Any, accepted: Collection[int]) -> list[Violation]:
+    """Every period table of jobs and history is attached: none left detach pending by an
+    interrupted DETACH … CONCURRENTLY (the reaper attaches it again, D214), none detached
+    (a run archives nothing). A pending partition's rows are neither written nor read."""
+    out = []
+    for name, parent, pending in _rows(
+        conn,
+        """SELECT c.relname, i.inhparent::regclass::text, i.inhdetachpending
+           FROM pg_class c LEFT JOIN pg_inherits i ON i.inhrelid = c.oid
+           WHERE c.relkind = 'r' AND c.relnamespace = current_schema()::regnamespace
+             AND (c.relname ~ '^jobs_job(event)?_p[0-9]{8}$'
+                  OR c.relname IN ('jobs_job_hot', 'jobs_jobevent_legacy'))
+           ORDER BY 1""",
+    ):
+        if parent is None:
+            out.append(Violation("partitions_whole", None, f"{name} is detached"))
+        elif pending:
+            out.append(Violation("partitions_whole", None, f"{name} is detach pending"))
+    return out
+
+
 # --- running them -------------------------------------------------------------------------------
 
 Check = Callable[[Any, Collection[int]], list[Violation]]
@@ -483,6 +504,7 @@ CHECKS: dict[str, Check] = {
     "crash_charges_started": crash_charges_started,
     "steps_under_held_lease": steps_under_held_lease,
     "children_after_parents": children_after_parents,
+    "partitions_whole": partitions_whole,
 }
 
 

@@ -32,6 +32,7 @@ WEIGHTS: dict[str, float] = {
     "api_kill": 1,
     "orphan_submit": 1,
     "child_pause": 1,
+    "detach_pending": 1,
 }
 UNITS = {
     "worker_kill": "s down",
@@ -102,6 +103,8 @@ def plan(seed: int, profile: Profile) -> list[Fault]:
         if kind == "child_pause":
             value = round(rng.uniform(3.0, 8.0), 2)
             return value, value + 0.5
+        if kind == "detach_pending":
+            return 0, 3.0  # one pending detach at a time (PostgreSQL allows no second)
         return 0, 3.0 if kind == "api_kill" else 0.5
 
     def candidates(kind: str, a: float, b: float) -> list[str]:
@@ -122,6 +125,7 @@ def plan(seed: int, profile: Profile) -> list[Fault]:
             "duplicate_push": "redis",
             "api_kill": "api",
             "orphan_submit": "orphan",
+            "detach_pending": "partitions",
         }[kind]
         return [resource] if free(resource, a, b) else []
 
@@ -136,7 +140,7 @@ def plan(seed: int, profile: Profile) -> list[Fault]:
             if found:
                 target = rng.choice(found)
                 busy.setdefault(target, []).append((t, t + span))
-                shown = None if target in ("redis", "orphan") else target
+                shown = None if target in ("redis", "orphan", "partitions") else target
                 out.append(Fault(round(t, 2), kind, shown, value))
                 return
 
@@ -280,6 +284,10 @@ class Injector(threading.Thread):
                 target=self._orphans, args=(int(f.value), seed), name="orphans", daemon=True
             ).start()
             return f"orphan submit of {int(f.value)} rows (commit, then exit before the push)"
+        if kind == "detach_pending":
+            table = st.interrupt_detach()
+            self.notes["partitions left detach pending"] += 1
+            return f"DETACH {table} CONCURRENTLY cut off by pg_terminate_backend: pending"
         raise ValueError(f"unknown fault kind {kind!r}")
 
     def _restart(self, svc) -> str:

@@ -16,6 +16,7 @@ FAULT_KINDS: tuple[str, ...] = (
     "api_kill",  # kill -9 a gunicorn worker mid-traffic (commit without push or reply)
     "orphan_submit",  # commit rows and die before the on-commit push: signal-less queued rows
     "child_pause",  # process-pool children pause right after `end` (the next `run` comes)
+    "detach_pending",  # DETACH ... CONCURRENTLY of the current job partition, cut off: pending
 )
 
 POOL_QUEUE = "children"  # served by process-pool workers only
@@ -53,6 +54,9 @@ class Profile:
     reaper_interval: float  # JOBS_REAPER_INTERVAL
     lost_signal: float  # JOBS_LOST_SIGNAL_SECONDS
     backoff_base: float  # JOBS_RETRY_BACKOFF_BASE
+    # JOBS_HOT_FINISHED_SECONDS: the mover moves finished jobs during the run (past the
+    # replays of a job's Idempotency-Key, which a pending partition would hide).
+    hot_finished: float = 10.0
     workers: int = 3
     # The last `pool_workers` workers run `--pool processes` and alone serve POOL_QUEUE
     # (chaos.die would take a thread-pool worker down with it).

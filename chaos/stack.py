@@ -17,9 +17,11 @@ from harness import (
     RedisServer,
     ScratchDatabase,
     Service,
+    detach,
     free_port,
     gunicorn,
     http_ok,
+    interrupt_detach,
     manage,
     service_env,
     wait_until,
@@ -84,6 +86,7 @@ class Stack:
             JOBS_REAPER_INTERVAL=str(p.reaper_interval),
             JOBS_LOST_SIGNAL_SECONDS=str(p.lost_signal),
             JOBS_RETRY_BACKOFF_BASE=str(p.backoff_base),
+            JOBS_HOT_FINISHED_SECONDS=str(p.hot_finished),
             JOBS_TIMEOUT_GRACE="1",  # chaos.hang's attempts end 1 s after their timeout
             JOBS_QUEUES=json.dumps({"default": {}, POOL_QUEUE: {}}),
             BIND=f"127.0.0.1:{self.api_port}",
@@ -154,6 +157,27 @@ class Stack:
                 [f"chaos-{target}"],
             ).fetchone()
         return int(row[0])
+
+    def interrupt_detach(self) -> str:
+        """The current period's job partition (the newest starting today or before) left
+        DETACH … CONCURRENTLY-pending for real (harness.detach); its name."""
+        url = self.db.url("chaos-injector")
+        with psycopg.connect(url, autocommit=True) as conn:
+            row = conn.execute(
+                r"""SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+                    WHERE i.inhparent = 'jobs_job'::regclass
+                      AND c.relname ~ '^jobs_job_p[0-9]{8}$'
+                      AND to_date(substring(c.relname FROM 11), 'YYYYMMDD') <= current_date
+                    ORDER BY c.relname DESC LIMIT 1"""
+            ).fetchone()
+            if row is None:
+                raise RuntimeError("no job partition of the current period yet (no sweep)")
+            # The reapers attach the last one again within a sweep or two; past 15 s the
+            # fault fails the run (a second detach cannot even start meanwhile).
+            wait_until(lambda: not detach.pending(conn, row[0]), 15,
+                       f"the reapers to attach {row[0]} again", interval=0.1)  # fmt: skip
+        interrupt_detach(url, "jobs_job", row[0])
+        return row[0]
 
     def kill_pid(self, pid: int) -> None:
         try:

@@ -5,6 +5,7 @@ signalling and killing services, a private redis-server, scratch databases and t
 polling helpers, so the three users cannot drift apart.
 """
 
+from harness.detach import interrupt_detach
 from harness.kafka_broker import KafkaBroker
 from harness.pgbouncer import PgBouncer
 from harness.procs import (
@@ -39,6 +40,7 @@ __all__ = [
     "api_server",
     "gunicorn",
     "http_ok",
+    "interrupt_detach",
     "manage",
     "service_env",
     "wait_until",

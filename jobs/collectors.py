@@ -12,8 +12,9 @@
   state, one small grouped query per cache period; reaper only.
 - `WaitingCollector`: jobs_waiting by reason (parked durable jobs, blocked workflow
   jobs), from the partial index job_waiting_idx, cached like the depth; reaper only.
-- `PartitionCollector`: the hot partition's rows, the mover's lag and the history
-  partitions' runway, one small query per cache period; reaper only.
+- `PartitionCollector`: the hot partition's rows, the mover's lag, the history
+  partitions' runway and detaches left pending, one small query per cache period;
+  reaper only.
 - `worker_gauges`: jobs_worker_inflight and jobs_worker_slots of one worker.
 - `reaper_gauges`: when the reaper last finished a sweep, and its cadence.
 """
@@ -301,10 +302,17 @@ RUNWAY_HELP = (
     "written; the reaper creates partitions ahead"
 )
 
+DETACH_PENDING_HELP = (
+    "Partitions of jobs_job and jobs_jobevent an interrupted DETACH ... CONCURRENTLY left "
+    "pending: their period's rows can be neither written nor read; the reaper attaches "
+    "them again"
+)
+
 
 class PartitionCollector(Collector):
-    """The partitioned tables' health: the hot partition's size, the mover's lag and
-    the partitions' runway, one small query per cache period (D191)."""
+    """The partitioned tables' health: the hot partition's size, the mover's lag, the
+    partitions' runway and detaches left pending, one small query per cache period
+    (D191, D214)."""
 
     def __init__(self, cache_seconds: float | None = None) -> None:
         seconds = settings.JOBS_METRICS_CACHE_SECONDS if cache_seconds is None else cache_seconds
@@ -314,6 +322,7 @@ class PartitionCollector(Collector):
         yield GaugeMetricFamily("jobs_hot_partition_rows", HOT_ROWS_HELP)
         yield GaugeMetricFamily("jobs_partition_move_lag_seconds", MOVE_LAG_HELP)
         yield GaugeMetricFamily("jobs_partition_runway_seconds", RUNWAY_HELP)
+        yield GaugeMetricFamily("jobs_partition_detach_pending", DETACH_PENDING_HELP)
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         state = self._state.get()
@@ -325,6 +334,9 @@ class PartitionCollector(Collector):
         yield GaugeMetricFamily("jobs_partition_move_lag_seconds", MOVE_LAG_HELP, max(0.0, late))
         if state.runway is not None:
             yield GaugeMetricFamily("jobs_partition_runway_seconds", RUNWAY_HELP, state.runway)
+        yield GaugeMetricFamily(
+            "jobs_partition_detach_pending", DETACH_PENDING_HELP, state.detach_pending
+        )
 
 
 class LiveGauges(Collector):

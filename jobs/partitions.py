@@ -7,6 +7,9 @@ ago to the partition of their created_at's period, in bounded batches, creating 
 past period's partition when a job needs it (the legacy rows of the migration go
 the same way, over time). A move changes `period` only: no history row, no lease
 bump, updated_at unchanged (the guard lets it through, D157).
+
+A partition left "detach pending" by an interrupted `DETACH … CONCURRENTLY` is neither
+routed to nor read through its parent: the reaper attaches it again (D214).
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ JOBS = "jobs_job"
 EVENTS = "jobs_jobevent"
 # Serialises partition creation between reapers (an advisory lock of its own).
 _LOCK_KEY = 0x6A6F6273_70617274  # "jobspart"
+# Held by the archiving run (jobs.archive.tables.archiving) for its whole run.
+ARCHIVING_LOCK_KEY = 0x6A6F6273_61726368  # "jobsarch"
 _NAME = re.compile(r"jobs_job(event)?_p\d{8}")
 _BOUND = re.compile(r"TO \('(\d{4}-\d{2}-\d{2})")
 
@@ -79,13 +84,15 @@ def _existing(cur) -> set[str]:
 
 
 def _unavailable(cur, table: str) -> set[str]:
-    """Partition names the mover must not create: a table of that name that is not
-    attached (a period being archived, or one a crashed prune left detached), or a
-    period archived and not restored. Its jobs stay hot until the period is back."""
+    """Partition names the mover must not create or move to: a table of that name that
+    is not attached (a period being archived, or one a crashed prune left detached) or
+    whose detach is pending (no row is routed to it), or a period archived and not
+    restored. Its jobs stay hot until the period is back."""
     cur.execute(
         "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-        "WHERE n.nspname = current_schema() AND c.relkind = 'r' AND NOT c.relispartition "
-        "AND c.relname LIKE %s",
+        "LEFT JOIN pg_inherits i ON i.inhrelid = c.oid "
+        "WHERE n.nspname = current_schema() AND c.relkind = 'r' "
+        "AND (NOT c.relispartition OR i.inhdetachpending) AND c.relname LIKE %s",
         [f"{table}\\_p%"],
     )
     names = {r[0] for r in cur.fetchall() if _NAME.fullmatch(r[0])}
@@ -121,6 +128,14 @@ def _create(cur, table: str, start: date) -> None:
     log.info("partition %s created", name)
 
 
+def _lock_timeout(cur) -> None:
+    """DDL on a partitioned table waits at most JOBS_PARTITION_LOCK_TIMEOUT (this
+    transaction): a lock not granted is left for the next sweep."""
+    cur.execute(
+        "SET LOCAL lock_timeout = %s", [f"{int(settings.JOBS_PARTITION_LOCK_TIMEOUT * 1000)}ms"]
+    )
+
+
 def ensure(periods: dict[str, set[date]]) -> set[tuple[str, date]]:
     """Create the partitions missing among `periods` ({table: {period start}}); returns
     those that exist afterwards. A partition whose parent lock is not granted within
@@ -134,21 +149,18 @@ def ensure(periods: dict[str, set[date]]) -> set[tuple[str, date]]:
         for start in sorted(periods.get(table, ())):
             if table == EVENTS and (bound is None or start < bound):
                 continue  # the legacy partition holds these
-            if partition_name(table, start) in existing:
-                ready.add((table, start))
-                continue
             if partition_name(table, start) in unavailable[table]:
                 log.warning(
-                    "partition %s is detached or archived: its jobs stay hot",
+                    "partition %s is detached, detach pending or archived: its jobs stay hot",
                     partition_name(table, start),
                 )
                 continue
+            if partition_name(table, start) in existing:
+                ready.add((table, start))
+                continue
             try:
                 with transaction.atomic(), connection.cursor() as cur:
-                    cur.execute(
-                        "SET LOCAL lock_timeout = %s",
-                        [f"{int(settings.JOBS_PARTITION_LOCK_TIMEOUT * 1000)}ms"],
-                    )
+                    _lock_timeout(cur)
                     cur.execute("SELECT pg_advisory_xact_lock(%s)", [_LOCK_KEY])
                     if partition_name(table, start) not in _existing(cur):
                         _create(cur, table, start)
@@ -210,10 +222,58 @@ def move_batch(hot_seconds: float | None = None, batch: int | None = None) -> in
     return moved
 
 
+_PENDING_SQL = f"""
+SELECT i.inhparent::regclass::text, c.relname, pg_get_expr(c.relpartbound, c.oid)
+FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+WHERE i.inhparent IN ('{JOBS}'::regclass, '{EVENTS}'::regclass) AND i.inhdetachpending
+ORDER BY 1, 2"""
+
+
+def detach_pending() -> list[tuple[str, str, str]]:
+    """(parent, partition, bound) of each partition whose DETACH … CONCURRENTLY did not
+    finish (at most one per parent)."""
+    with connection.cursor() as cur:
+        cur.execute(_PENDING_SQL)
+        return cur.fetchall()
+
+
+def attach_pending_detaches() -> int:
+    """Put back each partition an interrupted DETACH … CONCURRENTLY left pending: rows of
+    its period cannot be written (PostgreSQL routes none to it) nor read through the
+    parent. FINALIZE and ATTACH with the bound it had, in one transaction under
+    JOBS_PARTITION_LOCK_TIMEOUT (FINALIZE waits for older snapshots: a long transaction
+    leaves it for the next sweep). A running prunejobs holds the archiving lock and
+    finishes its own detach. Returns how many were attached again (D214)."""
+    attached = 0
+    for parent, table, bound in detach_pending():
+        log.warning("partition %s of %s is detach pending: attaching it again", table, parent)
+        try:
+            with transaction.atomic(), connection.cursor() as cur:
+                _lock_timeout(cur)
+                cur.execute("SELECT pg_try_advisory_xact_lock(%s)", [ARCHIVING_LOCK_KEY])
+                if not cur.fetchone()[0]:
+                    log.info("prunejobs is archiving: it finishes the detach of %s", table)
+                    continue
+                cur.execute(_PENDING_SQL)  # under the lock: still pending, same bound?
+                if (parent, table, bound) not in cur.fetchall():
+                    continue
+                # The bound check the detach added stays: ATTACH skips its scan with it.
+                cur.execute(f"ALTER TABLE {parent} DETACH PARTITION {table} FINALIZE")
+                cur.execute(f"ALTER TABLE {parent} ATTACH PARTITION {table} {bound}")
+        except OperationalError as exc:  # lock_timeout: an older snapshot is still open
+            log.warning("partition %s still detach pending: %s", table, exc)
+            continue
+        attached += 1
+        log.info("partition %s attached again to %s", table, parent)
+    return attached
+
+
 def maintain(*, max_batches: int = 10) -> int:
-    """The reaper's share: partitions ahead (at most once a minute), then up to
-    `max_batches` batches of moves; returns how many jobs moved."""
+    """The reaper's share: partitions a detach left pending attached again, partitions
+    ahead (at most once a minute), then up to `max_batches` batches of moves; returns
+    how many jobs moved."""
     global _ahead_at
+    attach_pending_detaches()
     if time.monotonic() - _ahead_at > 60:
         ensure_ahead()
         _ahead_at = time.monotonic()

@@ -357,7 +357,8 @@ def webhook_circuit_counts() -> dict[str, int]:
 
 # No count of the hot partition: the planner's estimate (ANALYZE, autovacuum) is free.
 # The oldest finished job still hot comes from job_finished_idx; the runway is the upper
-# bound of the newest history partition (past it, no job row can be written: D191).
+# bound of the newest history partition (past it, no job row can be written: D191);
+# partitions a DETACH … CONCURRENTLY left pending are counted (D214).
 PARTITIONS_SQL = f"""
 SELECT (SELECT reltuples FROM pg_class WHERE oid = 'jobs_job_hot'::regclass),
        (SELECT EXTRACT(EPOCH FROM statement_timestamp() - min(finished_at))
@@ -366,7 +367,10 @@ SELECT (SELECT reltuples FROM pg_class WHERE oid = 'jobs_job_hot'::regclass),
                                                 FROM 'TO \\(''([^'']+)''\\)')::timestamptz)
                                   - statement_timestamp())
         FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-        WHERE i.inhparent = 'jobs_jobevent'::regclass)
+        WHERE i.inhparent = 'jobs_jobevent'::regclass),
+       (SELECT count(*) FROM pg_inherits
+        WHERE inhparent IN ('jobs_job'::regclass, 'jobs_jobevent'::regclass)
+          AND inhdetachpending)
 """
 
 
@@ -375,14 +379,16 @@ class PartitionState:
     hot_rows: float | None  # None: never analyzed
     oldest_hot_finished_age: float | None  # seconds; None: no finished job is hot
     runway: float | None  # seconds; None: no bounded history partition
+    detach_pending: int = 0  # partitions no row is routed to until attached again
 
 
 def partition_state() -> PartitionState:
-    hot_rows, oldest, runway = _fetch(PARTITIONS_SQL, [])[0]
+    hot_rows, oldest, runway, pending = _fetch(PARTITIONS_SQL, [])[0]
     return PartitionState(
         None if hot_rows is None or hot_rows < 0 else float(hot_rows),
         None if oldest is None else float(oldest),
         None if runway is None else float(runway),
+        int(pending),
     )
 
 

@@ -16,6 +16,7 @@ from harness import (
     Service,
     database_url,
     free_port,
+    interrupt_detach,
     service_env,
     wait_until,
 )
@@ -30,6 +31,7 @@ __all__ = [
     "Stack",
     "database_url",
     "free_port",
+    "interrupt_detach",
     "wait_until",
 ]
 

@@ -439,6 +439,79 @@ def test_an_unfinished_row_in_a_detached_period_stops_retention(layout, tmp_path
     assert not (tmp_path / f"{day:%Y%m%d}" / "manifest.json").exists()
 
 
+def command(archive_dir: Path | str, *args: str) -> subprocess.CompletedProcess:
+    """`manage.py ARGS` in a process of its own, JOBS_ARCHIVE_DIR set as a deployment sets it."""
+    env = service_env(
+        database_url(), "", "archive-test:", "demo.tasks", JOBS_ARCHIVE_DIR=str(archive_dir)
+    )
+    return subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_a_hot_job_holding_its_period_back_is_archived_with_it_not_deleted(layout, tmp_path):
+    """The mover is behind: one finished job of an expired period is still hot. With an
+    archive directory, prunejobs moves it to its period and archives it with the rest;
+    it never deletes it row by row (D170, D213)."""
+    day = layout
+    cold = [JobFactory.create(status="done").pk for _ in range(3)]
+    move(cold, day + datetime.timedelta(days=1))
+    late = JobFactory.create(status="failed").pk
+    move([late], day + datetime.timedelta(days=2))
+    raw("UPDATE jobs_job SET period = 'infinity' WHERE id = %s", [late])  # not moved yet
+    assert raw("SELECT tableoid::regclass::text FROM jobs_job WHERE id = %s", [late]) == [
+        ("jobs_job_hot",)
+    ]
+    before = snapshot([*cold, late])
+
+    dry = command(tmp_path, "prunejobs", "--older-than", "7d", "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert "would delete" not in dry.stdout
+    assert "dry run: would move 1 expired jobs" in dry.stdout
+    assert raw("SELECT count(*) FROM jobs_job WHERE id = ANY(%s)", [[*cold, late]]) == [(4,)]
+
+    pruned = command(tmp_path, "prunejobs", "--older-than", "7d")
+
+    assert pruned.returncode == 0, pruned.stderr
+    assert "jobs deleted" not in pruned.stdout, pruned.stdout
+    assert "moved 1 expired jobs from jobs_job_hot to their periods" in pruned.stdout
+    assert f"period {day:%Y-%m-%d}: 4 jobs" in pruned.stdout, pruned.stdout
+    assert raw("SELECT count(*) FROM jobs_job WHERE id = ANY(%s)", [[*cold, late]]) == [(0,)]
+    shown = command(tmp_path, "archive", "show", str(late))
+    assert shown.returncode == 0, shown.stderr
+    job = json.loads(shown.stdout)
+    assert (job["job"]["id"], job["job"]["status"], job["period"]) == (
+        late, "failed", f"{day:%Y-%m-%d}"
+    )  # fmt: skip
+    assert [e["to_status"] for e in job["history"]] == ["queued", "processing", "failed"]
+    restored = command(tmp_path, "archive", "restore", f"{day:%Y-%m-%d}")
+    assert restored.returncode == 0, restored.stderr
+    after = snapshot([*cold, late])
+    assert {t: rows for t, rows in after.items() if t != "jobs_job"} == {
+        t: rows for t, rows in before.items() if t != "jobs_job"
+    }, "its history and side rows archived and restored whole"
+    jobs = {r["id"]: r for r in map(json.loads, after["jobs_job"])}
+    expected = {r["id"]: r for r in map(json.loads, before["jobs_job"])}
+    assert jobs == {i: {**r, "period": f"{day:%Y-%m-%d}"} for i, r in expected.items()}
+
+
+def test_status_subset_with_an_archive_dir_deletes_nothing_row_by_row(layout, tmp_path):
+    """`--status done` keeps the periods; with an archive directory the expired hot rows
+    are not deleted without a copy either."""
+    day = layout
+    late = JobFactory.create(status="done").pk
+    move([late], day + datetime.timedelta(days=2))
+    raw("UPDATE jobs_job SET period = 'infinity' WHERE id = %s", [late])
+
+    pruned = command(tmp_path, "prunejobs", "--older-than", "7d", "--status", "done")
+
+    assert pruned.returncode == 0, pruned.stderr
+    assert "jobs deleted" not in pruned.stdout, pruned.stdout
+    assert raw("SELECT count(*) FROM jobs_job WHERE id = %s", [late]) == [(1,)]
+    assert attached(f"jobs_job_p{day:%Y%m%d}")
+
+
 # --- faults -----------------------------------------------------------------------------
 
 KILLER = """

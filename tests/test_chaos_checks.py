@@ -508,3 +508,34 @@ def test_a_child_that_ran_after_a_failed_parent_under_fail_dependents_is_reporte
     raw("UPDATE jobs_workflow SET on_failure = 'fail_dependents'")  # as if it had not
     found = run(checks.children_after_parents)
     assert [(v.job_id, "fail_dependents" in v.detail) for v in found] == [(ids["b"], True)]
+
+
+def test_a_detached_period_table_is_reported():
+    raw("CREATE TABLE jobs_job_p20200106 (LIKE jobs_job)")
+    assert [str(v) for v in run(checks.partitions_whole)] == [
+        "[partitions_whole] jobs_job_p20200106 is detached"
+    ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_partition_left_detach_pending_is_reported():
+    """An interrupted DETACH … CONCURRENTLY of the next period's job partition, made for
+    real; put back afterwards."""
+    from datetime import UTC, datetime
+
+    from harness import database_url, interrupt_detach
+    from jobs import partitions
+
+    partitions.ensure_ahead()
+    table = partitions.partition_name(
+        "jobs_job", partitions.next_start(partitions.period_start(datetime.now(UTC)))
+    )
+    assert run(checks.partitions_whole) == []
+    interrupt_detach(database_url(), "jobs_job", table)
+    try:
+        assert [str(v) for v in run(checks.partitions_whole)] == [
+            f"[partitions_whole] {table} is detach pending"
+        ]
+    finally:
+        assert partitions.attach_pending_detaches() == 1
+    assert run(checks.partitions_whole) == []

@@ -14,7 +14,7 @@ def held(f) -> float:
     """How long a fault holds its target, by the planner's own rule (restart/resume + slack)."""
     spans = {"worker_kill": f.value + 2, "reaper_kill": f.value + 2, "worker_stop": f.value + 1,
              "redis_restart": f.value + 1, "api_kill": 3, "orphan_submit": 5,
-             "child_pause": f.value + 0.5}  # fmt: skip
+             "child_pause": f.value + 0.5, "detach_pending": 3}  # fmt: skip
     return spans.get(f.kind, 0.5)
 
 

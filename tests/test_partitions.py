@@ -436,3 +436,67 @@ def test_the_reaper_exports_the_hot_rows_the_movers_lag_and_the_runway(settings)
     assert gauges()["jobs_partition_move_lag_seconds"] == 0
     recent.refresh_from_db()
     assert recent.period == HOT
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_sweep_facing_a_detach_left_pending_never_fails_and_attaches_it_once_it_can(settings):
+    """The current period's partition is detach pending (an interrupted DETACH …
+    CONCURRENTLY) and an old snapshot keeps FINALIZE waiting: the sweep neither fails nor
+    waits past the lock timeout, the jobs of other periods still move, the gauge says so.
+    A prunejobs archiving now is left to finish its own detach. Once both are gone the
+    next sweep attaches the partition again and its jobs move (D214)."""
+    import psycopg
+
+    from jobs.archive import tables
+    from jobs.collectors import PartitionCollector
+    from jobs.reaper import Reaper
+    from tests.harness import database_url, interrupt_detach
+
+    def pending() -> float:
+        (family,) = [
+            f
+            for f in PartitionCollector(cache_seconds=0).collect()
+            if f.name == "jobs_partition_detach_pending"
+        ]
+        return family.samples[0].value
+
+    settings.JOBS_HOT_FINISHED_SECONDS = 0
+    settings.JOBS_PARTITION_LOCK_TIMEOUT = 0.2
+    partitions.ensure_ahead()
+    start = partitions.period_start(datetime.now(UTC))
+    table = partitions.partition_name("jobs_job", start)
+    older, current = _finished(), _finished("failed")
+    raw("UPDATE jobs_job SET created_at = now() - interval '40 days' WHERE id = %s", [older.pk])
+    url = database_url()
+    interrupt_detach(url, "jobs_job", table)
+    reaper = Reaper(interval=0.1)
+    try:
+        assert pending() == 1
+        with psycopg.connect(url) as holder:
+            holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+            holder.execute("SELECT 1")
+            began = time.monotonic()
+            report = reaper.sweep()
+            assert time.monotonic() - began < 5
+        assert report.moved == 1
+        older.refresh_from_db()
+        current.refresh_from_db()
+        assert (older.period, current.period) == (partitions.period_start(older.created_at), HOT)
+        assert pending() == 1
+        with psycopg.connect(url, autocommit=True) as prune:
+            prune.execute("SELECT pg_advisory_lock(%s)", [tables._LOCK_KEY])
+            assert partitions.attach_pending_detaches() == 0
+
+        report = reaper.sweep()
+
+        assert report.moved == 1
+        assert pending() == 0
+        assert raw("SELECT inhdetachpending FROM pg_inherits WHERE inhrelid = %s::regclass",
+                   [table]) == [(False,)]  # fmt: skip
+        assert raw("SELECT tableoid::regclass::text FROM jobs_job WHERE id = %s", [current.pk]) == [
+            (table,)
+        ]
+    finally:
+        for parent, name, bound in partitions.detach_pending():
+            raw(f"ALTER TABLE {parent} DETACH PARTITION {name} FINALIZE")
+            raw(f"ALTER TABLE {parent} ATTACH PARTITION {name} {bound}")

@@ -137,7 +137,10 @@ def archive_expired(
     root = Path(archive_dir)
     with tables.archiving() as alone:
         if not alone:
-            raise ArchiveStopped("another prunejobs is archiving periods now; nothing done")
+            raise ArchiveStopped(
+                "another prunejobs is archiving periods now (or a reaper is attaching a "
+                "partition a detach left pending); nothing done"
+            )
         todo, report.held = expired(cutoff)
         for p in todo:
             try:

@@ -21,6 +21,7 @@ from django.db import connection, transaction
 
 from jobs.archive.files import INFINITY, Column, select_list
 from jobs.lifecycle import TERMINAL
+from jobs.partitions import ARCHIVING_LOCK_KEY
 
 JOBS = "jobs_job"
 EVENTS = "jobs_jobevent"
@@ -136,8 +137,9 @@ def still_hot(p: Partition) -> int:
     )[0][0]
 
 
-# One archiving run at a time (a session advisory lock of its own).
-_LOCK_KEY = 0x6A6F6273_61726368  # "jobsarch"
+# One archiving run at a time (a session advisory lock of its own); the reaper takes it
+# too before it attaches a partition a detach left pending (D214).
+_LOCK_KEY = ARCHIVING_LOCK_KEY
 
 
 @contextmanager

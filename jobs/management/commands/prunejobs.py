@@ -1,22 +1,25 @@
 """Retention: finished jobs (and their history) older than a cutoff leave the database.
 
 Whole periods go by partition (jobs.archive.retention): detached, archived to Parquet in
-JOBS_ARCHIVE_DIR, verified, dropped. Finished rows still in jobs_job_hot (the mover is
-behind) are deleted row-wise in bounded batches, each its own short transaction, so it
-can run from cron beside live workers: locked rows are skipped, never waited for, and
-no batch holds more than `--batch` row locks.
+JOBS_ARCHIVE_DIR, verified, dropped. Expired rows still in jobs_job_hot (the mover is
+behind) are first moved to their periods, so they are archived with them (D213); only
+without an archive directory are they deleted row-wise (D170). Both go in bounded
+batches, each its own short statement, so it can run from cron beside live workers:
+locked rows are skipped, never waited for, and no batch holds more than `--batch` row
+locks.
 """
 
 from __future__ import annotations
 
 import re
 import time
+from functools import partial
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection, transaction
 
-from jobs import services
+from jobs import partitions, services
 from jobs.archive import retention
 from jobs.archive.tables import count as count_rows
 from jobs.conf import settings
@@ -61,9 +64,10 @@ def parse_statuses(text: str) -> list[str]:
 class Command(BaseCommand):
     help = (
         "Archive and drop the periods (partitions) that ended before now() - OLDER_THAN "
-        "(database clock) once all their jobs finished before it, then delete finished "
-        "jobs still in the hot partition, with their history, in bounded batches. Queued "
-        "and running jobs are never touched."
+        "(database clock) once all their jobs finished before it. Expired jobs still in "
+        "the hot partition are moved to their periods first (archived with them); without "
+        "an archive directory they are deleted with their history instead, in bounded "
+        "batches. Queued and running jobs are never touched."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -104,8 +108,13 @@ class Command(BaseCommand):
         if opts["dry_run"]:
             if every_terminal:
                 self._periods(retention.archive_expired(age, archive_dir, dry_run=True), True)
-            self._dry_run(age, statuses)
+            # With an archive directory every expired finished job moves, whatever --status.
+            terminal = sorted(s.value for s in TERMINAL)
+            self._dry_run(age, terminal if archive_dir else statuses, bool(archive_dir))
             return
+        if archive_dir:
+            # Before the periods: a period held back only by the mover's lag goes now.
+            self._move_expired(age, batch, opts["pause"])
         if every_terminal:
             try:
                 report = retention.archive_expired(age, archive_dir, progress=self.stdout.write)
@@ -114,7 +123,40 @@ class Command(BaseCommand):
             self._periods(report, False)
         else:
             self.stdout.write("periods: kept (--status names only some terminal statuses)")
+        if archive_dir:
+            self._kept_hot(age)
+        else:
+            self._delete_hot(age, statuses, batch, opts["pause"])
 
+    def _move_expired(self, age: int, batch: int, pause: float) -> None:
+        """The mover's own batches for the jobs finished before the cutoff: each goes to
+        its period and leaves with it, never without a copy (D213)."""
+        total = 0
+        while True:
+            n = services.moved_retry(partial(partitions.move_batch, age, batch))
+            total += n
+            if n < batch:
+                break
+            if pause:
+                time.sleep(pause)
+        self.stdout.write(f"moved {total} expired jobs from jobs_job_hot to their periods")
+
+    def _kept_hot(self, age: int) -> None:
+        left = self._scalar(
+            "SELECT count(*) FROM jobs_job_hot WHERE status = ANY(%s) "
+            "AND finished_at < now() - %s * interval '1 second'",
+            [sorted(s.value for s in TERMINAL), age],
+        )
+        if left:
+            self.stdout.write(
+                self.style.WARNING(
+                    f"{left} expired jobs stay in jobs_job_hot (locked, or their period is "
+                    "detached or archived): they are moved and archived by a later run"
+                )
+            )
+
+    def _delete_hot(self, age: int, statuses: list[str], batch: int, pause: float) -> None:
+        """No archive directory: the expired rows of jobs_job_hot go row by row (D170)."""
         total = batches = 0
         started = time.monotonic()
         while True:
@@ -127,8 +169,8 @@ class Command(BaseCommand):
             # another transaction held them go in the next run.
             if n < batch:
                 break
-            if opts["pause"]:
-                time.sleep(opts["pause"])
+            if pause:
+                time.sleep(pause)
         self.stdout.write(
             self.style.SUCCESS(
                 f"pruned {total} jobs and their history in {batches} batches "
@@ -164,7 +206,7 @@ class Command(BaseCommand):
         elif not dry_run:
             self.stdout.write("periods: none expired")
 
-    def _dry_run(self, age: int, statuses: list[str]) -> None:
+    def _dry_run(self, age: int, statuses: list[str], archiving: bool) -> None:
         with connection.cursor() as cur:
             cur.execute(
                 """SELECT status, count(*) FROM jobs_job_hot
@@ -180,6 +222,13 @@ class Command(BaseCommand):
             )
             events = cur.fetchone()[0]
         by_status = ", ".join(f"{s}: {counts.get(s, 0)}" for s in statuses)
+        if archiving:
+            self.stdout.write(
+                f"dry run: would move {sum(counts.values())} expired jobs ({by_status}) from "
+                "jobs_job_hot to their periods, to be archived with them; nothing deleted "
+                "row by row"
+            )
+            return
         self.stdout.write(
             f"dry run: would delete {sum(counts.values())} jobs ({by_status}) "
             f"and {events} history rows; nothing deleted"
