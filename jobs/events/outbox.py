@@ -611,8 +611,7 @@ class OutboxLagCollector(Collector):
     def describe(self) -> Iterator[GaugeMetricFamily]:
         yield GaugeMetricFamily(LAG_NAME, LAG_HELP, labels=["subscriber"])
         yield GaugeMetricFamily(LAG_EVENTS_NAME, LAG_EVENTS_HELP, labels=["subscriber"])
-        if self.subscribers is not None:
-            yield GaugeMetricFamily(NOT_STARTED_NAME, NOT_STARTED_HELP, labels=["subscriber"])
+        yield GaugeMetricFamily(NOT_STARTED_NAME, NOT_STARTED_HELP, labels=["subscriber"])
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         family = GaugeMetricFamily(LAG_NAME, LAG_HELP, labels=["subscriber"])
