@@ -778,6 +778,14 @@ class Webhook(models.Model):
     disabled_reason = models.CharField(max_length=200, blank=True, default="")
     created_at = models.DateTimeField(db_default=Now())
     updated_at = models.DateTimeField(db_default=Now())
+    # Ids, not times: an event whose id was drawn before the webhook was created is not
+    # its to receive, every later one is (D194).
+    after_event_id = models.BigIntegerField(
+        null=True,
+        blank=True,
+        help_text="The last history id drawn when it was created: it gets the events after "
+        "it (empty: created before this was noted, every event the outbox dispatches).",
+    )
     # The circuit breaker, written by delivery attempts under their job's fence.
     circuit_state = models.CharField(
         max_length=10, choices=CircuitState.choices, db_default=CircuitState.CLOSED

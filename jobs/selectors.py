@@ -353,6 +353,21 @@ def webhook_circuit_counts() -> dict[str, int]:
     return counts
 
 
+# The last id drawn from a table's sequence, committed or not (0: none yet): every row
+# written after the read gets a larger one. Read on the primary (a replica may be behind).
+LAST_DRAWN_SQL = """
+SELECT COALESCE(pg_sequence_last_value(pg_get_serial_sequence(%s, 'id')::regclass), 0)
+"""
+
+
+def last_drawn_id(table: str = "jobs_jobevent") -> int:
+    """Where ids of `table` (the history by default) stand now; the outbox's horizon and
+    a new webhook's first event (`after_event_id`, D194) are placed by it."""
+    with connection.cursor() as cur:
+        cur.execute(LAST_DRAWN_SQL, [table])
+        return cur.fetchone()[0]
+
+
 # --- the partitions (exported by the reaper) ----------------------------------------------
 
 # No count of the hot partition: the planner's estimate (ANALYZE, autovacuum) is free.

@@ -51,7 +51,7 @@ def test_a_full_queue_holds_webhook_deliveries_and_releases_them_with_room(setti
         Webhook.objects.create(client=client, url=f"http://127.0.0.1:9/{n}", events=["*"],
                                secret_salt=signing.new_salt())  # fmt: skip
     dispatcher = Dispatcher([WebhookFanout()])
-    dispatcher.tick()  # the cursor starts at the present
+    dispatcher.tick()  # its first tick notes a horizon
     settings.JOBS_MAX_QUEUE_DEPTH = 2
     submission.clear_depth_cache()
     held = sample("jobs_webhook_deliveries_held_total")

@@ -470,6 +470,7 @@ README_COMMANDS = [
     (r"^python manage\.py (runreaper --once|slo --window)", "run here"),
     (r"^python manage\.py queue (pause|resume|list)\b", "run here"),
     (r"^python manage\.py kafka (create-topic|status)\b", "run here against a broker"),
+    (r"^python manage\.py outbox (list|start)\b", "run here"),
     (r"^manage\.py prunejobs ", "a synopsis: run here without brackets, --dry-run"),
     (r"^docker compose|^cp \.env\.example", "needs docker: tests/test_deploy_files.py"),
     (r"^python -m bench --quick", "tests/test_bench.py"),

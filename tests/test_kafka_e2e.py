@@ -10,11 +10,13 @@ partition and first appear in seq order, and a message seen twice is the same ev
 
 from __future__ import annotations
 
+import io
 import signal
 import time
 from collections import defaultdict
 
 import pytest
+from django.core.management import call_command
 
 from jobs import services
 from jobs.events import kafka, signing
@@ -30,10 +32,13 @@ RELAY_ENV = {"JOBS_OUTBOX_INTERVAL": "0.1", "JOBS_KAFKA_CONFIG": '{"linger.ms": 
 
 
 @pytest.fixture
-def relay_env(broker, request):
-    """A topic of this test's own; the env that turns the sink on in a process."""
+def relay_env(broker, request, transactional_db):
+    """A topic of this test's own; the env that turns the sink on in a process, and
+    the sink started at the present (an operator's choice, D193)."""
     topic = f"jobs.events.{request.node.name[:60]}"
     broker.create_topic(topic, partitions=PARTITIONS)
+    call_command("outbox", "start", "kafka", "kafka.domain", "--from", "now",
+                 stdout=io.StringIO())  # fmt: skip
     return {"JOBS_KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap, "JOBS_KAFKA_TOPIC": topic,
             **RELAY_ENV}  # fmt: skip
 

@@ -40,7 +40,8 @@ def fanout() -> Dispatcher:
 
 
 def start(dispatcher: Dispatcher) -> None:
-    """A first tick places the cursor at the present and notes a horizon."""
+    """A first tick places the cursor (at the beginning: the tests' database was
+    flushed) and notes a horizon."""
     dispatcher.tick()
 
 
@@ -246,9 +247,10 @@ def test_an_open_transaction_that_writes_no_history_does_not_hold_the_outbox(cli
 
 
 class Recorder:
-    """A subscriber that keeps the ids it was handed."""
+    """A subscriber that keeps the ids it was handed, from the beginning of a source."""
 
     name = "recorder"
+    starts_at_beginning = True
 
     def __init__(self) -> None:
         self.ids: list[int] = []

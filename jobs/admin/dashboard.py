@@ -304,9 +304,11 @@ def kafka_sink() -> dict[str, Any] | None:
     rows = {r.subscriber: r for r in outbox.lag()}
     cursors = []
     for source, label in ((outbox.HISTORY, "job events"), (outbox.DOMAIN, "domain events")):
-        row = rows.get(kafka.KafkaSink.name + source.suffix)
+        name = kafka.KafkaSink.name + source.suffix
+        row = rows.get(name)
         cursors.append({
             "label": label,
+            "name": name,
             "relaying": row is not None,
             "behind": row.events if row else None,
             "oldest_seconds": row.seconds if row else None,

@@ -34,7 +34,7 @@ class WebhookAdmin(admin.ModelAdmin):
     # The breaker is the deliveries' to write (jobs.events.circuit).
     readonly_fields = ("client", "url", "secret_salt", "disabled_reason", "circuit_status",
                        "circuit_state", "circuit_failures", "circuit_open_until", "created_at",
-                       "updated_at")  # fmt: skip
+                       "updated_at", "after_event_id")  # fmt: skip
     ordering = ("id",)
 
     @admin.display(description=gettext_lazy("circuit"), ordering="circuit_state")

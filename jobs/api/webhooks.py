@@ -13,7 +13,7 @@ from rest_framework import exceptions, serializers, status, viewsets
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from jobs import quotas, services
+from jobs import quotas, selectors, services
 from jobs.api.errors import Conflict, exception_handler
 from jobs.api.parsers import BoundedJSONParser
 from jobs.api.policy import APIPolicy
@@ -164,7 +164,10 @@ class WebhookViewSet(APIPolicy, viewsets.GenericViewSet):
         with transaction.atomic(durable=True):
             quotas.check_room(quotas.WEBHOOKS, request.user.pk)
             hook = Webhook.objects.create(
-                client=request.user, secret_salt=signing.new_salt(), **ser.validated_data
+                client=request.user,
+                secret_salt=signing.new_salt(),
+                after_event_id=selectors.last_drawn_id(),  # its events start after it (D194)
+                **ser.validated_data,
             )
         return Response(self._with_secret(hook), status=status.HTTP_201_CREATED)
 

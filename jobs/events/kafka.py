@@ -99,6 +99,9 @@ class KafkaSink:
     """Produce a batch, wait for its acknowledgements, or raise so the cursor stays."""
 
     name = "kafka"
+    # Added by an operator to a deployment with history: relays nothing until told where
+    # to start (manage.py outbox start kafka, D193).
+    starts_at_beginning = False
 
     def __init__(self, config: dict[str, Any] | None = None, topic_name: str | None = None,
                  timeout: float | None = None) -> None:  # fmt: skip

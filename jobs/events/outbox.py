@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ from django.db import DatabaseError, InterfaceError, close_old_connections, conn
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from jobs import metrics, services, submission
+from jobs import metrics, selectors, services, submission
 from jobs.conf import settings
 from jobs.events import domain_event_body, kafka, signing
 from jobs.events.streams import StreamPublisher
@@ -64,13 +65,18 @@ SELECT c.last_id, c.horizon_id, c.horizon_snapshot,
            AND pg_xact_status(x.held::xid8) IS NOT DISTINCT FROM 'in progress')
 FROM jobs_outboxcursor c WHERE c.name = %s
 """
-# A new subscriber starts at the present: events written before it are not replayed.
+# A cursor placed where its subscriber starts: after `last_id` (0: the beginning). A new
+# one has no horizon yet; a moved one forgets its own (the next tick notes a fresh one).
 _START_SQL = """
-INSERT INTO jobs_outboxcursor (name, last_id, updated_at)
-SELECT %s, COALESCE(max(id), 0), now() FROM {table}
+INSERT INTO jobs_outboxcursor (name, last_id, updated_at) VALUES (%s, %s, now())
 ON CONFLICT (name) DO NOTHING
 """
-_SEQUENCE_SQL = "SELECT pg_get_serial_sequence(%s, 'id')"
+_MOVE_TO_SQL = """
+UPDATE jobs_outboxcursor SET last_id = %s, horizon_id = NULL, horizon_snapshot = NULL,
+       updated_at = now()
+WHERE name = %s
+"""
+_NEWEST_SQL = "SELECT COALESCE(max(id), 0) FROM {table}"
 # The transactions in progress now that may hold ids of the source's table: those of
 # this database holding its write lock, which an INSERT takes before it draws an id.
 # Named by virtual transaction id, which a transaction has from its start: not by
@@ -202,8 +208,8 @@ class Source:
     rows_sql: str
 
     @property
-    def start_sql(self) -> str:
-        return _START_SQL.format(table=self.table)
+    def newest_sql(self) -> str:
+        return _NEWEST_SQL.format(table=self.table)
 
     @property
     def lag_sql(self) -> str:
@@ -220,8 +226,11 @@ SOURCES = (HISTORY, DOMAIN)
 
 # --- webhooks ---------------------------------------------------------------------------
 
+# `after_event_id`: the last history id drawn when the webhook was created; it gets the
+# events after it only (NULL, a webhook from before that was noted: every event).
 _WEBHOOKS_SQL = """
-SELECT id, client_id, events FROM jobs_webhook WHERE enabled AND client_id = ANY(%s)
+SELECT id, client_id, events, COALESCE(after_event_id, 0)
+FROM jobs_webhook WHERE enabled AND client_id = ANY(%s)
 """
 # Chains (webhook, source job) whose delivery job has not finished: the rest waits.
 _BUSY_SQL = f"""
@@ -274,6 +283,7 @@ class WebhookFanout:
     job's own terminal event is how the next one of its chain is released."""
 
     name = "webhooks"
+    starts_at_beginning = True  # each webhook picks its own start (after_event_id)
 
     def __init__(self) -> None:
         self._maybe_held = True  # a previous process may have held some back
@@ -282,8 +292,8 @@ class WebhookFanout:
         hooks = self._webhooks({e.client_id for e in events if e.client_id is not None})
         rows: list[tuple] = []
         for e in events:
-            for hook_id, types in hooks.get(e.client_id, ()):
-                if signing.ALL_EVENTS in types or e.type in types:
+            for hook_id, types, after in hooks.get(e.client_id, ()):
+                if e.id > after and (signing.ALL_EVENTS in types or e.type in types):
                     rows.append((hook_id, e.id, e.job_id, e.seq or 0, e.type, e.body))
         chains = {(r[0], r[2]) for r in rows}
         chains |= {(d[1], d[2]) for d in (e.delivery for e in events) if d is not None}
@@ -344,14 +354,14 @@ class WebhookFanout:
         return len(ready)
 
     @staticmethod
-    def _webhooks(client_ids: set[int]) -> dict[int, list[tuple[int, list[str]]]]:
+    def _webhooks(client_ids: set[int]) -> dict[int, list[tuple[int, list[str], int]]]:
         if not client_ids:
             return {}
-        out: dict[int, list[tuple[int, list[str]]]] = defaultdict(list)
+        out: dict[int, list[tuple[int, list[str], int]]] = defaultdict(list)
         with connection.cursor() as cur:
             cur.execute(_WEBHOOKS_SQL, [sorted(client_ids)])
-            for hook_id, client_id, types in cur.fetchall():
-                out[client_id].append((hook_id, types))
+            for hook_id, client_id, types, after in cur.fetchall():
+                out[client_id].append((hook_id, types, after))
         return out
 
 
@@ -372,7 +382,7 @@ class Dispatcher:
         self.batch = batch
         self.interval = settings.JOBS_OUTBOX_INTERVAL if interval is None else interval
         self.sources = tuple(sources)
-        self._sequences: dict[str, str] = {}
+        self._not_started_logged: dict[str, float] = {}
 
     def tick(self) -> int:
         """One pass over every subscriber; the number of events handed out. A subscriber
@@ -394,7 +404,14 @@ class Dispatcher:
             cur.execute(_CURSOR_SQL, [name])
             row = cur.fetchone()
             if row is None:
-                cur.execute(source.start_sql, [name])
+                if not getattr(subscriber, "starts_at_beginning", False):
+                    self._not_started(name)
+                    return 0
+                # A built-in subscriber has a cursor from the migration on; one deleted
+                # since starts over rather than skip what it never handled (D192).
+                log.warning("outbox subscriber %s had no cursor: starting at the beginning "
+                            "of %s", name, source.table)  # fmt: skip
+                cur.execute(_START_SQL, [name, 0])
                 cur.execute(_CURSOR_SQL, [name])
                 row = cur.fetchone()
             last_id, horizon_id, snapshot, settled = row
@@ -413,7 +430,7 @@ class Dispatcher:
             if not full and (horizon_id is None or settled):
                 # The next horizon: read the sequence first, then the snapshot, so every
                 # transaction holding an id up to it is either over or in the snapshot.
-                horizon_id = self._sequence_value(cur, source.table)
+                horizon_id = selectors.last_drawn_id(source.table)
                 cur.execute(_SNAPSHOT_SQL, [source.table])
                 snapshot = cur.fetchone()[0]
             cur.execute(_MOVE_SQL, [new_last, horizon_id, snapshot, name])
@@ -421,13 +438,23 @@ class Dispatcher:
             metrics.EVENTS_DISPATCHED.labels(name).inc(len(events))
         return len(events)
 
-    def _sequence_value(self, cur, table: str) -> int:
-        if table not in self._sequences:
-            cur.execute(_SEQUENCE_SQL, [table])
-            self._sequences[table] = cur.fetchone()[0]
-        sequence = self._sequences[table]
-        cur.execute(f"SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM {sequence}")
-        return cur.fetchone()[0]
+    def _not_started(self, name: str) -> None:
+        """An operator's sink without a cursor relays nothing until told where to start
+        (D193): said at once, then every NOT_STARTED_LOG_SECONDS, and in the gauge
+        jobs_outbox_not_started (OutboxLagCollector)."""
+        now = time.monotonic()
+        if now - self._not_started_logged.get(name, -NOT_STARTED_LOG_SECONDS) >= (
+            NOT_STARTED_LOG_SECONDS
+        ):
+            self._not_started_logged[name] = now
+            log.warning("outbox subscriber %s is not started and relays nothing: choose where "
+                        "it starts with manage.py outbox start %s --from beginning|now|ID",
+                        name, name)  # fmt: skip
+
+    @property
+    def cursor_names(self) -> list[str]:
+        """The cursors this dispatcher moves: one per subscriber and source."""
+        return [s.name + source.suffix for source in self.sources for s in self.subscribers]
 
     def run(self, stop: threading.Event) -> None:
         """Tick every `interval` until `stop` is set (at once again after a full batch)."""
@@ -462,6 +489,71 @@ def dispatchers() -> list[Dispatcher]:
     if kafka.configured():  # the domain events of publish() too, behind a cursor of their own
         found.append(Dispatcher([kafka.KafkaSink()], batch=kafka.BATCH, sources=SOURCES))
     return found
+
+
+# --- where a subscriber starts ----------------------------------------------------------
+
+BEGINNING, NOW = "beginning", "now"
+NOT_STARTED_LOG_SECONDS = 300.0
+# Every cursor a deployment may have: the built-in subscribers' (created by migration
+# 0024, from the beginning) and the Kafka sink's two, which an operator starts (D193).
+BUILT_IN = ("webhooks", "stream")
+CURSORS = {"webhooks": HISTORY, "stream": HISTORY, "kafka": HISTORY, "kafka.domain": DOMAIN}
+
+
+class CursorExists(Exception):
+    """The subscriber has a position already; moving it skips or repeats events."""
+
+    def __init__(self, name: str, last_id: int) -> None:
+        super().__init__(f"{name} is already started, at event {last_id}")
+        self.last_id = last_id
+
+
+@dataclass(frozen=True, slots=True)
+class Placed:
+    name: str
+    last_id: int  # the subscriber's next event is the first after it
+    was: int | None  # where it stood before (None: it had no cursor)
+
+
+def start_cursor(name: str, position: str | int) -> Placed:
+    """Give subscriber `name` (a key of CURSORS) its first position: after `position`,
+    BEGINNING, NOW (the newest event written) or an event id. Raises CursorExists."""
+    return _place(name, position, move=False)
+
+
+def move_cursor_skipping_or_repeating(name: str, position: str | int) -> Placed:
+    """Move subscriber `name` anywhere, started or not: forward skips events, back
+    sends them again (consumers dedupe on the event id)."""
+    return _place(name, position, move=True)
+
+
+def _place(name: str, position: str | int, *, move: bool) -> Placed:
+    source = CURSORS[name]
+    # Under the subscriber's lock: a tick in progress finishes first and the next one
+    # reads the new position.
+    with transaction.atomic(durable=True), connection.cursor() as cur:
+        cur.execute(_LOCK_SQL, [name])
+        cur.execute(_CURSOR_SQL, [name])
+        row = cur.fetchone()
+        was = None if row is None else row[0]
+        if was is not None and not move:
+            raise CursorExists(name, was)
+        if position == BEGINNING:
+            last_id = 0
+        elif position == NOW:
+            cur.execute(source.newest_sql)
+            last_id = cur.fetchone()[0]
+        else:
+            last_id = int(position)
+            drawn = selectors.last_drawn_id(source.table)
+            if not 0 <= last_id <= drawn:
+                raise ValueError(f"{source.table} has ids up to {drawn}: {last_id} is not one")
+        cur.execute(_START_SQL if was is None else _MOVE_TO_SQL,
+                    [name, last_id] if was is None else [last_id, name])  # fmt: skip
+    log.warning("outbox subscriber %s placed after event %s of %s (was %s)",
+                name, last_id, source.table, "not started" if was is None else was)  # fmt: skip
+    return Placed(name, last_id, was)
 
 
 # --- how far behind -------------------------------------------------------------------------
@@ -506,15 +598,25 @@ class OutboxLagCollector(Collector):
     many there are (for kafka: not yet acknowledged by the broker). Grows when the
     dispatcher is stuck, a transaction holds the horizon back, Redis is down for the
     stream or the broker for kafka. Scraped from runreaper; a failed read leaves the
-    gauges out of that scrape."""
+    gauges out of that scrape.
+
+    Given `subscribers` (the cursors its reaper's dispatchers move), it reports those
+    only (a stream cursor nobody moves, Redis being off, is no lag), and
+    jobs_outbox_not_started{subscriber}: 1 for one with no cursor, which relays nothing
+    until an operator starts it (D193)."""
+
+    def __init__(self, subscribers: Sequence[str] | None = None) -> None:
+        self.subscribers = None if subscribers is None else sorted(set(subscribers))
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         yield GaugeMetricFamily(LAG_NAME, LAG_HELP, labels=["subscriber"])
         yield GaugeMetricFamily(LAG_EVENTS_NAME, LAG_EVENTS_HELP, labels=["subscriber"])
+        yield GaugeMetricFamily(NOT_STARTED_NAME, NOT_STARTED_HELP, labels=["subscriber"])
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         family = GaugeMetricFamily(LAG_NAME, LAG_HELP, labels=["subscriber"])
         behind = GaugeMetricFamily(LAG_EVENTS_NAME, LAG_EVENTS_HELP, labels=["subscriber"])
+        unstarted = GaugeMetricFamily(NOT_STARTED_NAME, NOT_STARTED_HELP, labels=["subscriber"])
         try:
             rows = lag()
         except (DatabaseError, InterfaceError) as exc:
@@ -522,14 +624,24 @@ class OutboxLagCollector(Collector):
             log.warning("outbox lag read failed: %s", exc)
             connection.close()
             return
+        wanted = self.subscribers
         for row in rows:
-            family.add_metric([row.subscriber], row.seconds)
-            behind.add_metric([row.subscriber], float(row.events))
+            if wanted is None or row.subscriber in wanted:
+                family.add_metric([row.subscriber], row.seconds)
+                behind.add_metric([row.subscriber], float(row.events))
         yield family
         yield behind
+        if wanted is not None:
+            started = {row.subscriber for row in rows}
+            for name in wanted:
+                unstarted.add_metric([name], float(name not in started))
+            yield unstarted
 
 
 LAG_NAME = "jobs_outbox_lag_seconds"
 LAG_HELP = "Age of the oldest outbox event a subscriber has not handled yet (0: caught up)"
 LAG_EVENTS_NAME = "jobs_outbox_lag_events"
 LAG_EVENTS_HELP = "Outbox events a subscriber has not handled yet (counted up to a million)"
+NOT_STARTED_NAME = "jobs_outbox_not_started"
+NOT_STARTED_HELP = ("1: a configured outbox subscriber has no cursor and relays nothing until "
+                    "manage.py outbox start chooses where it starts")  # fmt: skip

@@ -16,6 +16,7 @@ from jobs.transport import get_transport
 
 class StreamPublisher:
     name = "stream"
+    starts_at_beginning = True  # a built-in subscriber: its cursor is the migration's
 
     def handle(self, events: Sequence) -> int:
         """`events`: the outbox's events (`msg_id`, `type`, `body`), in outbox order."""

@@ -156,7 +156,7 @@ def b_with_rows(other, settings):
     settings.JOBS_WEBHOOK_ALLOW_PRIVATE = True
     b, b_api = other
     receiver = Server()
-    Dispatcher([WebhookFanout()]).tick()  # the cursor starts at the present
+    Dispatcher([WebhookFanout()]).tick()  # its first tick notes a horizon
     hook = post(b_api, "/api/v1/webhooks/", {"url": f"http://127.0.0.1:{receiver.port}/h",
                                               "events": ["job.done"]})  # fmt: skip
     assert hook.status_code == 201, hook.content

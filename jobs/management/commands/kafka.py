@@ -54,9 +54,11 @@ class Command(BaseCommand):
         self.stdout.write(f"topic {topic}: {shown}")
         rows = {r.subscriber: r for r in lag()}
         for label, suffix in (("relay", HISTORY.suffix), ("domain events", DOMAIN.suffix)):
-            row = rows.get(kafka.KafkaSink.name + suffix)
+            name = kafka.KafkaSink.name + suffix
+            row = rows.get(name)
             if row is None:
-                self.stdout.write(f"{label}: not started (no runreaper has relayed yet)")
+                self.stdout.write(f"{label}: not started, relays nothing (manage.py outbox "
+                                  f"start {name} --from beginning|now|ID)")  # fmt: skip
             else:
                 self.stdout.write(
                     f"{label}: acknowledged up to event {row.last_id}, {row.events} behind, "

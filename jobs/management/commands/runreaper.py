@@ -99,7 +99,9 @@ class Command(BaseCommand):
             REGISTRY.register(PartitionCollector())  # hot rows, mover lag, runway
             REGISTRY.register(reaper_gauges(reaper))
             REGISTRY.register(scheduler_gauges(scheduler))
-            REGISTRY.register(OutboxLagCollector())
+            REGISTRY.register(
+                OutboxLagCollector([n for d in outbox_dispatchers for n in d.cursor_names])
+            )
             if replica.configured():
                 REGISTRY.register(replica_gauges())  # jobs_replica_lag_seconds
             for kind in RECOVERY_KINDS:  # every kind shows 0 before its first repair
