@@ -26,6 +26,32 @@ CONNECT_TIMEOUT = 0.5
 SOCKET_TIMEOUT = 2.0
 
 
+# Appends the outbox's entries (`evt_<history id>`, in history order) newer than the
+# stream's last entry: the dispatcher moves its cursor after the XADDs, so a crash
+# between them repeats a batch, and the stream's own tail says what is already in it.
+_APPEND_EVENTS_LUA = """
+local last = 0
+local tail = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+if tail[1] then
+  local f = tail[1][2]
+  for i = 1, #f, 2 do
+    if f[i] == 'id' then last = tonumber(string.sub(f[i + 1], 5)) or 0 end
+  end
+end
+local added = 0
+for i = 2, #ARGV, 3 do
+  local n = tonumber(string.sub(ARGV[i], 5)) or 0
+  if n > last then
+    redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*',
+               'id', ARGV[i], 'type', ARGV[i + 1], 'body', ARGV[i + 2])
+    last = n
+    added = added + 1
+  end
+end
+return added
+"""
+
+
 class TransportError(Exception):
     """Redis could not be reached or refused the command."""
 
@@ -135,18 +161,28 @@ class Transport:
         except redis.RedisError as exc:
             raise self._fail("llen", exc) from exc
 
-    def append_events(self, entries: Sequence[dict[str, str]], maxlen: int) -> None:
-        """XADD each entry to `<prefix>events` (trimmed to about `maxlen`) in one round
-        trip: the stream the outbox publishes for internal consumers (jobs.events)."""
+    def append_events(self, entries: Sequence[dict[str, str]], maxlen: int) -> int:
+        """XADD to `<prefix>events` (trimmed to about `maxlen`) every entry newer than the
+        stream's last, in one atomic script: the stream the outbox publishes for internal
+        consumers (jobs.events). A batch repeated after a dispatcher died between its
+        XADDs and its cursor's commit is skipped, not added twice. Returns how many were
+        added."""
         if not entries:
-            return
+            return 0
+        args = [str(maxlen)]
+        for fields in entries:
+            args += [fields["id"], fields["type"], fields["body"]]
         try:
-            pipe = self._client.pipeline(transaction=False)
-            for fields in entries:
-                pipe.xadd(f"{self.prefix}events", fields, maxlen=maxlen, approximate=True)
-            pipe.execute()
+            return int(self._append_events_script(keys=[f"{self.prefix}events"], args=args))
         except redis.RedisError as exc:
             raise self._fail("xadd", exc) from exc
+
+    @property
+    def _append_events_script(self):
+        script = getattr(self, "_append_script", None)
+        if script is None:
+            script = self._append_script = self._client.register_script(_APPEND_EVENTS_LUA)
+        return script
 
     def state(self) -> str:
         try:

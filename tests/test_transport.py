@@ -42,3 +42,20 @@ def test_cached_metric_children_are_the_labelled_children():
     before = metrics.CLAIMED.labels("cache-test")._value.get()
     child.inc(2)
     assert metrics.CLAIMED.labels("cache-test")._value.get() == before + 2
+
+
+def test_a_repeated_batch_of_events_is_not_added_to_the_stream_twice(transport):
+    """The dispatcher moves its cursor after its XADDs: a dispatcher killed between them
+    sends the batch again, overlapping what the stream already holds."""
+    key = f"{transport.prefix}events"
+    transport._client.delete(key)
+
+    def entry(n: int) -> dict[str, str]:
+        return {"id": f"evt_{n}", "type": "job.done", "body": f'{{"n": {n}}}'}
+
+    assert transport.append_events([entry(n) for n in (3, 4, 5)], 1000) == 3
+    assert transport.append_events([entry(n) for n in (4, 5, 6, 7)], 1000) == 2
+    assert transport.append_events([entry(5)], 1000) == 0
+    ids = [fields[b"id"].decode() for _, fields in transport._client.xrange(key)]
+    assert ids == ["evt_3", "evt_4", "evt_5", "evt_6", "evt_7"]
+    transport._client.delete(key)

@@ -2,8 +2,9 @@
 
 Another subscriber of the outbox: the XADDs run inside the dispatcher's transaction,
 before its cursor moves, so a Redis outage rolls the batch back and the next tick
-sends it again (at least once; consumers dedupe on the `id` field, the same id as the
-webhook message). Trimmed with `MAXLEN ~ JOBS_EVENTS_STREAM_MAXLEN`.
+sends it again; the append skips what the stream's tail shows is already in it, so a
+repeated batch is not added twice (`id` is the same id as the webhook message).
+Trimmed with `MAXLEN ~ JOBS_EVENTS_STREAM_MAXLEN`.
 """
 
 from __future__ import annotations
