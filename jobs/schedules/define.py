@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.db import IntegrityError, transaction
 
 from jobs import quotas, submission, tasks
@@ -203,21 +204,33 @@ def sync_periodic() -> int:
         values = {k: v for k, v in declared.items() if k != "handler"}
         if values["task"] is None:
             values["task"] = by_handler.get(declared["handler"])
+        if values["task"] is None:
+            raise ImproperlyConfigured(
+                f"@periodic on {declared['handler']!r}: not a registered task; put "
+                "@periodic above @task, or name the task with task="
+            )
         key = values["name"] = values["name"] or values["task"]
-        existing = Schedule.objects.filter(client=None, name=key).first()
-        if existing is None:
-            try:
-                create(values, client=None, origin=Schedule.Origin.CODE)
-                changed += 1
-                continue
-            except InvalidSubmission as exc:
-                if exc.code != "name_taken":  # another process synced it just now
-                    raise
-            existing = Schedule.objects.get(client=None, name=key)
-        if existing.origin != Schedule.Origin.CODE:
-            log.warning("schedule %r exists and is not declared in code; not synced", key)
-            continue
-        if any(getattr(existing, k) != v for k, v in values.items()):
-            update(existing, values)
-            changed += 1
+        try:
+            changed += _sync_one(key, values)
+        except SubmissionError as exc:  # which declaration, and every broken rule
+            raise ImproperlyConfigured(f"@periodic schedule {key!r}: {exc}") from exc
     return changed
+
+
+def _sync_one(key: str, values: dict[str, Any]) -> int:
+    existing = Schedule.objects.filter(client=None, name=key).first()
+    if existing is None:
+        try:
+            create(values, client=None, origin=Schedule.Origin.CODE)
+            return 1
+        except InvalidSubmission as exc:
+            if exc.code != "name_taken":  # another process synced it just now
+                raise
+        existing = Schedule.objects.get(client=None, name=key)
+    if existing.origin != Schedule.Origin.CODE:
+        log.warning("schedule %r exists and is not declared in code; not synced", key)
+        return 0
+    if any(getattr(existing, k) != v for k, v in values.items()):
+        update(existing, values)
+        return 1
+    return 0
