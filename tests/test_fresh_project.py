@@ -101,6 +101,7 @@ ADMIN_AND_API = (
     'print("admin lists", page.count("shop.tasks.add") > 0); '
     'print("api without token", Client(HTTP_HOST="localhost").get("/jobs/api/jobs/").status_code); '
     'miss = c.get("/jobs/api/nope/"); print("api miss", miss.status_code, miss["Content-Type"]); '
+    'print("schema", c.get("/jobs/api/schema/").status_code, c.get("/jobs/api/docs/").status_code); '
     'm = Client(HTTP_HOST="localhost").get("/jobs/metrics"); '
     'print("metrics", m.status_code, b"# TYPE jobs_submitted_total counter" in m.content)\''
 )
@@ -155,7 +156,8 @@ def test_the_django_page_runs_in_a_fresh_project_from_the_wheel(tmp_path, projec
     assert "api without token 401" in done.stdout, out[-3000:]
     assert "api miss 404 application/json" in done.stdout, out[-3000:]  # under jobs/api/
     assert "metrics 200 True" in done.stdout, out[-3000:]  # the metrics include
-    assert "sweep: 0 of gone workers" in done.stdout, out[-3000:]  # runreaper --once
+    assert "schema 200 200" in done.stdout, out[-3000:]  # whatever REST_FRAMEWORK says
+    assert "0 job(s) of gone workers requeued" in done.stdout, out[-3000:]  # runreaper --once
     ran = time.monotonic()
 
     # A misconfigured host project: each check's message and hint, no traceback.
