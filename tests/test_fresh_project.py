@@ -101,7 +101,8 @@ ADMIN_AND_API = (
     'print("admin lists", page.count("shop.tasks.add") > 0); '
     'print("api without token", Client(HTTP_HOST="localhost").get("/jobs/api/jobs/").status_code); '
     'miss = c.get("/jobs/api/nope/"); print("api miss", miss.status_code, miss["Content-Type"]); '
-    'print("schema", c.get("/jobs/api/schema/").status_code, c.get("/jobs/api/docs/").status_code); '
+    'api = [c.get(f"/jobs/api/{p}/").status_code for p in ("schema", "docs")]; '
+    'print("schema", *api); '
     'm = Client(HTTP_HOST="localhost").get("/jobs/metrics"); '
     'print("metrics", m.status_code, b"# TYPE jobs_submitted_total counter" in m.content)\''
 )
