@@ -213,19 +213,6 @@ def _check_payload(payload: Any) -> None:
         )
 
 
-def job_fields(task: Any, args: Iterable[Any] = (), kwargs: dict[str, Any] | None = None):
-    """What `task.enqueue(*args, **kwargs)` would submit (task name, payload, queue,
-    priority, max_retries, timeout), for a workflow step or a schedule that takes the
-    task object; arguments JSON would change are refused here, at definition (D223)."""
-    backend = task.get_backend()
-    if not isinstance(backend, JobServiceBackend):
-        raise TypeError(
-            f"{task.module_path} uses the backend {task.backend!r}, not "
-            "jobs.backends.JobServiceBackend: only its tasks run as jobservice jobs"
-        )
-    return backend._job_fields(task, args, kwargs or {})
-
-
 def _handler_for(path: str) -> registry.Handler:
     def run(payload: dict[str, Any], ctx: registry.JobContext) -> Any:
         task = import_string(path)
@@ -378,7 +365,7 @@ class JobServiceBackend(BaseTaskBackend):
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
         """Submit the task as a job in the caller's transaction; task_enqueued is sent
         when that transaction commits (never for a task that was rolled back)."""
-        fields = self._job_fields(task, args, kwargs)
+        fields = self.job_fields(task, args, kwargs)
         if task.run_after is not None:  # kept so that a result read back carries it
             fields["payload"][RUN_AFTER_KEY] = task.run_after.isoformat()
         job, created = submit(
@@ -421,7 +408,11 @@ class JobServiceBackend(BaseTaskBackend):
                     id="jobs.E102",
                 )
 
-    def _job_fields(self, task: Task, args: Any, kwargs: Any) -> dict[str, Any]:
+    def job_fields(self, task: Task, args: Any, kwargs: Any) -> dict[str, Any]:
+        """What `task.enqueue(*args, **kwargs)` submits (task name, payload, queue,
+        priority, max_retries, timeout): also what a workflow step or a schedule given
+        the task object runs (jobs.tasks.job_of). Arguments JSON would change are
+        refused here, when the step or schedule is written (D223)."""
         self.validate_task(task)
         return {
             "task": task.module_path,

@@ -19,11 +19,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from jobs import backends, selectors, services, submission
+from jobs import selectors, services, submission, tasks
 from jobs.conf import settings
 from jobs.exceptions import InvalidSubmission, RequestInvalid, SubmissionError
 from jobs.models import Client, OnFailure
-from jobs.tasks_compat import Task
 
 MAX_STEPS = 1000
 MAX_NAME = 200
@@ -248,17 +247,7 @@ class Workflow:
         """Add a step running `task`: a Django task object with its `args` and `kwargs`
         (its queue, priority, retries and timeout unless given here), or a registered
         name with its `payload`. A step that could not run is refused here (D223)."""
-        if isinstance(task, Task):
-            if payload is not None:
-                raise TypeError(
-                    f"{task.module_path} is a Django task: give its arguments as args= and "
-                    "kwargs=, not a payload"
-                )
-            job = backends.job_fields(task, args or (), kwargs)
-        elif args is not None or kwargs is not None:
-            raise TypeError("args= and kwargs= are for a Django task object; give a payload")
-        else:
-            job = {"task": task, "payload": {} if payload is None else payload}
+        job = tasks.job_of(task, payload, args, kwargs)
         given = {"queue": queue, "priority": priority, "max_retries": max_retries,
                  "timeout": timeout, "concurrency_key": concurrency_key}  # fmt: skip
         raw: dict[str, Any] = {"id": id, "task": job["task"], "payload": job["payload"],

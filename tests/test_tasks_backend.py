@@ -399,7 +399,7 @@ def test_periodic_refuses_what_cannot_run_and_names_every_broken_rule(declared):
 
     from jobs.schedules import define
 
-    with pytest.raises(TypeError, match="args= and kwargs=, not payload="):
+    with pytest.raises(TypeError, match="args= and kwargs=, not a payload"):
         declared.periodic(interval_seconds=60, payload=[1, 2])(app.add)
     with pytest.raises(InvalidTaskArguments):  # at definition: JSON would change it
         declared.periodic(interval_seconds=60, args=[{1: "a"}])(app.add)

@@ -19,7 +19,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from jobs.tasks_compat import Task
+from jobs import tasks
 
 # The declarations, in order: a schedule's fields as jobs.schedules.define.FIELDS names
 # them; `name` and `task` None until the sync reads the task registry.
@@ -61,7 +61,7 @@ def periodic(
             interval_seconds = interval
 
     def declare(fn: Callable) -> Callable:
-        job = _job(task if task is not None else fn, payload, args, kwargs)
+        job = tasks.job_of(task if task is not None else fn, payload, args, kwargs)
         DECLARED.append({
             "handler": fn,  # its registered task name is looked up at sync
             "name": name,
@@ -81,21 +81,3 @@ def periodic(
         return fn
 
     return declare
-
-
-def _job(target: Any, payload: Any, args: Any, kwargs: Any) -> dict[str, Any]:
-    """The job fields a declaration implies: a Django task's as its enqueue would
-    submit them; a name as given; a handler's name found at sync."""
-    if isinstance(target, Task):
-        if payload is not None:
-            raise TypeError(
-                f"@periodic: {target.module_path} is a Django task; give its arguments as "
-                "args= and kwargs=, not payload="
-            )
-        from jobs.backends import job_fields  # needs the models: imported when used
-
-        return job_fields(target, args or (), kwargs)
-    if args is not None or kwargs is not None:
-        raise TypeError("@periodic: args= and kwargs= are for a Django task; give payload=")
-    payload = {} if payload is None else payload
-    return {"task": target if isinstance(target, str) else None, "payload": payload}
