@@ -397,6 +397,7 @@ def test_periodic_above_a_django_task_schedules_what_its_enqueue_would(declared)
 def test_periodic_refuses_what_cannot_run_and_names_every_broken_rule(declared):
     from django.core.exceptions import ImproperlyConfigured
 
+    from jobs.checks import check_periodic
     from jobs.schedules import define
 
     with pytest.raises(TypeError, match="args= and kwargs=, not a payload"):
@@ -406,14 +407,20 @@ def test_periodic_refuses_what_cannot_run_and_names_every_broken_rule(declared):
 
     def not_a_task(payload, ctx): ...
 
+    assert check_periodic() == []
     declared.periodic(interval_seconds=60)(not_a_task)
     with pytest.raises(ImproperlyConfigured, match="not_a_task.*not a registered task"):
         define.sync_periodic()
-    declared.DECLARED.pop()
     declared.periodic(interval_seconds=0, timezone="Mars/Olympus", task="echo")(not_a_task)
+    unregistered, refused = check_periodic()  # `check` says what `migrate` would refuse
+    assert (unregistered.id, refused.id) == ("jobs.E106", "jobs.E106")
+    assert "not_a_task" in unregistered.msg and "not a registered task" in unregistered.msg
+    assert refused.msg.startswith("@periodic schedule 'echo': ")
+    assert "interval_seconds" in refused.msg and "Mars/Olympus" in refused.msg  # both rules
+    del declared.DECLARED[-2]
     with pytest.raises(ImproperlyConfigured) as caught:
         define.sync_periodic()
-    assert "interval_seconds" in str(caught.value) and "Mars/Olympus" in str(caught.value)
+    assert str(caught.value) == refused.msg
 
 
 @pytest.mark.django_db
@@ -439,3 +446,17 @@ def test_a_workflow_step_takes_the_task_object_and_refuses_what_cannot_run():
     wf.step("b", app.add, args=[1], kwargs={"b": 2}, after=["a"], priority=5)
     assert len(wf.steps) == 2 and wf.steps[1]["priority"] == 5
     assert wf.submit() > 0
+
+
+def test_a_task_module_that_fails_to_import_is_a_check_error_not_a_traceback(settings):
+    from jobs import tasks
+    from jobs.checks import check_periodic
+
+    tasks.load()
+    settings.JOBS_TASK_MODULES = ["tests.no_such_tasks_module"]
+    tasks._loaded = False
+    try:
+        (error,) = check_periodic()
+    finally:
+        tasks._loaded = True  # as before: loaded
+    assert error.id == "jobs.E107" and "ModuleNotFoundError" in error.msg, error.msg
