@@ -35,7 +35,7 @@ from django.utils.module_loading import import_string
 
 from jobs import queues
 from jobs import tasks as registry
-from jobs.lifecycle import Status
+from jobs.lifecycle import CANCELLED, Status
 from jobs.models import Job, JobEvent
 from jobs.submission import QUEUE_NAME_RE, InvalidSubmission, submit
 from jobs.tasks_compat import (
@@ -73,13 +73,30 @@ class AttemptLost(Exception):
     the task's own: its lease expired (the worker died or stalled) or staff revoked it."""
 
 
+class JobCancelled(Exception):
+    """Stands in `TaskResult.errors` for the cancel that ended the job: of a job that
+    had not started (its only entry then) or of a running one that stopped on it."""
+
+
 # --- retry policy ---------------------------------------------------------------------
 
 _MAX_RETRIES_ATTR = "jobservice_max_retries"
+_TIMEOUT_ATTR = "jobservice_timeout"
+
+
+def _marker(attr: str, value: Any) -> Callable[[Callable], Callable]:
+    """Set `attr` on the task's function, above or under @task alike: a Task is frozen,
+    and Task.using() copies share its function (D224)."""
+
+    def mark(fn: Callable) -> Callable:
+        setattr(fn.func if isinstance(fn, Task) else fn, attr, value)
+        return fn
+
+    return mark
 
 
 def retries(max_retries: int) -> Callable[[Callable], Callable]:
-    """Declare a task's retry budget; put it under @task:
+    """Declare a task's retry budget; above or under @task:
 
         @task
         @retries(5)
@@ -88,19 +105,12 @@ def retries(max_retries: int) -> Callable[[Callable], Callable]:
     Without it the backend's OPTIONS["MAX_RETRIES"] applies, else JOBS_MAX_RETRIES.
     A task raises jobs.tasks.PermanentError to fail at once without a retry.
     """
-
-    def mark(fn: Callable) -> Callable:
-        setattr(fn, _MAX_RETRIES_ATTR, max_retries)
-        return fn
-
-    return mark
-
-
-_TIMEOUT_ATTR = "jobservice_timeout"
+    return _marker(_MAX_RETRIES_ATTR, max_retries)
 
 
 def timeout(seconds: float) -> Callable[[Callable], Callable]:
-    """Bound each attempt of a task (the Task API has no argument for it); under @task:
+    """Bound each attempt of a task (the Task API has no argument for it); above or
+    under @task:
 
         @task
         @timeout(30)
@@ -110,12 +120,7 @@ def timeout(seconds: float) -> Callable[[Callable], Callable]:
     attempt ends failed with a `timeout:` error and is retried per the budget.
     Without it JOBS_DEFAULT_TIMEOUT applies.
     """
-
-    def mark(fn: Callable) -> Callable:
-        setattr(fn, _TIMEOUT_ATTR, seconds)
-        return fn
-
-    return mark
+    return _marker(_TIMEOUT_ATTR, seconds)
 
 
 # --- idempotency ----------------------------------------------------------------------
@@ -185,7 +190,27 @@ def _register(path: str) -> None:
     if path in _handlers:
         return
     _handlers[path] = handler = _handler_for(path)
-    registry.task(path, public=False)(handler)  # enqueued from code, never by a client
+    # Enqueued from code, never by a client; a workflow step or schedule naming the path
+    # is held to the payload the handler reads (D223).
+    registry.task(path, public=False, validate=_check_payload)(handler)
+
+
+_PAYLOAD_KEYS = frozenset({"args", "kwargs", RUN_AFTER_KEY})
+
+
+def _check_payload(payload: Any) -> None:
+    if (
+        not isinstance(payload, dict)
+        or not set(payload) <= _PAYLOAD_KEYS
+        or not isinstance(payload.get("args", []), list)
+        or not isinstance(payload.get("kwargs", {}), dict)
+        or not isinstance(payload.get(RUN_AFTER_KEY, ""), str)
+    ):
+        raise registry.InvalidPayload(
+            'a Django task\'s payload is {"args": [...], "kwargs": {...}}: give the task '
+            "object and its arguments (Workflow.step(id, task, args=..., kwargs=...), "
+            "@periodic(..., args=..., kwargs=...))"
+        )
 
 
 def _handler_for(path: str) -> registry.Handler:
@@ -234,6 +259,16 @@ class JobTaskContext(TaskContext):
     @property
     def cancelled(self) -> bool:
         return self.job.cancelled
+
+    @property
+    def parent_results(self) -> dict[str, Any]:
+        """In a workflow step: {parent step id: its return value} of the done parents."""
+        return self.job.parent_results
+
+    @property
+    def failed_parents(self) -> dict[str, str]:
+        """In a workflow step under on_failure=continue: {parent step id: its error}."""
+        return self.job.failed_parents
 
 
 def _call(
@@ -289,17 +324,27 @@ def _errors_from_history(events: list[JobEvent]) -> list[TaskError]:
     """One TaskError per attempt that ended with an error, oldest first: the exception's
     class path and traceback as the worker stored them with the attempt (D29). An attempt
     that ended without an exception of the task (a lease expiry, its worker gone, staff)
-    reads as AttemptLost, with the recorded error as its text."""
+    reads as AttemptLost, with the recorded error as its text; a cancel, running or not
+    started, as JobCancelled (D222)."""
     return [
         TaskError(
-            exception_class_path=event.error_class or _class_path(AttemptLost),
+            exception_class_path=_error_class(event),
             traceback=event.error_traceback or event.error,
         )
         for event in events
         if event.kind == JobEvent.TRANSITION
-        and event.from_status == Status.PROCESSING
         and event.error
+        and (
+            event.from_status == Status.PROCESSING
+            or (event.to_status == Status.FAILED and event.error == CANCELLED)
+        )
     ]
+
+
+def _error_class(event: JobEvent) -> str:
+    if event.error == CANCELLED:  # whatever the handler raised on its way out
+        return _class_path(JobCancelled)
+    return event.error_class or _class_path(AttemptLost)
 
 
 # --- the backend ----------------------------------------------------------------------
@@ -320,19 +365,11 @@ class JobServiceBackend(BaseTaskBackend):
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
         """Submit the task as a job in the caller's transaction; task_enqueued is sent
         when that transaction commits (never for a task that was rolled back)."""
-        self.validate_task(task)
-        payload = _arguments(args, kwargs)
+        fields = self.job_fields(task, args, kwargs)
         if task.run_after is not None:  # kept so that a result read back carries it
-            payload[RUN_AFTER_KEY] = task.run_after.isoformat()
+            fields["payload"][RUN_AFTER_KEY] = task.run_after.isoformat()
         job, created = submit(
-            task.module_path,
-            payload,
-            queue=task.queue_name,
-            priority=task.priority,
-            run_at=task.run_after,
-            max_retries=self._max_retries(task),
-            idempotency_key=_idempotency_key.get(),
-            timeout=getattr(task.func, _TIMEOUT_ATTR, None),
+            **fields, run_at=task.run_after, idempotency_key=_idempotency_key.get()
         )
         if not created:  # an idempotent replay: the first enqueue's result, as it is now
             return self._result(job, task)
@@ -370,6 +407,21 @@ class JobServiceBackend(BaseTaskBackend):
                     hint="Declare the queue in JOBS_QUEUES or remove it from QUEUES.",
                     id="jobs.E102",
                 )
+
+    def job_fields(self, task: Task, args: Any, kwargs: Any) -> dict[str, Any]:
+        """What `task.enqueue(*args, **kwargs)` submits (task name, payload, queue,
+        priority, max_retries, timeout): also what a workflow step or a schedule given
+        the task object runs (jobs.tasks.job_of). Arguments JSON would change are
+        refused here, when the step or schedule is written (D223)."""
+        self.validate_task(task)
+        return {
+            "task": task.module_path,
+            "payload": _arguments(args, kwargs),
+            "queue": task.queue_name,
+            "priority": task.priority,
+            "max_retries": self._max_retries(task),
+            "timeout": getattr(task.func, _TIMEOUT_ATTR, None),
+        }
 
     def _max_retries(self, task: Task) -> int | None:
         declared = getattr(task.func, _MAX_RETRIES_ATTR, None)

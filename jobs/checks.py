@@ -15,6 +15,7 @@ from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 
 from jobs import queues
+from jobs.schedules.define import periodic_problems
 
 # What jobs truly needs beside itself: its Job model declares permissions (auth, which
 # stores them per content type). The API, admin and Tasks framework add theirs
@@ -58,3 +59,28 @@ def check_setup(app_configs: Any = None, **kwargs: Any) -> Iterable[checks.Check
                 )
             )
     return errors
+
+
+@checks.register(checks.Tags.compatibility)
+def check_periodic(app_configs: Any = None, **kwargs: Any) -> Iterable[checks.CheckMessage]:
+    """Each `@periodic` declaration held to the rules `migrate` syncs it by (D223)."""
+    try:
+        problems = periodic_problems()  # imports the task modules to find them
+    except Exception as exc:  # a check reports, never a traceback (the module's own bug)
+        return [
+            checks.Error(
+                f"importing the task modules failed: {type(exc).__name__}: {exc}",
+                hint="Every process imports each installed app's `tasks` module and "
+                "JOBS_TASK_MODULES: `python -c 'import <module>'` shows the traceback.",
+                id="jobs.E107",
+            )
+        ]
+    return [
+        checks.Error(
+            problem,
+            hint="Fix the @periodic declaration: migrate writes it to the schedules table "
+            "with the rules of the API (docs/schedules.md).",
+            id="jobs.E106",
+        )
+        for problem in problems
+    ]

@@ -43,14 +43,21 @@ class UnknownQueue(SubmissionError):
 def first_message(errors: dict[str, list[dict[str, str]]]) -> str:
     """An error body's `detail`: the first real message (a client printing only `detail`
     sees what to fix), and how many more `errors` holds."""
-    items = [(field, e["message"]) for field, errs in errors.items() for e in errs]
-    if not items:
+    lines = _lines(errors)
+    if not lines:
         return "Invalid request."
-    field, message = items[0]
-    if field not in ("non_field_errors", "") and not message.startswith(field):
-        message = f"{field}: {message}"
-    more = len(items) - 1
-    return message + (f" (and {more} more in errors)" if more else "")
+    more = len(lines) - 1
+    return lines[0] + (f" (and {more} more in errors)" if more else "")
+
+
+def _lines(errors: dict[str, list[dict[str, str]]]) -> list[str]:
+    """Each message, prefixed by its field unless it names it already."""
+    return [
+        message if field in ("non_field_errors", "") or message.startswith(field)
+        else f"{field}: {message}"
+        for field, errs in errors.items()
+        for message in (e["message"] for e in errs)
+    ]  # fmt: skip
 
 
 class RequestInvalid(SubmissionError):
@@ -60,6 +67,10 @@ class RequestInvalid(SubmissionError):
         codes = {e["code"] for items in errors.values() for e in items}
         super().__init__(first_message(errors), code=codes.pop() if len(codes) == 1 else "invalid")
         self.errors = errors
+
+    def __str__(self) -> str:
+        """Every broken rule (a traceback shows only this): `message` keeps the first."""
+        return "; ".join(_lines(self.errors)) or self.message
 
 
 class PayloadTooLarge(SubmissionError):

@@ -56,8 +56,10 @@ class TextFormatter(logging.Formatter):
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
 
-    def format(self, record: logging.LogRecord) -> str:
-        line = super().format(record)
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        """The fields on the message's line, before a traceback (a line filter that
+        finds the message finds the job too)."""
+        line = super().formatMessage(record)
         extras = _extras(record)
         if extras:
             line += " " + " ".join(f"{k}={v}" for k, v in extras.items())

@@ -23,7 +23,15 @@ from django.db.models.functions import Now
 
 from jobs import replica
 from jobs.conf import settings
-from jobs.lifecycle import NON_TERMINAL, TERMINAL, Status, due_sql, hot_sql, sql_list
+from jobs.lifecycle import (
+    CANCELLED,
+    NON_TERMINAL,
+    TERMINAL,
+    Status,
+    due_sql,
+    hot_sql,
+    sql_list,
+)
 from jobs.models import Job, Queue, WorkerProcess
 
 T = Job._meta.db_table
@@ -168,6 +176,7 @@ class FinishedShares:
     within_slo: int
     done: int
     terminal: int
+    cancelled_unstarted: int
 
     @property
     def attainment(self) -> float | None:
@@ -176,7 +185,10 @@ class FinishedShares:
 
     @property
     def success_rate(self) -> float | None:
-        return self.done / self.terminal if self.terminal else None
+        """Share of done among the jobs that ran or were due to: a job cancelled while
+        it waited never ran, and is no failure of anything (D225)."""
+        ran = self.terminal - self.cancelled_unstarted
+        return self.done / ran if ran else None
 
 
 @dataclass(frozen=True)
@@ -190,12 +202,17 @@ class SloReport(FinishedShares):
     p50: float | None
     p95: float | None
     p99: float | None
+    cancelled_unstarted: int = 0
 
 
 # Due → terminal latency (SPEC §6) of the jobs finished in a window, failures counted:
 # the one definition of the latency percentiles and of "within the SLO", read by
 # `manage.py slo` and the admin dashboard.
 FINISHED_IN_WINDOW = "finished_at >= now() - %(window)s * interval '1 second'"
+# Failed by a cancel while it waited (a running job's cancel is a request on the row).
+CANCELLED_UNSTARTED = (
+    f"status = '{Status.FAILED}' AND error = '{CANCELLED}' AND cancel_requested_at IS NULL"
+)
 WITHIN_SLO = f"finished_at - {DUE} <= %(slo)s * interval '1 second'"
 LATENCY_PERCENTILES = (
     "percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP"
@@ -205,7 +222,8 @@ SLO_SQL = f"""
 SELECT count(*), count(*) FILTER (WHERE {WITHIN_SLO}),
        count(*) FILTER (WHERE status = '{Status.DONE}'),
        count(*) FILTER (WHERE status = '{Status.FAILED}'),
-       {LATENCY_PERCENTILES}
+       {LATENCY_PERCENTILES},
+       count(*) FILTER (WHERE {CANCELLED_UNSTARTED})
 FROM {T} WHERE {FINISHED_IN_WINDOW}"""
 
 
@@ -214,7 +232,7 @@ def slo_report(window_seconds: float, slo_seconds: float) -> SloReport:
     submission for an immediate job, from run_at for a scheduled one (SPEC §6)."""
     row = _fetch(SLO_SQL, {"slo": slo_seconds, "window": window_seconds})[0]
     pct = row[4] or [None, None, None]
-    return SloReport(window_seconds, slo_seconds, row[0], row[1], row[2], row[3], *pct)
+    return SloReport(window_seconds, slo_seconds, row[0], row[1], row[2], row[3], *pct, row[5])
 
 
 # --- metrics: depth and age by state (exported by the reaper) ---------------------

@@ -272,6 +272,30 @@ def validate_payload(name: str, payload: Any) -> None:
         spec.validate(payload)
 
 
+def job_of(target: Any, payload: Any = None, args: Any = None, kwargs: Any = None) -> dict:
+    """What a schedule or a workflow step runs (D223): a Django task object as its
+    backend's `enqueue` would submit it, with `args` and `kwargs`; else a task name (None
+    for a handler, named when synced) with its payload."""
+    get_backend = getattr(target, "get_backend", None)
+    if callable(get_backend):  # a Django Task: its backend, not this module, knows it
+        if payload is not None:
+            raise TypeError(
+                f"{target.module_path} is a Django task: give its arguments as args= and "
+                "kwargs=, not a payload"
+            )
+        job_fields = getattr(get_backend(), "job_fields", None)
+        if job_fields is None:
+            raise TypeError(
+                f"{target.module_path} uses the Tasks backend {target.backend!r}: only "
+                "jobs.backends.JobServiceBackend's tasks run as jobservice jobs"
+            )
+        return job_fields(target, args or (), kwargs or {})
+    if args is not None or kwargs is not None:
+        raise TypeError("args= and kwargs= are for a Django task object; give a payload")
+    name = target if isinstance(target, str) else None
+    return {"task": name, "payload": {} if payload is None else payload}
+
+
 # --- built-in tasks (SPEC §9) -------------------------------------------------------
 
 

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from jobs import selectors, services, submission
+from jobs import selectors, services, submission, tasks
 from jobs.conf import settings
 from jobs.exceptions import InvalidSubmission, RequestInvalid, SubmissionError
 from jobs.models import Client, OnFailure
@@ -218,7 +218,7 @@ class Workflow:
 
         wf = Workflow("nightly")
         wf.step("fetch", "fetch-data", {"day": "2026-11-30"})
-        wf.step("load", "load-data", {}, after=["fetch"])
+        wf.step("load", load_day, args=["2026-11-30"], after=["fetch"])  # a Django task
         workflow_id = wf.submit()
 
     `submit()` writes inside the caller's transaction like `jobs.submission.submit()`
@@ -232,30 +232,38 @@ class Workflow:
     def step(
         self,
         id: str,
-        task: str,
+        task: Any,
         payload: Any = None,
         *,
+        args: Sequence[Any] | None = None,
+        kwargs: dict[str, Any] | None = None,
         after: Sequence[str] = (),
-        queue: str = "default",
-        priority: int = 0,
+        queue: str | None = None,
+        priority: int | None = None,
         max_retries: int | None = None,
         concurrency_key: str | None = None,
         timeout: float | None = None,
     ) -> Workflow:
-        raw: dict[str, Any] = {
-            "id": id,
-            "task": task,
-            "payload": {} if payload is None else payload,
-            "queue": queue,
-            "priority": priority,
-            "after": list(after),
-        }
-        if max_retries is not None:
-            raw["max_retries"] = max_retries
-        if concurrency_key is not None:
-            raw["concurrency_key"] = concurrency_key
-        if timeout is not None:
-            raw["timeout"] = timeout
+        """Add a step running `task`: a Django task object with its `args` and `kwargs`
+        (its queue, priority, retries and timeout unless given here), or a registered
+        name with its `payload`. A step that could not run is refused here (D223)."""
+        job = tasks.job_of(task, payload, args, kwargs)
+        given = {"queue": queue, "priority": priority, "max_retries": max_retries,
+                 "timeout": timeout, "concurrency_key": concurrency_key}  # fmt: skip
+        raw: dict[str, Any] = {"id": id, "task": job["task"], "payload": job["payload"],
+                               "queue": "default", "priority": 0}  # fmt: skip
+        for name, value in given.items():
+            value = value if value is not None else job.get(name)
+            if value is not None:
+                raw[name] = value
+        raw["after"] = list(after)
+        errors: dict[str, list[dict[str, str]]] = {}
+        _steps([raw], errors, for_client=False)
+        if errors:  # its place in the list, not steps[0]
+            raise RequestInvalid(
+                {where.replace("steps[0]", f"steps[{len(self.steps)}]"): v
+                 for where, v in errors.items()}
+            )  # fmt: skip
         self.steps.append(raw)
         return self
 

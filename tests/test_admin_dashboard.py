@@ -219,3 +219,16 @@ def test_dashboard_shows_the_domain_events_cursor_of_the_kafka_sink(client, staf
     assert "caught up" in rows["job events"] and "0 events" in rows["job events"]
     domain = rows["domain events"]
     assert "behind" in domain and "2 events" in domain and "90.0 s" in domain
+
+
+def test_a_job_cancelled_before_it_started_is_no_failure_in_the_success_rate():
+    """It counted as one: a dashboard of 1 done and 1 cancel read 50%."""
+    build_mix()  # 2 done and 1 failed in the window
+    waiting = JobFactory.create()
+    assert services.cancel([waiting.pk], "staff:ann") == [waiting.pk]
+    board = dashboard.dashboard()
+    assert (board.finished, board.done, board.failed, board.cancelled_unstarted) == (4, 2, 2, 1)
+    assert board.success_rate == pytest.approx(2 / 3)
+    report = selectors.slo_report(3600, 25)
+    assert (report.terminal, report.cancelled_unstarted) == (4, 1)
+    assert report.success_rate == pytest.approx(2 / 3)

@@ -29,8 +29,10 @@ LAYERS: list[tuple[str, list[str]]] = [
         "jobs.logconfig", "jobs.queues", "jobs.tasks", "jobs.tasks_compat", "jobs.dispatch",
         "jobs.templatetags", "jobs.templatetags.*", "jobs.management",
         "jobs.management.commands", "jobs.schedules", "jobs.schedules.timing",
-        "jobs.schedules.periodic", "jobs.watchdog",
+        "jobs.watchdog",
     ]),
+    # @periodic: what a declaration runs, resolved through the task registry (D223).
+    ("task declarations", ["jobs.schedules.periodic"]),
     # Talk to the outside world; transport is the only module that imports redis.
     # jobs.quotas: a client's limits, read (and its row locked) in the guarded write.
     ("infrastructure", ["jobs.transport", "jobs.runtime", "jobs.events.signing",

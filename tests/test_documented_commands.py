@@ -567,3 +567,31 @@ def test_readme_manage_commands_run(command, request):
             proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, out
+
+
+def test_the_readme_tasks_backend_settings_pass_check_and_agree_with_the_django_page():
+    """The README's example named a queue its settings did not declare (jobs.E102) and
+    listed an installed app's `tasks` module in JOBS_TASK_MODULES, which django.md
+    rightly says is found without it."""
+    from django.test import override_settings
+
+    from jobs.backends import JobServiceBackend
+
+    section = readme_section("Using jobservice as the Django Tasks backend")
+    (example,) = [b for b in re.findall(r"```python\n(.*?)```", section, flags=re.S)
+                  if b.startswith("# settings.py\n")]  # fmt: skip
+    settings_part = example.split("\n# shop/tasks.py\n")[0]
+    declared: dict = {}
+    exec(settings_part, declared)  # the README's own settings lines
+    tasks = declared["TASKS"]["default"]
+    assert "emails" in tasks["QUEUES"]
+    with override_settings(JOBS_QUEUES=declared.get("JOBS_QUEUES", {"default": {}})):
+        backend = JobServiceBackend(alias="default", params=tasks)
+        assert list(backend.check()) == []
+    apps = [a for a in declared["INSTALLED_APPS"] if isinstance(a, str)]
+    for doc in (section, (ROOT / "docs" / "django.md").read_text()):
+        listed = re.findall(r"JOBS_TASK_MODULES\s*=\s*\[([^\]]*)\]", doc)
+        found = {m.strip("\"' ") for group in listed for m in group.split(",")}
+        assert not {f"{app}.tasks" for app in apps} & found, found  # discovered anyway
+        for mention in re.findall(r"[^.]*JOBS_TASK_MODULES[^.]*", doc):
+            assert "elsewhere" in mention or "outside" in mention, mention

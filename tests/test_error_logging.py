@@ -68,3 +68,25 @@ def test_traceback_keeps_the_last_30_frames_and_at_most_8_kib():
     assert len(long) == TRACEBACK_CHARS
     assert long.startswith("…(traceback truncated)") and long.endswith("x\n")
     assert storable("caf\udce9 \x00") == "caf\\udce9 \\x00"
+
+
+def test_the_text_format_names_the_job_on_the_message_line_before_the_traceback():
+    """The fields came after the traceback: `grep 'attempt failed'` found no job id."""
+    from jobs.logconfig import TextFormatter, job_log_fields
+
+    try:
+        _raise(0)
+    except ValueError as exc:
+        error = exc
+    record = logging.makeLogRecord({
+        "name": "jobs.worker.attempts", "levelno": logging.WARNING, "levelname": "WARNING",
+        "msg": "attempt failed: %s", "args": ("ValueError: deep",),
+        "exc_info": (ValueError, error, error.__traceback__),
+        **job_log_fields(7, 1, "host:1:ab", "default", "shop.tasks.add"),
+    })  # fmt: skip
+    first, *rest = TextFormatter().format(record).splitlines()
+    assert first.endswith(
+        "attempt failed: ValueError: deep job_id=7 lease_version=1 worker_id=host:1:ab "
+        "queue=default task=shop.tasks.add"
+    ), first
+    assert rest[0] == "Traceback (most recent call last):" and "job_id" not in rest[-1]

@@ -101,9 +101,21 @@ ADMIN_AND_API = (
     'print("admin lists", page.count("shop.tasks.add") > 0); '
     'print("api without token", Client(HTTP_HOST="localhost").get("/jobs/api/jobs/").status_code); '
     'miss = c.get("/jobs/api/nope/"); print("api miss", miss.status_code, miss["Content-Type"]); '
+    'api = [c.get(f"/jobs/api/{p}/").status_code for p in ("schema", "docs")]; '
+    'print("schema", *api); '
     'm = Client(HTTP_HOST="localhost").get("/jobs/metrics"); '
     'print("metrics", m.status_code, b"# TYPE jobs_submitted_total counter" in m.content)\''
 )
+
+
+LOGS = "# mysite/settings.py, for log lines that name their job"
+# A task that fails in the worker (str + int): its log line names the job and the task.
+FAILED_ATTEMPT_LOGGED = """
+BAD=$(python manage.py shell -v 0 -c 'from shop.tasks import add; print(add.enqueue("a", 2).id)')
+python manage.py runworker --burst 2> worker.log
+grep 'attempt failed: TypeError' worker.log | grep "job_id=$BAD " | grep -q 'task=shop.tasks.add'
+echo "failed attempt logged with its job"
+"""
 
 
 def test_the_django_page_runs_in_a_fresh_project_from_the_wheel(tmp_path, project_db):
@@ -134,9 +146,11 @@ def test_the_django_page_runs_in_a_fresh_project_from_the_wheel(tmp_path, projec
         'python -c "import jobs, sys; print(\'jobs from\', jobs.__file__)"',
         *lines[2:],
         f"cat >> mysite/settings.py <<'DOC_EOF'\n{settings}DOC_EOF",
+        f"cat >> mysite/settings.py <<'DOC_EOF'\n{python_block(LOGS)}DOC_EOF",
         f"cat > mysite/urls.py <<'DOC_EOF'\n{python_block('# mysite/urls.py')}DOC_EOF",
         f"cat > shop/tasks.py <<'DOC_EOF'\n{python_block('# shop/tasks.py')}DOC_EOF",
         commands,
+        FAILED_ATTEMPT_LOGGED,
     ])  # fmt: skip
     env = {
         k: v
@@ -155,7 +169,9 @@ def test_the_django_page_runs_in_a_fresh_project_from_the_wheel(tmp_path, projec
     assert "api without token 401" in done.stdout, out[-3000:]
     assert "api miss 404 application/json" in done.stdout, out[-3000:]  # under jobs/api/
     assert "metrics 200 True" in done.stdout, out[-3000:]  # the metrics include
-    assert "sweep: 0 of gone workers" in done.stdout, out[-3000:]  # runreaper --once
+    assert "failed attempt logged with its job" in done.stdout, out[-3000:]  # the page's LOGGING
+    assert "schema 200 200" in done.stdout, out[-3000:]  # whatever REST_FRAMEWORK says
+    assert "0 job(s) of gone workers requeued" in done.stdout, out[-3000:]  # runreaper --once
     ran = time.monotonic()
 
     # A misconfigured host project: each check's message and hint, no traceback.

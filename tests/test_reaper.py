@@ -123,3 +123,21 @@ def test_reaper_without_redis_still_recovers_leases():
         )
         report = Reaper(interval=1, lease=15).sweep()
     assert report.lease_requeued == 1 and report.lost_signal == 0
+
+
+def test_runreaper_once_says_what_each_count_counts(redis_on):
+    """It printed `sweep: 0 of gone workers, ...`."""
+    import io
+    import re
+
+    from django.core.management import call_command
+
+    job = JobFactory.create(status="processing")
+    raw("UPDATE jobs_job SET heartbeat_at = now() - interval '20 seconds' WHERE id = %s", [job.pk])
+    out = io.StringIO()
+    call_command("runreaper", "--once", "--lease", "15", stdout=out)
+    assert re.fullmatch(
+        r"sweep in \d+\.\d{3}s: 0 job\(s\) of gone workers requeued, 1 requeued and 0 failed "
+        r"\(expired lease\), 0 repaired, 0 over budget, 0 came due, \d+ re-signalled\n",
+        out.getvalue(),
+    ), out.getvalue()

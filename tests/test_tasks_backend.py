@@ -332,3 +332,131 @@ def test_admin_lists_and_shows_task_jobs_by_import_path(client):
     assert detail.status_code == 200
     page = detail.content.decode()
     assert "tests.tasks_app.tasks.add" in page and "22" in page
+
+
+@pytest.mark.django_db
+def test_timeout_and_retries_above_task_mark_it_as_under_it():
+    """`@timeout(3)` above `@task` raised `TypeError: super(type, obj)` (a frozen Task)."""
+    job = Job.objects.get(pk=int(app.marked_above.enqueue(1).id))
+    assert (job.timeout, job.max_retries) == (3, 4)
+    assert Job.objects.get(pk=int(app.overruns.enqueue().id)).timeout == 1  # under @task
+
+
+@pytest.mark.django_db
+def test_a_cancel_reads_as_a_cancel_not_as_a_lost_attempt():
+    from jobs.backends import JobCancelled
+    from jobs.lifecycle import CANCELLED
+
+    result = app.add.enqueue(1, 2)
+    assert services.cancel([int(result.id)], "staff:ann") == [int(result.id)]
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert [(e.exception_class, e.traceback) for e in result.errors] == [(JobCancelled, CANCELLED)]
+
+
+def test_a_result_json_cannot_hold_is_recorded_as_a_type_error():
+    """django-tasks' test_complex_return_value expects TypeError, as Django's backends."""
+    from jobs.worker import InvalidResult, check_result
+
+    with pytest.raises(TypeError, match="not JSON-serializable"):
+        check_result(app.complex_return_value.call())
+    assert issubclass(InvalidResult, TypeError)
+
+
+@pytest.fixture
+def declared():
+    """@periodic declarations made by the test, removed after it."""
+    from jobs.schedules import periodic
+
+    before = list(periodic.DECLARED)
+    yield periodic
+    periodic.DECLARED[:] = before
+
+
+@pytest.mark.django_db
+def test_periodic_above_a_django_task_schedules_what_its_enqueue_would(declared):
+    """It failed `migrate` with `name must be 1-200 characters (and 1 more in errors)`."""
+    from jobs.models import Schedule
+    from jobs.schedules import define
+
+    declared.periodic(interval_seconds=60)(app.marked_above)
+    declared.periodic(cron="0 3 * * *", args=[2], kwargs={"b": 3}, name="nightly-add")(app.add)
+    assert define.sync_periodic() == 2
+    tick = Schedule.objects.get(client=None, name="tests.tasks_app.tasks.marked_above")
+    assert (tick.task, tick.payload, tick.interval_seconds) == (
+        "tests.tasks_app.tasks.marked_above", {"args": [], "kwargs": {}}, 60
+    )  # fmt: skip
+    assert (tick.max_retries, tick.timeout, tick.origin) == (4, 3, "code")  # its markers
+    nightly = Schedule.objects.get(client=None, name="nightly-add")
+    assert (nightly.task, nightly.payload) == (
+        "tests.tasks_app.tasks.add", {"args": [2], "kwargs": {"b": 3}}
+    )  # fmt: skip
+
+
+@pytest.mark.django_db
+def test_periodic_refuses_what_cannot_run_and_names_every_broken_rule(declared):
+    from django.core.exceptions import ImproperlyConfigured
+
+    from jobs.checks import check_periodic
+    from jobs.schedules import define
+
+    with pytest.raises(TypeError, match="args= and kwargs=, not a payload"):
+        declared.periodic(interval_seconds=60, payload=[1, 2])(app.add)
+    with pytest.raises(InvalidTaskArguments):  # at definition: JSON would change it
+        declared.periodic(interval_seconds=60, args=[{1: "a"}])(app.add)
+
+    def not_a_task(payload, ctx): ...
+
+    assert check_periodic() == []
+    declared.periodic(interval_seconds=60)(not_a_task)
+    with pytest.raises(ImproperlyConfigured, match="not_a_task.*not a registered task"):
+        define.sync_periodic()
+    declared.periodic(interval_seconds=0, timezone="Mars/Olympus", task="echo")(not_a_task)
+    unregistered, refused = check_periodic()  # `check` says what `migrate` would refuse
+    assert (unregistered.id, refused.id) == ("jobs.E106", "jobs.E106")
+    assert "not_a_task" in unregistered.msg and "not a registered task" in unregistered.msg
+    assert refused.msg.startswith("@periodic schedule 'echo': ")
+    assert "interval_seconds" in refused.msg and "Mars/Olympus" in refused.msg  # both rules
+    del declared.DECLARED[-2]
+    with pytest.raises(ImproperlyConfigured) as caught:
+        define.sync_periodic()
+    assert str(caught.value) == refused.msg
+
+
+@pytest.mark.django_db
+def test_a_workflow_step_takes_the_task_object_and_refuses_what_cannot_run():
+    """`.step("a", "shop.tasks.add", [1, 2])` was accepted and failed four attempts."""
+    from jobs.exceptions import RequestInvalid
+    from jobs.workflows import Workflow
+
+    wf = Workflow("w").step("a", app.marked_above, args=[1])
+    assert wf.steps[0] == {
+        "id": "a", "task": "tests.tasks_app.tasks.marked_above",
+        "payload": {"args": [1], "kwargs": {}}, "queue": "default", "priority": 0,
+        "max_retries": 4, "timeout": 3, "after": [],
+    }  # fmt: skip
+    with pytest.raises(RequestInvalid) as caught:
+        wf.step("b", "tests.tasks_app.tasks.add", [1, 2])
+    assert list(caught.value.errors) == ["steps[1].payload"]
+    assert 'payload is {"args": [...], "kwargs": {...}}' in str(caught.value)
+    with pytest.raises(TypeError, match="args= and kwargs=, not a payload"):
+        wf.step("b", app.add, [1, 2])
+    with pytest.raises(InvalidTaskArguments):
+        wf.step("b", app.add, args=[{1: "a"}])
+    wf.step("b", app.add, args=[1], kwargs={"b": 2}, after=["a"], priority=5)
+    assert len(wf.steps) == 2 and wf.steps[1]["priority"] == 5
+    assert wf.submit() > 0
+
+
+def test_a_task_module_that_fails_to_import_is_a_check_error_not_a_traceback(settings):
+    from jobs import tasks
+    from jobs.checks import check_periodic
+
+    tasks.load()
+    settings.JOBS_TASK_MODULES = ["tests.no_such_tasks_module"]
+    tasks._loaded = False
+    try:
+        (error,) = check_periodic()
+    finally:
+        tasks._loaded = True  # as before: loaded
+    assert error.id == "jobs.E107" and "ModuleNotFoundError" in error.msg, error.msg

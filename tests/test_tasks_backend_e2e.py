@@ -287,3 +287,36 @@ def test_timeout_marker_bounds_the_task_and_sets_its_stop(stack, signal_log):
     wait_until(lambda: finished(result), 15, message="the task timed out")
     assert result.status == TaskResultStatus.FAILED
     assert Job.objects.get(pk=int(result.id)).error.startswith("timeout:")
+
+
+def test_a_cancelled_task_reads_as_cancelled_and_an_unstorable_value_as_a_type_error(
+    stack, signal_log
+):
+    """A running cancel was AttemptLost (a lease expiry); django-tasks'
+    test_complex_return_value expects TypeError, as Django's own backends record it."""
+    from jobs import services
+    from jobs.backends import JobCancelled
+
+    worker(stack, signal_log)
+    held = app.halfway.enqueue(60)
+    bad = app.complex_return_value.enqueue()
+    wait_until(lambda: held.refresh() or held.status == TaskResultStatus.RUNNING, 20)
+    assert services.request_cancel([int(held.id)], "staff:ann") == {int(held.id): "requested"}
+    wait_until(lambda: finished(held, bad), 30, message="the cancel and the bad value")
+    assert held.status == TaskResultStatus.FAILED
+    assert [e.exception_class for e in held.errors] == [JobCancelled]
+    assert bad.status == TaskResultStatus.FAILED
+    assert issubclass(bad.errors[0].exception_class, TypeError), bad.errors
+    assert "not JSON-serializable" in bad.errors[0].traceback
+
+
+def test_a_workflow_of_django_tasks_hands_each_step_its_parents_results(stack, signal_log):
+    from jobs.workflows import Workflow, detail
+
+    wf = Workflow("sums").step("a", app.add, args=[1, 2]).step("b", app.add, args=[3, 4])
+    workflow_id = wf.step("c", app.sum_of_parents, after=["a", "b"]).submit()
+    jobs = {s["id"]: s["job_id"] for s in detail(workflow_id)["steps"]}
+    worker(stack, signal_log)
+    last = app.sum_of_parents.get_result(str(jobs["c"]))
+    wait_until(lambda: finished(last), 30, message="the last step")
+    assert (last.status, last.return_value) == (TaskResultStatus.SUCCESSFUL, 10)

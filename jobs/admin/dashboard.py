@@ -53,7 +53,8 @@ FROM {T} WHERE status = '{Status.ENQUEUE_FAILED}' GROUP BY queue"""
 # Jobs finished in the window, through job_finished_idx: per minute and per queue.
 FINISHED_SQL = f"""
 SELECT date_trunc('minute', finished_at), queue, status, count(*),
-       count(*) FILTER (WHERE finished_at - {DUE} <= %(slo)s * interval '1 second')
+       count(*) FILTER (WHERE finished_at - {DUE} <= %(slo)s * interval '1 second'),
+       count(*) FILTER (WHERE {selectors.CANCELLED_UNSTARTED})
 FROM {T} WHERE finished_at >= now() - %(window)s * interval '1 second'
 GROUP BY GROUPING SETS ((date_trunc('minute', finished_at), status), (queue, status))"""
 
@@ -128,6 +129,7 @@ class Dashboard(selectors.FinishedShares):
     done: int = 0
     failed: int = 0
     within_slo: int = 0
+    cancelled_unstarted: int = 0  # failed while waiting: not counted in the success rate
     latency_p50: float | None = None
     latency_p95: float | None = None
     latency_p99: float | None = None
@@ -206,7 +208,7 @@ def dashboard(
         minutes=[],
         total_estimate=max(int(_fetch(*queries["estimate"])[0][0] or 0), 0),
     )
-    for minute, queue, status, count, within in _fetch(*queries["finished"]):
+    for minute, queue, status, count, within, cancelled in _fetch(*queries["finished"]):
         if minute is not None:  # the (minute, status) grouping set
             bar = bars.get(minute)
             if bar is None:  # the partial minute at the window's start
@@ -214,6 +216,7 @@ def dashboard(
             setattr(bar, status, getattr(bar, status) + count)
             board.finished += count
             board.within_slo += within
+            board.cancelled_unstarted += cancelled
             if status == Status.DONE:
                 board.done += count
             else:

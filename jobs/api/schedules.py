@@ -8,7 +8,7 @@ from typing import Any
 
 from django.db import transaction
 from django.urls import reverse
-from drf_spectacular.utils import OpenApiExample, extend_schema
+from drf_spectacular.utils import OpenApiExample
 from rest_framework import status, viewsets
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -16,6 +16,7 @@ from rest_framework.response import Response
 from jobs.api.errors import exception_handler
 from jobs.api.parsers import BoundedJSONParser
 from jobs.api.policy import APIPolicy
+from jobs.api.schema import extend_schema
 from jobs.api.serializers import ScheduleSerializer, ScheduleWriteSerializer
 from jobs.api.views import IdCursorPagination, error_responses
 from jobs.exceptions import InvalidSubmission, RequestInvalid

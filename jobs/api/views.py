@@ -13,7 +13,7 @@ from django.urls import get_script_prefix, get_urlconf, reverse
 from django.utils.dateparse import parse_datetime
 from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse
 from rest_framework import exceptions, generics, status, viewsets
 from rest_framework.pagination import Cursor, CursorPagination
 from rest_framework.request import Request
@@ -25,6 +25,7 @@ from jobs.api.errors import Conflict, InvalidCursor, exception_handler
 from jobs.api.filters import JobFilter
 from jobs.api.parsers import BatchJSONParser, BoundedJSONParser
 from jobs.api.policy import APIPolicy
+from jobs.api.schema import extend_schema
 from jobs.api.serializers import (
     BatchResultSerializer,
     BatchSubmitSerializer,

@@ -8,7 +8,7 @@ from typing import Any
 
 from django.db import transaction
 from django.db.models.functions import Now
-from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field
+from drf_spectacular.utils import OpenApiParameter, extend_schema_field
 from rest_framework import exceptions, serializers, status, viewsets
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -17,6 +17,7 @@ from jobs import quotas, selectors, services
 from jobs.api.errors import Conflict, exception_handler
 from jobs.api.parsers import BoundedJSONParser
 from jobs.api.policy import APIPolicy
+from jobs.api.schema import extend_schema
 from jobs.api.views import IdCursorPagination, error_responses
 from jobs.events import circuit, signing, ssrf
 from jobs.lifecycle import Status

@@ -12,7 +12,6 @@ from drf_spectacular.utils import (
     OpenApiExample,
     OpenApiParameter,
     OpenApiResponse,
-    extend_schema,
 )
 from rest_framework import exceptions, serializers, status
 from rest_framework.request import Request
@@ -23,6 +22,7 @@ from jobs import signals, workflows
 from jobs.api.errors import Conflict, exception_handler
 from jobs.api.parsers import BatchJSONParser, BoundedJSONParser
 from jobs.api.policy import APIPolicy
+from jobs.api.schema import extend_schema
 from jobs.api.views import error_responses
 from jobs.lifecycle import STATUSES, Status, WaitReason
 from jobs.models import OnFailure

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.db import IntegrityError, transaction
 
 from jobs import quotas, submission, tasks
@@ -196,28 +197,69 @@ def sync_periodic() -> int:
     created enabled, updated in every field but `enabled`, which belongs to staff
     once the schedule exists. A declaration removed from the code leaves its schedule
     as it is (delete it in the admin). Returns how many were created or changed."""
-    registry = tasks.load()
-    by_handler = {spec.fn: spec.name for spec in registry.values()}
+    by_handler = _task_names()
     changed = 0
     for declared in periodic.DECLARED:
-        values = {k: v for k, v in declared.items() if k != "handler"}
-        if values["task"] is None:
-            values["task"] = by_handler.get(declared["handler"])
-        key = values["name"] = values["name"] or values["task"]
-        existing = Schedule.objects.filter(client=None, name=key).first()
-        if existing is None:
-            try:
-                create(values, client=None, origin=Schedule.Origin.CODE)
-                changed += 1
-                continue
-            except InvalidSubmission as exc:
-                if exc.code != "name_taken":  # another process synced it just now
-                    raise
-            existing = Schedule.objects.get(client=None, name=key)
-        if existing.origin != Schedule.Origin.CODE:
-            log.warning("schedule %r exists and is not declared in code; not synced", key)
-            continue
-        if any(getattr(existing, k) != v for k, v in values.items()):
-            update(existing, values)
-            changed += 1
+        values = _resolved(declared, by_handler)
+        try:
+            changed += _sync_one(values["name"], values)
+        except SubmissionError as exc:  # which declaration, and every broken rule
+            raise ImproperlyConfigured(_refused(values, exc)) from exc
     return changed
+
+
+def periodic_problems() -> list[str]:
+    """What the sync at migrate would refuse, one line per declaration: `check` says it
+    before `migrate` fails on it (jobs.E106)."""
+    by_handler = _task_names()
+    problems = []
+    for declared in periodic.DECLARED:
+        try:
+            values = _resolved(declared, by_handler)
+            check({**DEFAULTS, **values})
+        except ImproperlyConfigured as exc:
+            problems.append(str(exc))
+        except SubmissionError as exc:
+            problems.append(_refused(values, exc))
+    return problems
+
+
+def _task_names() -> dict[Any, str]:
+    return {spec.fn: spec.name for spec in tasks.load().values()}
+
+
+def _resolved(declared: dict[str, Any], by_handler: dict[Any, str]) -> dict[str, Any]:
+    """A declaration's schedule fields, its task named (a handler's registered name)."""
+    values = {k: v for k, v in declared.items() if k != "handler"}
+    if values["task"] is None:
+        values["task"] = by_handler.get(declared["handler"])
+    if values["task"] is None:
+        raise ImproperlyConfigured(
+            f"@periodic on {declared['handler']!r}: not a registered task; put "
+            "@periodic above @task, or name the task with task="
+        )
+    values["name"] = values["name"] or values["task"]
+    return values
+
+
+def _refused(values: dict[str, Any], exc: SubmissionError) -> str:
+    return f"@periodic schedule {values['name']!r}: {exc}"
+
+
+def _sync_one(key: str, values: dict[str, Any]) -> int:
+    existing = Schedule.objects.filter(client=None, name=key).first()
+    if existing is None:
+        try:
+            create(values, client=None, origin=Schedule.Origin.CODE)
+            return 1
+        except InvalidSubmission as exc:
+            if exc.code != "name_taken":  # another process synced it just now
+                raise
+        existing = Schedule.objects.get(client=None, name=key)
+    if existing.origin != Schedule.Origin.CODE:
+        log.warning("schedule %r exists and is not declared in code; not synced", key)
+        return 0
+    if any(getattr(existing, k) != v for k, v in values.items()):
+        update(existing, values)
+        return 1
+    return 0

@@ -62,8 +62,9 @@ def new_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
 
 
-class InvalidResult(PermanentError):
-    """The handler returned something the result column (jsonb) cannot store."""
+class InvalidResult(PermanentError, TypeError):
+    """The handler returned something the result column (jsonb) cannot store: a
+    TypeError, as Django's own Tasks backends record such a return value (D226)."""
 
 
 def _has_nul(value: Any) -> bool:

@@ -64,3 +64,16 @@ def test_another_scheme_is_answered_with_the_expected_one():
     assert r.status_code == 401
     assert "Authorization: Token <token>" in r.json()["detail"], r.json()
     assert "Basic" in r.json()["detail"]
+
+
+@pytest.mark.django_db
+@override_settings(REST_FRAMEWORK={}, ROOT_URLCONF="tests.api.host_urls")
+def test_with_drfs_defaults_the_schema_and_docs_pages_load_in_a_host_project():
+    """No DEFAULT_SCHEMA_CLASS (startproject's REST_FRAMEWORK): the generator walks the
+    schema and docs views too, which must carry drf-spectacular's schema class."""
+    anon = RecordingAPIClient()
+    r = anon.get("/jobs/api/schema/?format=json")
+    assert r.status_code == 200, r.content[:2000]
+    assert "/jobs/api/jobs/" in r.json()["paths"]
+    r = anon.get("/jobs/api/docs/")
+    assert r.status_code == 200 and b"swagger" in r.content.lower()

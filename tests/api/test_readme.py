@@ -56,6 +56,10 @@ def test_readme_curl_walkthrough_runs_as_written(live_server):
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "201\n200\n" in done.stdout
+    from django.contrib.auth import authenticate
+
+    staff = authenticate(username="admin", password="change-me")  # the admin's login
+    assert staff is not None and staff.is_staff
     assert '"code": "idempotency_conflict"' in done.stdout
 
     demo = Client.objects.get(name="demo")

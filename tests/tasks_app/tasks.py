@@ -124,3 +124,23 @@ def overruns(context: TaskContext) -> str:
     """Waits on the context's stop, which its 1 s timeout sets."""
     context.stop.wait(60)
     return "stopped"
+
+
+@timeout(3)
+@retries(4)
+@task
+def marked_above(n: int) -> int:
+    """The markers above @task: the order does not matter."""
+    return n
+
+
+@task
+def complex_return_value():
+    """Returns what JSON cannot hold (django-tasks' test_complex_return_value)."""
+    return lambda: True
+
+
+@task(takes_context=True)
+def sum_of_parents(context: TaskContext) -> int:
+    """A workflow step: the sum of its parents' return values."""
+    return sum(context.parent_results.values())

@@ -78,11 +78,11 @@ class Command(BaseCommand):
             scheduler.tick()
             report = reaper.sweep()
             self.stdout.write(
-                f"sweep: {report.worker_gone} of gone workers, "
-                f"{report.lease_requeued} requeued, {report.lease_failed} failed "
-                f"(expired lease), {report.repaired} repaired, {report.over_budget} over "
-                f"budget, {report.came_due} came due, {report.lost_signal} re-signalled "
-                f"in {report.seconds:.3f}s"
+                f"sweep in {report.seconds:.3f}s: {report.worker_gone} job(s) of gone "
+                f"workers requeued, {report.lease_requeued} requeued and "
+                f"{report.lease_failed} failed (expired lease), {report.repaired} repaired, "
+                f"{report.over_budget} over budget, {report.came_due} came due, "
+                f"{report.lost_signal} re-signalled"
             )
             return
         if opts["metrics_port"]:
