@@ -115,15 +115,17 @@ class FastLane:
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
         if not settings.JOBS_API_FAST_LANE or not self._plain(environ):
             return self.app(environ, start_response)
-        length = int(environ["CONTENT_LENGTH"])
-        raw = environ["wsgi.input"].read(length) if length else b""
-        environ["wsgi.input"] = io.BytesIO(raw)  # Django reads it if the lane does not answer
         started = Time()
         set_script_prefix(get_script_name(environ))  # as WSGIHandler: Location reads it
         signals.request_started.send(sender=WSGIHandler, environ=environ)
         client = _client(environ.get("HTTP_AUTHORIZATION", ""))
+        if client is None:  # authenticated before any body is read: Django's 401, unread
+            return self.app(environ, start_response)
+        length = int(environ["CONTENT_LENGTH"])
+        raw = environ["wsgi.input"].read(length) if length else b""
+        environ["wsgi.input"] = io.BytesIO(raw)  # Django reads it if the lane does not answer
         item = data = None
-        if client is not None and len(raw) == length and not _LONG_NUMBER.search(raw):
+        if len(raw) == length and not _LONG_NUMBER.search(raw):
             try:
                 data = orjson.loads(raw)
             except orjson.JSONDecodeError:
