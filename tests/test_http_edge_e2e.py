@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from harness.slow_clients import connect, stall
 from jobs.models import Client, Job
 from tests.test_metrics_e2e import ApiServer
 
@@ -22,18 +23,6 @@ pytestmark = pytest.mark.slow
 
 KEEPALIVE = 2  # WEB_KEEPALIVE: the idle bound of a kept-alive connection, and the headers'
 SHORT = {"WEB_KEEPALIVE": str(KEEPALIVE)}
-
-
-def connect(port: int) -> socket.socket:
-    return socket.create_connection(("127.0.0.1", port), timeout=5)
-
-
-def stall(port: int, path: str, *headers: str, length: int = 1000) -> socket.socket:
-    """Announce `length` bytes of body, send one, and stop."""
-    sock = connect(port)
-    head = [f"POST {path} HTTP/1.1", "Host: 127.0.0.1", f"Content-Length: {length}", *headers]
-    sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode() + b"{")
-    return sock
 
 
 def answer(sock: socket.socket, within: float) -> tuple[int | None, bool]:

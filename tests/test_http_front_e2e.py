@@ -11,6 +11,8 @@ Every test opens a bounded number of real sockets and bounds every wait.
 
 from __future__ import annotations
 
+import json
+import re
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -19,8 +21,10 @@ import pytest
 
 from harness import nginx
 from harness.nginx import Nginx
+from harness.slow_clients import connect, credentialed_stalls, stall
+from jobs.api.parsers import BATCH_BODY_FACTOR, max_body_bytes
 from jobs.models import Client, Job
-from tests.test_http_edge_e2e import answer, api, assert_served, connect, stall
+from tests.test_http_edge_e2e import answer, api, assert_served
 
 pytestmark = [
     pytest.mark.slow,
@@ -29,7 +33,6 @@ pytestmark = [
 
 BODY_TIMEOUT = 3  # PROXY_BODY_TIMEOUT: the longest pause between two reads of a body
 HEADER_TIMEOUT = 8  # PROXY_HEADER_TIMEOUT: the headers' deadline, and the idle bound
-CSRF = "c" * 32
 
 
 @pytest.fixture
@@ -55,18 +58,11 @@ def front(transactional_db, tmp_path):
         assert server.stop() == 0
 
 
-def stalled_with_credentials(port: int, token: str, each: int) -> list[socket.socket]:
-    """`each` stalled bodies on the lane (a single submission with a token), on DRF (a
-    batch with a token) and on the admin login (a form with a csrftoken cookie)."""
-    auth = f"Authorization: Token {token}"
-    json_body = "Content-Type: application/json"
-    form = ("Content-Type: application/x-www-form-urlencoded", f"Cookie: csrftoken={CSRF}")
-    socks = []
-    for _ in range(each):
-        socks.append(stall(port, "/api/v1/jobs/", auth, json_body))
-        socks.append(stall(port, "/api/v1/jobs/batch/", auth, json_body))
-        socks.append(stall(port, "/admin/login/", *form))
-    return socks
+def stalled_with_credentials(port: int, token: str, count: int) -> list[socket.socket]:
+    """`count` stalled bodies, in turn a lane submission, a batch (DRF) and an admin
+    login (a form with a csrftoken cookie)."""
+    opener = credentialed_stalls(port, token)
+    return [opener() for _ in range(count)]
 
 
 def assert_cut_within(socks: list[socket.socket], seconds: float) -> None:
@@ -87,7 +83,7 @@ def test_stalled_bodies_with_credentials_wait_in_the_front(front):
     submission are answered within 1 s; each stalled connection is closed within the body
     timeout, and none of them reached the app (no job was created from them)."""
     port, token = front
-    socks = stalled_with_credentials(port, token, 16)
+    socks = stalled_with_credentials(port, token, 48)
     try:
         assert_served(port, token)
         assert_cut_within(socks, BODY_TIMEOUT + 4)
@@ -104,7 +100,7 @@ def test_stalled_bodies_and_idle_connections_at_once(front):
     port, token = front
     socks: list[socket.socket] = []
     try:
-        socks = stalled_with_credentials(port, token, 22)[:64]
+        socks = stalled_with_credentials(port, token, 64)
         socks += [connect(port) for _ in range(1000)]
         assert_served(port, token)
         assert_cut_within(socks, HEADER_TIMEOUT + 6)
@@ -113,3 +109,34 @@ def test_stalled_bodies_and_idle_connections_at_once(front):
     finally:
         for sock in socks:
             sock.close()
+
+
+def test_the_front_refuses_oversized_bodies_unread_and_hides_metrics(front):
+    """A body past the largest any path accepts is refused by nginx before it is read,
+    in the app's JSON shape; /metrics (no credentials) is not served through the front."""
+    port, token = front
+    with stall(port, "/api/v1/jobs/batch/", f"Authorization: Token {token}",
+               length=10 * BATCH_BODY_FACTOR * max_body_bytes()) as sock:  # fmt: skip
+        head, _, body = read_answer(sock).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 413 "), head
+    assert json.loads(body)["code"] == "request_too_large"
+    with connect(port) as sock:
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        assert read_answer(sock).startswith(b"HTTP/1.1 404 ")
+    assert Job.objects.count() == 0
+
+
+def read_answer(sock: socket.socket) -> bytes:
+    """One answer: its head and its Content-Length bytes of body (nginx keeps a refused
+    connection open a while to drain the client's body, so the close comes later)."""
+    data = b""
+    while True:
+        head, sep, body = data.partition(b"\r\n\r\n")
+        if sep:
+            length = re.search(rb"(?im)^content-length: *(\d+)", head)
+            if length and len(body) >= int(length[1]):
+                return data
+        chunk = sock.recv(65536)
+        if not chunk:
+            return data
+        data += chunk
