@@ -12,6 +12,12 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 WORKDIR /app
 
+# nginx, the API's front (the compose service `proxy`, `python -m jobservice.proxy`):
+# Debian's package; it runs as the image's user, with its files under /tmp.
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends nginx-light \
+ && rm -rf /var/lib/apt/lists/*
+
 # Dependencies first, read from pyproject, so a code change does not reinstall them.
 COPY pyproject.toml ./
 # The app's dependencies and the deployment's (the `deploy` extra: gunicorn, whitenoise, ...).
@@ -35,6 +41,7 @@ RUN groupadd --system --gid 10001 jobs \
  && useradd --system --uid 10001 --gid jobs --no-create-home --shell /usr/sbin/nologin jobs
 USER 10001:10001
 
-EXPOSE 8000 9101 9102
+EXPOSE 8000 8080 9101 9102
 # The API: granian by default, JOBS_HTTP_SERVER=gunicorn for gunicorn.conf.py as it is (D135).
+# Its front: `python -m jobservice.proxy` (nginx on 8080, D204).
 CMD ["python", "-m", "jobservice.serve"]

@@ -5,6 +5,7 @@ The load itself comes from `bench.http_client` processes (standard library only)
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import secrets
@@ -300,3 +301,86 @@ def bulk(ctx: Any) -> Iterator[dict]:
     body = {"jobs": [{"task": "echo", "payload": {"n": n}} for n in range(size)]}
     for code in setups(ctx):
         yield _run(ctx, code, "http-bulk", body, size, 1, 2)
+
+
+# --- the front (nginx) and slow clients -------------------------------------------------------
+
+STALLED, IDLE = 64, 1000  # issue 39: the hostile load the front must absorb
+
+
+def front(ctx: Any) -> Iterator[dict]:
+    """Single submissions (8 client threads) on one API server: straight to granian, through
+    the front (nginx, `python -m jobservice.proxy`), and through the front while 64 bodies
+    that stall with credentials and 1,000 silent connections are held open (each one the
+    front cuts is reopened at once). Same server, same run: the front's own cost and what
+    the slow clients take from the rate. Figures only; nothing here asserts."""
+    from harness import nginx
+    from harness.nginx import Nginx
+    from harness.slow_clients import Held, connect, credentialed_stalls
+    from jobs.models import Client
+
+    if why := nginx.available():
+        yield {"scenario": "http-front", "figure": "HTTP POST /api/v1/jobs/ through the front",
+               "value": None, "unit": "jobs/s", "note": f"NOT MEASURED: {why}"}  # fmt: skip
+        return
+    body = {"task": "echo", "payload": {"n": 1}}
+    for code in setups(ctx):
+        server, direct = _server(ctx, code, ctx.args.web_concurrency)
+        # As deployed: one nginx worker per core.
+        env = {**server.env, "PROXY_WORKER_PROCESSES": "auto"}
+        proxy = Nginx(int(direct.rpartition(":")[2]), env).start()
+        through = f"http://127.0.0.1:{proxy.port}"
+        _, token = Client.create_with_token(f"bench-hostile-{secrets.token_hex(6)}")
+        seconds = 2.0 if ctx.quick else 10.0
+        try:
+            for url in (direct, through):  # warm both paths: imports, upstream keep-alive
+                _load(ctx, url + "/api/v1/jobs/", body, 0.5 if ctx.quick else 1.5, 2, 4)
+            for label, url, hostile in (("granian alone", direct, False),
+                                        ("through the front", through, False),
+                                        (f"through the front, {STALLED} stalled + {IDLE} idle "
+                                         "connections held", through, True)):  # fmt: skip
+                sql("TRUNCATE jobs_job, jobs_jobevent")
+                held = []
+                if hostile:
+                    held = [Held(credentialed_stalls(proxy.port, token), STALLED).start(),
+                            Held(functools.partial(connect, proxy.port), IDLE).start()]  # fmt: skip
+                web_pids, front_pids = _children(server.pid), _children(proxy.service.pid)
+                cpu0 = cpu_seconds(web_pids), cpu_seconds(backend_pids())
+                front0 = cpu_seconds(front_pids)
+                got = _load(ctx, url + "/api/v1/jobs/", body, seconds, 2, 4)
+                cpu1 = cpu_seconds(web_pids), cpu_seconds(backend_pids())
+                front_cpu = cpu_seconds(front_pids) - front0
+                replaced = [h.stop() for h in held]
+                cpu = (cpu1[0] - cpu0[0], cpu1[1] - cpu0[1])
+                yield _front_record(code, label, got, cpu, front_cpu, replaced)
+        finally:
+            proxy.stop()
+            server.stop()
+
+
+def _front_record(
+    code: Any, label: str, got: dict, cpu: Any, front_cpu: float, replaced: list[int]
+) -> dict:
+    ok = got["statuses"].get("201", 0)
+    pct = percentiles(got["latencies"])
+    per_request = _cpu_per_request(cpu, ok)
+    per_request["front_cpu_ms_per_request"] = 1000 * front_cpu / max(ok, 1)
+    held = f"; held connections reopened after the front cut them: {replaced}" if replaced else ""
+    return {
+        "scenario": "http-front",
+        "code": code.label,
+        "figure": f"HTTP POST /api/v1/jobs/, 1 job per request, {label}",
+        "value": ok / got["seconds"],
+        "unit": "jobs/s",
+        "summary": f"{ok} x 201 in {got['seconds']:.2f}s, statuses {got['statuses']}; latency "
+        + (fmt_pcts(pct) if pct else "-")
+        + f"; 2x4 client threads; {_cpu_summary(per_request)}, nginx "
+        f"{per_request['front_cpu_ms_per_request']:.2f} ms{held}",
+        "details": {
+            "statuses": got["statuses"],
+            "seconds": got["seconds"],
+            "latency_ms": pct,
+            "held_reopened": replaced,
+            **per_request,
+        },  # fmt: skip
+    }

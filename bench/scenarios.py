@@ -744,6 +744,11 @@ def http_single_wrk(ctx: Context) -> Iterator[dict]:
     yield from _http(ctx, "http-single-wrk", http_load.single_wrk)
 
 
+@scenario("http-front")
+def http_front(ctx: Context) -> Iterator[dict]:
+    yield from _http(ctx, "http-front", http_load.front)
+
+
 @scenario("http-bulk")
 def http_bulk(ctx: Context) -> Iterator[dict]:
     yield from _http(ctx, "http-bulk", http_load.bulk)

@@ -5,12 +5,14 @@ served by a pool of threads in each worker process, so a client's connection pin
 one process still has that process's threads) or `gunicorn` (gunicorn.conf.py as it is,
 sync workers unless WEB_WORKER_CLASS says otherwise). Both read the same settings from
 gunicorn.conf.py (BIND, WEB_CONCURRENCY, WEB_THREADS, WEB_KEEPALIVE, WEB_ACCESS_LOG, the
-log format) and both aggregate the workers' metrics through the directory it prepares.
+log format), granian also WEB_MAX_CONNECTIONS (D203), and both aggregate the workers'
+metrics through the directory it prepares.
 """
 
 from __future__ import annotations
 
 import os
+import resource
 import runpy
 import sys
 from pathlib import Path
@@ -23,6 +25,11 @@ DEFAULT_SERVER = "granian"
 # Threads per granian worker process when WEB_THREADS is unset: enough for the
 # connections a process holds to overlap their waits on PostgreSQL (D136).
 GRANIAN_THREADS = 4
+# Connections a granian worker process accepts at once when WEB_MAX_CONNECTIONS is unset.
+MAX_CONNECTIONS = 1024
+# Descriptors a worker keeps for what is not a client: its database and Redis
+# connections, the metrics files, its logs.
+FD_RESERVE = 128
 
 
 def server_name(env: dict[str, str] | os._Environ = os.environ) -> str:
@@ -36,6 +43,26 @@ def gunicorn_argv(extra: list[str]) -> list[str]:
     return [sys.executable, "-m", "gunicorn", "-c", str(CONF), APP, *extra]
 
 
+def header_timeout_ms(conf: dict) -> int:
+    """How long a connection may take to send a request's headers, counted from its
+    accept or from the previous answer (hyper's header_read_timeout): WEB_KEEPALIVE, the
+    idle bound of a kept-alive connection, or gunicorn's `timeout` without keep-alive
+    (D202). granian accepts 1 ms to 60 s."""
+    seconds = conf["keepalive"] if conf["keepalive"] > 0 else conf["timeout"]
+    return min(60_000, max(1, round(seconds * 1000)))
+
+
+def raise_open_files(connections: int) -> int:
+    """Lift this process's descriptor limit (its workers inherit it) to the hard limit,
+    and bound the connections a worker accepts below it: a worker out of descriptors
+    fails accept() in a loop instead of queueing clients (D203)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        soft = hard if hard != resource.RLIM_INFINITY else max(soft, 65536)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    return max(1, min(connections, soft - FD_RESERVE))
+
+
 def granian(conf: dict) -> None:
     """Serve with granian in this process (it spawns the workers), then clean up as
     gunicorn's master does on exit."""
@@ -45,6 +72,7 @@ def granian(conf: dict) -> None:
 
     host, _, port = conf["bind"].rpartition(":")
     threads = int(os.environ.get("WEB_THREADS") or GRANIAN_THREADS)
+    connections = raise_open_files(int(os.environ.get("WEB_MAX_CONNECTIONS") or MAX_CONNECTIONS))
     log = conf.get("logconfig_dict")
     if log:  # gunicorn's logger names -> granian's, same handlers and format
         log = {**log, "loggers": {"_granian": log["loggers"]["gunicorn.error"],
@@ -56,13 +84,16 @@ def granian(conf: dict) -> None:
         interface=Interfaces.WSGI,
         workers=conf["workers"],
         blocking_threads=threads,
-        # granian's backpressure bounds a process's open connections, not its requests:
-        # at `threads` a fifth kept-alive connection waited, unaccepted, until another
-        # closed (D149). Its own default (backlog / workers) admits them all.
-        backpressure=None,
+        # granian's backpressure bounds a process's open connections, not its requests
+        # (D149): far above its threads, so that kept-alive clients are all served, and
+        # below its descriptors (D203).
+        backpressure=connections,
+        backlog=max(2048, connections * conf["workers"]),
         http=HTTPModes.http1,
         websockets=False,
-        http1_settings=HTTP1Settings(keep_alive=conf["keepalive"] > 0),
+        http1_settings=HTTP1Settings(
+            keep_alive=conf["keepalive"] > 0, header_read_timeout=header_timeout_ms(conf)
+        ),
         log_dictconfig=log,
         log_access=bool(conf.get("accesslog")),
         respawn_failed_workers=True,

@@ -6,15 +6,19 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import shutil
+import subprocess
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 import yaml
 
+from harness import free_port
+
 ROOT = Path(__file__).resolve().parent.parent
-APP_SERVICES = ("migrate", "api", "worker", "reaper")
-LONG_RUNNING = ("postgres", "redis", "api", "worker", "reaper", "prometheus")
+APP_SERVICES = ("migrate", "api", "proxy", "worker", "reaper")
+LONG_RUNNING = ("postgres", "redis", "proxy", "api", "worker", "reaper", "prometheus")
 REQUIRED_ENV = ("JOBS_PRODUCTION", "SECRET_KEY", "DATABASE_URL", "REDIS_URL", "ALLOWED_HOSTS")
 
 
@@ -73,6 +77,7 @@ def test_every_long_running_service_has_a_health_check(services):
         assert hc and hc.get("test"), f"{name} has no health check"
         assert hc["test"][0] in ("CMD", "CMD-SHELL") if isinstance(hc["test"], list) else True
     assert "/healthz" in healthcheck_text(services["api"])
+    assert "localhost:8080/healthz" in healthcheck_text(services["proxy"])
     assert ":9101/" in healthcheck_text(services["worker"])
     assert ":9102/" in healthcheck_text(services["reaper"])
 
@@ -136,6 +141,47 @@ def test_pgbouncer_profile_pools_everything_but_presence_and_migrations(services
     assert (migrate.hostname, migrate.port) == ("postgres", 5432)
     example = (ROOT / ".env.example").read_text()
     assert "# JOBS_DATABASE_ADDRESS=pgbouncer:6432" in example
+
+
+def test_clients_reach_the_api_only_through_the_front(services):
+    """The published port is nginx's (D204): the api is reachable inside the stack only,
+    the front runs the same image's `python -m jobservice.proxy` in front of api:8000."""
+    api, proxy = services["api"], services["proxy"]
+    assert "ports" not in api
+    assert command_of(proxy) == ["python", "-m", "jobservice.proxy"]
+    env = proxy["environment"]
+    assert env["PROXY_UPSTREAM"] == "api:" + api["environment"]["BIND"].rpartition(":")[2]
+    listen = env["PROXY_LISTEN"].rpartition(":")[2]
+    assert [p.rpartition(":")[2] for p in proxy["ports"]] == [listen]
+    assert proxy["ports"][0].startswith("${API_PORT:-8000}:")
+    assert proxy["depends_on"] == {"api": {"condition": "service_healthy"}}
+    for name in ("PROXY_HEADER_TIMEOUT", "PROXY_BODY_TIMEOUT"):
+        assert env[name].startswith(f"${{{name}:-"), name
+
+
+def test_the_front_renders_a_config_nginx_accepts(tmp_path):
+    """The template renders with the launcher's defaults into a config that `nginx -t`
+    accepts, run as this user, with every file under the directory it is given."""
+    from jobs.api.parsers import BATCH_BODY_FACTOR, max_body_bytes
+    from jobservice import proxy
+
+    listen = f"127.0.0.1:{free_port()}"
+    vals = proxy.values({"PROXY_DIR": str(tmp_path / "run"), "PROXY_LISTEN": listen})
+    text = proxy.render(vals)
+    assert not re.search(r"\$\{[A-Z_]+\}", text)
+    assert f"client_max_body_size {BATCH_BODY_FACTOR * max_body_bytes()};" in text
+    for line in ("proxy_request_buffering on;", "client_body_timeout 10s;",
+                 "client_header_timeout 10s;", "keepalive_timeout 10s;",
+                 "proxy_set_header X-Forwarded-Proto $forwarded_proto;"):  # fmt: skip
+        assert line in text, line
+    # Every path nginx writes is under PROXY_DIR (an unprivileged user can write it).
+    for path in re.findall(r"(?:_temp_path|pid) (\S+);", text):
+        assert path.startswith(str(tmp_path / "run")), path
+    if shutil.which("nginx") is None and not Path("/usr/sbin/nginx").exists():
+        pytest.skip("nginx is not installed (make tools installs the Debian package nginx-light)")
+    conf = proxy.prepare(vals)
+    run = subprocess.run(proxy.nginx_argv(conf, "-t"), capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
 
 
 def test_worker_scales_without_collisions(services):
@@ -280,6 +326,15 @@ def test_dockerfile_runs_the_api_server():
     env = " ".join(a for i, a in lines if i == "ENV")
     assert "JOBS_PRODUCTION=1" in env
     assert "8000" in " ".join(a for i, a in lines if i == "EXPOSE")
+
+
+def test_dockerfile_installs_the_fronts_nginx_from_debian():
+    lines = dockerfile()
+    runs = [a for i, a in lines if i == "RUN"]
+    install = "apt-get install -y --no-install-recommends nginx-light"
+    assert any(install in a for a in runs), runs
+    assert "8080" in " ".join(a for i, a in lines if i == "EXPOSE")
+    assert (ROOT / "deploy/nginx/nginx.conf.template").exists()
 
 
 def test_dockerignore_keeps_secrets_and_local_state_out():

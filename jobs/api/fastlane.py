@@ -128,14 +128,16 @@ class FastLane:
 
     def _serve(self, environ: dict[str, Any], started: float) -> tuple[str, list, bytes] | None:
         """The answer's status, headers and body; None for a request Django answers."""
-        length = int(environ["CONTENT_LENGTH"])
-        raw = environ["wsgi.input"].read(length) if length else b""
-        environ["wsgi.input"] = io.BytesIO(raw)  # Django reads it if the lane does not answer
         set_script_prefix(get_script_name(environ))  # as WSGIHandler: Location reads it
         signals.request_started.send(sender=WSGIHandler, environ=environ)
         client = _client(environ.get("HTTP_AUTHORIZATION", ""))
+        if client is None:  # authenticated before any body is read: Django's 401, unread
+            return None
+        length = int(environ["CONTENT_LENGTH"])
+        raw = environ["wsgi.input"].read(length) if length else b""
+        environ["wsgi.input"] = io.BytesIO(raw)  # Django reads it if the lane does not answer
         item = data = None
-        if client is not None and len(raw) == length and not _LONG_NUMBER.search(raw):
+        if len(raw) == length and not _LONG_NUMBER.search(raw):
             try:
                 data = orjson.loads(raw)
             except orjson.JSONDecodeError:
