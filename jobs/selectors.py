@@ -605,3 +605,11 @@ def not_started_in_queue(queue: str) -> QuerySet:
     qs = Job.objects.filter(queue=queue).eligible_for(CANCEL)
     newest = qs.order_by("-pk").values_list("pk", flat=True).first()
     return qs.filter(pk__lte=newest or 0)
+
+
+def job_status(job_id: int, client_id: int | None = None) -> str | None:
+    """A job's status now (of that client's jobs, when given); None when there is none."""
+    qs = Job.objects.filter(pk=job_id)
+    if client_id is not None:
+        qs = qs.filter(client_id=client_id)
+    return qs.values_list("status", flat=True).first()
