@@ -33,8 +33,9 @@ from django.db import InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from jobs import queues
+from jobs import cancelling, queues
 from jobs import tasks as registry
+from jobs.cancelling import CancelOutcome
 from jobs.lifecycle import CANCELLED, Status
 from jobs.models import Job, JobEvent
 from jobs.submission import QUEUE_NAME_RE, InvalidSubmission, submit
@@ -350,6 +351,21 @@ def _error_class(event: JobEvent) -> str:
 # --- the backend ----------------------------------------------------------------------
 
 
+class JobTaskResult(TaskResult):
+    """Django's TaskResult with `cancel()`: the library's dataclass is frozen and has no
+    such method, so this backend's results are of this subclass (no field added)."""
+
+    __slots__ = ()
+
+    def cancel(self) -> CancelOutcome:
+        """Cancel the task as the API does (jobs.cancelling), then refresh the result:
+        READY → FAILED at once; RUNNING → stays RUNNING, the worker stops it; a finished
+        task raises `jobs.exceptions.NotCancellable`."""
+        outcome = self.task.get_backend().cancel(self.id)
+        self.refresh()
+        return outcome
+
+
 class JobServiceBackend(BaseTaskBackend):
     """Tasks as jobservice jobs: durable, fenced, retried, reaped."""
 
@@ -388,6 +404,13 @@ class JobServiceBackend(BaseTaskBackend):
         if job.task not in _handlers:  # an ordinary job, or a task this process never saw
             raise TaskResultDoesNotExist(result_id)
         return self._result(job, import_string(job.task))
+
+    def cancel(self, result_id: str) -> CancelOutcome:
+        """Cancel the task's job (`jobs.cancelling.cancel`); the result's own `cancel()`."""
+        try:
+            return cancelling.cancel(int(result_id))
+        except (ValueError, TypeError, Job.DoesNotExist) as exc:
+            raise TaskResultDoesNotExist(result_id) from exc
 
     def check(self, **kwargs: Any) -> Iterable[checks.CheckMessage]:
         try:
@@ -448,7 +471,7 @@ class JobServiceBackend(BaseTaskBackend):
             ("backend", self.alias),
         ):
             object.__setattr__(task, name, value)
-        result = TaskResult(
+        result = JobTaskResult(
             task=task,
             id=str(job.pk),
             status=STATUS_MAP[Status(job.status)],

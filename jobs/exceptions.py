@@ -166,3 +166,15 @@ class BatchIdempotencyConflict(SubmissionError):
             ]
             for n, job_id in conflicts.items()
         }
+
+
+class NotCancellable(Exception):
+    """A finished job (done or failed) was asked to cancel; nothing was written. The
+    API answers it 409 with the same `code`."""
+
+    code = "not_cancellable"
+
+    def __init__(self, job_id: int, status: str):
+        super().__init__(f"job {job_id} is {status}; a finished job cannot be cancelled")
+        self.job_id = job_id
+        self.status = status

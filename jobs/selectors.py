@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.cache import cache
@@ -24,6 +25,7 @@ from django.db.models.functions import Now
 from jobs import replica
 from jobs.conf import settings
 from jobs.lifecycle import (
+    CANCEL,
     CANCELLED,
     NON_TERMINAL,
     TERMINAL,
@@ -32,7 +34,7 @@ from jobs.lifecycle import (
     hot_sql,
     sql_list,
 )
-from jobs.models import Job, Queue, WorkerProcess
+from jobs.models import Job, JobEvent, Queue, WorkerProcess
 
 T = Job._meta.db_table
 DUE = due_sql()  # latency counts from when a job became due (SPEC §6)
@@ -584,3 +586,70 @@ WORKFLOWS_RUNNING_SQL = "SELECT EXISTS (SELECT 1 FROM jobs_workflow WHERE finish
 def workflows_running() -> bool:
     """Whether any workflow is unfinished (the partial index workflow_running_idx)."""
     return bool(_fetch(WORKFLOWS_RUNNING_SQL, [])[0][0])
+
+
+# --- jobs from the command line (manage.py jobs) -------------------------------------
+
+
+def job_listing(
+    *,
+    statuses: Sequence[str] = (),
+    queue: str | None = None,
+    task: str | None = None,
+    client: str | None = None,
+    since: datetime | None = None,
+    limit: int = 50,
+) -> list[Job]:
+    """The newest jobs matching every filter given, newest first, at most `limit`.
+
+    `client` is a client's name, or its id when all digits. Tracebacks, payloads and
+    results stay in the table: a listing shows none of them.
+    """
+    qs = Job.objects.select_related("client").defer("error_traceback", "payload", "result")
+    if statuses:
+        qs = qs.in_states(statuses)
+    if queue is not None:
+        qs = qs.filter(queue=queue)
+    if task is not None:
+        qs = qs.filter(task=task)
+    if client is not None:
+        by = {"client_id": int(client)} if client.isdigit() else {"client__name": client}
+        qs = qs.filter(**by)
+    if since is not None:
+        qs = qs.filter(created_at__gte=since)
+    return list(qs.order_by("-id")[:limit])
+
+
+def job_with_history(job_id: int) -> tuple[Job, list[JobEvent]] | None:
+    """A job and every row of its history, oldest first; None when there is no such job."""
+    job = Job.objects.select_related("client").filter(pk=job_id).first()
+    if job is None:
+        return None
+    return job, list(JobEvent.objects.filter(job_id=job_id).order_by("id"))
+
+
+def missing_job_ids(job_ids: Sequence[int]) -> list[int]:
+    """The ids of `job_ids` no job has."""
+    found = set(Job.objects.filter(pk__in=job_ids).values_list("pk", flat=True))
+    return sorted(set(job_ids) - found)
+
+
+def jobs_by_id(job_ids: Sequence[int]) -> QuerySet:
+    """The jobs of `job_ids`, as a queryset a staff action selects from."""
+    return Job.objects.filter(pk__in=list(job_ids))
+
+
+def not_started_in_queue(queue: str) -> QuerySet:
+    """A queue's jobs that have not started (queued or enqueue_failed), up to the newest
+    one now: what a purge confirmed is what it cancels, not a job submitted after."""
+    qs = Job.objects.filter(queue=queue).eligible_for(CANCEL)
+    newest = qs.order_by("-pk").values_list("pk", flat=True).first()
+    return qs.filter(pk__lte=newest or 0)
+
+
+def job_status(job_id: int, client_id: int | None = None) -> str | None:
+    """A job's status now (of that client's jobs, when given); None when there is none."""
+    qs = Job.objects.filter(pk=job_id)
+    if client_id is not None:
+        qs = qs.filter(client_id=client_id)
+    return qs.values_list("status", flat=True).first()

@@ -50,6 +50,9 @@ LAYERS: list[tuple[str, list[str]]] = [
     # Every write (one fenced compare-and-set each) and every read.
     # jobs.partitions: partitions ahead and the mover (D163), the reaper's.
     ("services and selectors", ["jobs.services", "jobs.selectors", "jobs.partitions"]),
+    # Staff repairs (admin actions and `manage.py jobs`) and the Python cancel, each a
+    # service call with its audit.
+    ("staff and caller controls", ["jobs.staff", "jobs.cancelling"]),
     # Retention by partition, the PostgreSQL side: periods, DETACH, DROP, ATTACH.
     ("archive tables", ["jobs.archive.tables"]),
     # A schedule's slots: the scheduler_runs row and the job it makes, in one statement.
