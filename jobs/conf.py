@@ -45,7 +45,7 @@ SETTINGS: dict[str, Setting] = {
     "JOBS_REDIS_PREFIX": Setting("jobs:", "Prefix of every Redis key the app writes."),
     "JOBS_QUEUES": Setting({"default": {}}, "Queues that accept jobs and their settings (dict or JSON text; parsed by jobs.queues)."),
     "JOBS_TASK_MODULES": Setting([], "Modules imported by runworker for their tasks (list or comma-separated).", _task_modules),
-    "JOBS_PUBLIC_TASKS": Setting([], "Internal tasks clients may submit all the same (list or comma-separated).", _names),
+    "JOBS_PUBLIC_TASKS": Setting([], "Internal, test and example tasks clients may submit all the same, each by its exact name (list or comma-separated; D196).", _names),
     "JOBS_MAX_SCHEDULES": Setting(100, "Schedules one API client may hold (the client's own limit, set in the admin, wins)."),
     "JOBS_MAX_WEBHOOKS": Setting(10, "Webhooks one API client may hold (the client's own limit, set in the admin, wins)."),
     "JOBS_MAX_SIGNALS_PER_JOB": Setting(20, "Signals one job may hold (its client's own limit, set in the admin, wins)."),

@@ -1,7 +1,8 @@
 """docs/django.md, run as written in a project made by `startproject` in a scratch
 directory: the wheel built from pyproject.toml installed into a fresh virtualenv, no
 JOBS_* setting, a task enqueued through django.tasks, run by `runworker --burst`, seen
-in the admin and refused by the API without a token; then `check` on a bad TASKS and a
+in the admin and refused by the API without a token, the built-in `echo` refused to a
+client (no test task is public in a host project); then `check` on a bad TASKS and a
 bad JOBS_QUEUES prints the check and its hint, no traceback.
 
 `make test` runs the fast variant: the fresh virtualenv takes the app from the wheel
@@ -102,7 +103,12 @@ ADMIN_AND_API = (
     'print("api without token", Client(HTTP_HOST="localhost").get("/jobs/api/jobs/").status_code); '
     'miss = c.get("/jobs/api/nope/"); print("api miss", miss.status_code, miss["Content-Type"]); '
     'm = Client(HTTP_HOST="localhost").get("/jobs/metrics"); '
-    'print("metrics", m.status_code, b"# TYPE jobs_submitted_total counter" in m.content)\''
+    'print("metrics", m.status_code, b"# TYPE jobs_submitted_total counter" in m.content); '
+    # The built-in test tasks are no public API tasks in a host project (D196).
+    'from jobs.models import Client as C; _, t = C.create_with_token("fresh"); '
+    'api = Client(HTTP_HOST="localhost", HTTP_AUTHORIZATION="Token " + t); '
+    'e = api.post("/jobs/api/jobs/", {"task": "echo", "payload": {}}, '
+    'content_type="application/json"); print("api echo", e.status_code, e.json()["code"])\''
 )
 
 
@@ -155,6 +161,7 @@ def test_the_django_page_runs_in_a_fresh_project_from_the_wheel(tmp_path, projec
     assert "api without token 401" in done.stdout, out[-3000:]
     assert "api miss 404 application/json" in done.stdout, out[-3000:]  # under jobs/api/
     assert "metrics 200 True" in done.stdout, out[-3000:]  # the metrics include
+    assert "api echo 400 unknown_task" in done.stdout, out[-3000:]  # not public here
     assert "sweep: 0 of gone workers" in done.stdout, out[-3000:]  # runreaper --once
     ran = time.monotonic()
 
