@@ -441,7 +441,8 @@ def _validate(
     Raises a SubmissionError naming the field. Shared by submit and submit_many (and
     so by both API endpoints): a job in a batch is held to exactly the rules of a
     single one. `for_client`: the job belongs to an API client, which may run public
-    tasks only (an internal one is refused exactly like a name that does not exist).
+    tasks in open queues only (an internal task or queue is refused exactly like a name
+    that does not exist).
     """
     if (
         not isinstance(task, str)
@@ -459,9 +460,12 @@ def _validate(
             field="queue",
             code="invalid_queue",
         )
-    if not queues.is_declared(queue):
+    # An internal queue (the service's own, or marked so) answers a client as a name that
+    # does not exist, and no client's answer lists it (D197).
+    if not queues.is_declared(queue) or (for_client and queues.is_internal(queue)):
+        shown = queues.open_names() if for_client else queues.declared()
         raise UnknownQueue(
-            f"unknown queue {queue!r}; declared (JOBS_QUEUES): {', '.join(queues.declared())}",
+            f"unknown queue {queue!r}; declared (JOBS_QUEUES): {', '.join(shown)}",
             field="queue",
         )
     priority = _check_int("priority", priority, PRIORITY_MIN, PRIORITY_MAX)

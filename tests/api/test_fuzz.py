@@ -196,8 +196,9 @@ def assert_only_legal_rows() -> None:
         assert job.status in STATUSES
         assert queues.is_declared(job.queue), job.queue
         assert job.task in known_tasks, job.task
-        if job.client_id is not None:  # a client's job runs a public task only
+        if job.client_id is not None:  # a client's job: a public task, in an open queue
             assert tasks.is_public(job.task), job.task
+            assert not queues.is_internal(job.queue), job.queue
         assert job.payload is not None and job.run_at is not None
         submission.serialise_payload(job.payload)  # storable, within the limit
         if job.idempotency_key is not None:
