@@ -46,7 +46,7 @@ def test_a_client_cannot_submit_demo_crash_and_the_worker_keeps_running(stack):
         "single": ("/api/v1/jobs/", {"task": "demo.crash", "payload": {}}),
         "batch": ("/api/v1/jobs/batch/", {"jobs": [{"task": "demo.crash", "payload": {}}]}),
         "workflow": ("/api/v1/workflows/",
-                     {"steps": [{"id": "a", "task": "demo.crash", "payload": {}}]}),
+                     {"name": "w", "steps": [{"id": "a", "task": "demo.crash", "payload": {}}]}),
         "schedule": ("/api/v1/schedules/", {"name": "boom", "interval_seconds": 60,
                                             "task": "demo.crash", "payload": {}}),
         "built-in echo": ("/api/v1/jobs/", {"task": "echo", "payload": {}}),

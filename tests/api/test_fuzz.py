@@ -148,7 +148,8 @@ def test_fuzz_operation(schema, method, path, mode):
 CREATES_JOBS = {
     "/api/v1/jobs/": lambda task: {"task": task, "payload": {}},
     "/api/v1/jobs/batch/": lambda task: {"jobs": [{"task": task, "payload": {}}]},
-    "/api/v1/workflows/": lambda task: {"steps": [{"id": "a", "task": task, "payload": {}}]},
+    "/api/v1/workflows/": lambda task: {"name": "w", "steps": [{"id": "a", "task": task,
+                                                                "payload": {}}]},
     "/api/v1/schedules/": lambda task: {"name": "s", "interval_seconds": 60, "task": task,
                                         "payload": {}},
 }  # fmt: skip

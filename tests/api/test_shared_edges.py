@@ -45,8 +45,8 @@ def paths(queue: str) -> dict[str, tuple[str, dict]]:
     return {
         "single": (JOBS, {"task": "echo", "payload": {}, "queue": queue}),
         "batch": (f"{JOBS}batch/", {"jobs": [{"task": "echo", "payload": {}, "queue": queue}]}),
-        "workflow": ("/api/v1/workflows/",
-                     {"steps": [{"id": "a", "task": "echo", "payload": {}, "queue": queue}]}),
+        "workflow": ("/api/v1/workflows/", {"name": "w", "steps": [
+            {"id": "a", "task": "echo", "payload": {}, "queue": queue}]}),
         "schedule": ("/api/v1/schedules/", {"name": "s", "interval_seconds": 60, "task": "echo",
                                             "payload": {}, "queue": queue}),
     }  # fmt: skip
@@ -74,3 +74,70 @@ def test_no_client_submits_into_an_internal_queue_on_any_path(app, settings, que
     # The service's own code still submits there.
     job, created = submission.submit("echo", {}, queue=queue)
     assert created and job.queue == queue
+
+
+# --- the depth: due work shared, each client's backlog its own (D198) ---------------------
+
+FAR = "9999-01-01T00:00:00Z"
+
+
+def test_parked_jobs_of_one_client_refuse_nobody_else(app, settings):
+    """The issue's case: one client's backlog and its far-future jobs took the queue past
+    JOBS_MAX_QUEUE_DEPTH, and every other client got 429 until they were cancelled."""
+    settings.JOBS_MAX_QUEUE_DEPTH = 20
+    _, noisy = new_client()
+    due = [{"task": "echo", "payload": {"n": n}} for n in range(15)]
+    assert post(app, noisy, f"{JOBS}batch/", {"jobs": due})[0] == 201
+    for n in range(6):  # one at a time: each fits below the limit, the last goes past it
+        later = {"task": "echo", "payload": {"n": n}, "run_at": FAR}
+        assert post(app, noisy, JOBS, later)[0] == 201
+    submission.clear_depth_cache()  # another process, or a second later
+
+    other, token = new_client()
+    single = post(app, token, JOBS, {"task": "echo", "payload": {}})
+    batch = post(app, token, f"{JOBS}batch/", {"jobs": [{"task": "echo", "payload": {}}] * 2})
+    flow = post(app, token, "/api/v1/workflows/",
+                {"name": "w", "steps": [{"id": "a", "task": "echo", "payload": {}}]})  # fmt: skip
+    assert [single[0], batch[0], flow[0]] == [201, 201, 201], (single, batch, flow)
+    assert Job.objects.filter(client=other).count() == 4
+    # Due work still protects the workers: past the limit of due jobs, 429 for everyone.
+    more = [{"task": "echo", "payload": {}}] * 2
+    status, headers, answer = post(app, token, f"{JOBS}batch/", {"jobs": more})
+    assert (status, answer["code"], headers["Retry-After"]) == (429, "queue_full", "5"), answer
+
+
+def test_a_clients_own_backlog_answers_429_to_that_client_only(app, settings):
+    """A client's share (its limit in the admin, else JOBS_MAX_CLIENT_QUEUE_DEPTH) counts
+    every queued job it holds in the queue, parked ones included; the shared depth is far."""
+    settings.JOBS_MAX_QUEUE_DEPTH = 1000
+    settings.JOBS_MAX_CLIENT_QUEUE_DEPTH = 6
+    noisy, token = new_client()
+    noisy.max_queue_depth = 4  # staff set it on the client's admin page
+    noisy.save()
+    for n in range(3):
+        assert (
+            post(app, token, JOBS, {"task": "echo", "payload": {"n": n}, "run_at": FAR})[0] == 201
+        )
+    status, _, keyed = post(app, token, JOBS, {"task": "echo", "payload": {}, "unique_key": "k"})
+    assert status == 201
+    refused = {
+        "single": post(app, token, JOBS, {"task": "echo", "payload": {"n": 9}}),
+        "batch": post(app, token, f"{JOBS}batch/", {"jobs": [{"task": "echo", "payload": {}}]}),
+        "workflow": post(app, token, "/api/v1/workflows/", {"name": "w", "steps": [
+            {"id": "a", "task": "echo", "payload": {}}]}),
+    }  # fmt: skip
+    for what, (status, headers, answer) in refused.items():
+        assert (status, answer["code"]) == (429, "client_queue_full"), (what, answer)
+        assert headers["Retry-After"] == "5", what
+    assert Job.objects.filter(client=noisy).count() == 4
+    # A replay of what was accepted is still answered.
+    replay = post(app, token, JOBS, {"task": "echo", "payload": {}, "unique_key": "k"})
+    assert (replay[0], replay[2]["id"]) == (200, keyed["id"]), replay
+    # Everyone else submits, up to their own share (the setting's).
+    other, other_token = new_client()
+    batch = [{"task": "echo", "payload": {}}] * 6
+    assert post(app, other_token, f"{JOBS}batch/", {"jobs": batch})[0] == 201
+    status, _, answer = post(app, other_token, JOBS, {"task": "echo", "payload": {}})
+    assert (status, answer["code"]) == (429, "client_queue_full"), answer
+    # Code without a client has no share.
+    assert submission.submit("echo", {})[1]
