@@ -60,11 +60,12 @@ def own(payload, ctx):
 
 
 @pytest.fixture(autouse=True)
-def deployment_public_tasks():
+def deployment_public_tasks(request):
     """The deployment's JOBS_PUBLIC_TASKS (none), not the suite's opt-in: every test and
-    example task must then be refused, and the row check below holds the fuzz to it."""
-    with override_settings(JOBS_PUBLIC_TASKS=[]):
-        yield
+    example task must then be refused, and the row check below holds the fuzz to it.
+    Through pytest-django's `settings`, which the conftest's autouse fixture holds too: one
+    wrapper restores every override in order."""
+    request.getfixturevalue("settings").JOBS_PUBLIC_TASKS = []
 
 
 def example_tasks() -> list[str]:
