@@ -60,9 +60,13 @@ migrate: install
 ## run: API (gunicorn), WORKERS workers and the reaper; embedded PostgreSQL when DATABASE_URL is
 ## unset (stopped again on exit). Metrics: worker n on 9101 + 100 × (n - 1), the reaper on 9102;
 ## RUN_ARGS="--bind 127.0.0.1:8001 --metrics-port 9501" moves them.
+## The built-in test tasks the README's walk-through submits are opened to clients for `make run`
+## only, by name (D196); a deployment opens none. JOBS_PUBLIC_TASKS= in the environment wins.
 WORKERS ?= 1
+RUN_PUBLIC_TASKS ?= echo,sleep,fail
 run: install
-	$(PY) manage.py runstack --workers $(WORKERS) $(RUN_ARGS)
+	JOBS_PUBLIC_TASKS="$${JOBS_PUBLIC_TASKS-$(RUN_PUBLIC_TASKS)}" \
+	  $(PY) manage.py runstack --workers $(WORKERS) $(RUN_ARGS)
 
 ## stop-db: stop the embedded PostgreSQL (var/pgdata) that manage.py commands start when
 ## DATABASE_URL is unset; it keeps running between them (it runs as the user pgserver under root).

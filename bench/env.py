@@ -19,6 +19,8 @@ from harness import DEFAULT_ADMIN_URL, ROOT, Processes, ScratchDatabase, service
 
 TASK_MODULES = "demo.tasks,bench.tasks"
 PREFIX = "bench:"
+# The test task the HTTP scenarios submit as a client, opened by name (D196).
+PUBLIC_TASKS = "echo"
 
 
 def scratch_database() -> ScratchDatabase:
@@ -30,7 +32,12 @@ def processes(db_url: str, redis_url: str, logdir: Path) -> Processes:
 
     PYTHONPATH is emptied so a baseline tree's processes import their own code.
     """
-    return Processes(logdir, service_env(db_url, redis_url, PREFIX, TASK_MODULES, PYTHONPATH=""))
+    return Processes(
+        logdir,
+        service_env(
+            db_url, redis_url, PREFIX, TASK_MODULES, PYTHONPATH="", JOBS_PUBLIC_TASKS=PUBLIC_TASKS
+        ),
+    )
 
 
 def setup_django(db_url: str, redis_url: str, **settings_env: str) -> None:
@@ -41,6 +48,7 @@ def setup_django(db_url: str, redis_url: str, **settings_env: str) -> None:
         REDIS_URL=redis_url,
         JOBS_REDIS_PREFIX=PREFIX,
         JOBS_TASK_MODULES=TASK_MODULES,
+        JOBS_PUBLIC_TASKS=PUBLIC_TASKS,
         LOG_LEVEL="WARNING",
         **settings_env,
     )

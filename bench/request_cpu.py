@@ -65,7 +65,7 @@ def main() -> None:
         child(args.rounds, args.requests)
         return
 
-    from bench.env import PREFIX, TASK_MODULES, Code, scratch_database, setup_django
+    from bench.env import PREFIX, PUBLIC_TASKS, TASK_MODULES, Code, scratch_database, setup_django
     from harness import RedisServer, service_env
 
     db = scratch_database().create()
@@ -74,7 +74,9 @@ def main() -> None:
     procs = []
     try:
         setup_django(db.url(), redis.url)
-        env = service_env(db.url(), redis.url, PREFIX, TASK_MODULES, PYTHONPATH="")
+        env = service_env(
+            db.url(), redis.url, PREFIX, TASK_MODULES, PYTHONPATH="", JOBS_PUBLIC_TASKS=PUBLIC_TASKS
+        )
         env.update(LOG_LEVEL="WARNING", DEBUG="0")
         for code in trees:
             argv = [sys.executable, "-m", "bench.request_cpu", "--child",

@@ -7,7 +7,7 @@ from typing import Any
 from jobs.tasks import JobContext, RetryableError, task
 
 
-@task("bench.hold_first")
+@task("bench.hold_first", example=True)
 def hold_first(payload: Any, ctx: JobContext) -> dict:
     """Hold the first attempt for `seconds` (so a killed worker dies holding it);
     later attempts return at once, so recovery time is not hidden behind a rerun."""
@@ -16,7 +16,7 @@ def hold_first(payload: Any, ctx: JobContext) -> dict:
     return {"attempt": ctx.attempt}
 
 
-@task("bench.spin")
+@task("bench.spin", example=True)
 def spin(payload: Any, ctx: JobContext) -> int:
     """Pure-Python CPU work that holds the GIL: `n` loop turns."""
     total = 0

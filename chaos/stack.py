@@ -28,6 +28,12 @@ from harness import (
 )
 
 PREFIX = "chaos:"
+# The test tasks the load submits as a client, opened by name (D196): installed, none is
+# public in a deployment.
+PUBLIC_TASKS = (
+    "echo,sleep,fail,demo.record,demo.flaky,demo.permanent,"
+    "chaos.bad_result,chaos.hang,chaos.exit,chaos.die,chaos.steps,chaos.nap"
+)
 # Variables the harness sets itself; inherited values must not leak into the stack.
 _OWN = ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE", "BIND", "WEB_")
 
@@ -82,6 +88,7 @@ class Stack:
             PREFIX,
             "demo.tasks,chaos.tasks",
             base,
+            JOBS_PUBLIC_TASKS=PUBLIC_TASKS,
             JOBS_LEASE_SECONDS=str(p.lease),
             JOBS_REAPER_INTERVAL=str(p.reaper_interval),
             JOBS_LOST_SIGNAL_SECONDS=str(p.lost_signal),

@@ -16,7 +16,7 @@ BAD_RESULTS = {
 }
 
 
-@task("chaos.bad_result")
+@task("chaos.bad_result", example=True)
 def bad_result(payload: Any, ctx: JobContext) -> Any:
     """Return a result PostgreSQL cannot store: the job must fail, not the worker (D20)."""
     kind = payload.get("kind") if isinstance(payload, dict) else None
@@ -27,7 +27,7 @@ HANG_TIMEOUT = 1  # seconds: chaos.hang's own timeout
 HANG_SECONDS = 6  # how long it really runs, ignoring ctx.stop (then its thread is free)
 
 
-@task("chaos.hang", timeout=HANG_TIMEOUT)
+@task("chaos.hang", timeout=HANG_TIMEOUT, example=True)
 def hang(payload: Any, ctx: JobContext) -> Any:
     """Ignores ctx.stop past its timeout: the watchdog must end the attempt (issue 27),
     and whatever it returns afterwards must not land."""
@@ -37,13 +37,13 @@ def hang(payload: Any, ctx: JobContext) -> Any:
     return {"woke": True}
 
 
-@task("chaos.exit")
+@task("chaos.exit", example=True)
 def exit_(payload: Any, ctx: JobContext) -> Any:
     """sys.exit() in a handler: a failed attempt, never a dead handler thread (issue 27)."""
     sys.exit(2)
 
 
-@task("chaos.die")
+@task("chaos.die", example=True)
 def die(payload: Any, ctx: JobContext) -> Any:
     """os._exit() mid-job, served only by process-pool workers (queue "children"): the
     child dies, its attempt fails at once, and the worker goes on with a new child."""
@@ -55,7 +55,7 @@ def _work(seconds: float, n: int) -> dict:
     return {"step": n}
 
 
-@task("chaos.steps")
+@task("chaos.steps", example=True)
 def steps(payload: Any, ctx: JobContext) -> Any:
     """A few checkpointed steps (jobs.durable): a killed attempt resumes after the last
     committed one; a stale attempt's checkpoint must be refused."""
@@ -64,7 +64,7 @@ def steps(payload: Any, ctx: JobContext) -> Any:
     return [ctx.step(f"s{n}", _work, seconds, n) for n in range(count)]  # type: ignore[attr-defined]
 
 
-@task("chaos.nap", durable=True)
+@task("chaos.nap", durable=True, example=True)
 def nap(payload: Any, ctx: JobContext) -> Any:
     """A step, a durable sleep (the job parks: processing → queued, no retry), a step."""
     seconds = float(payload.get("seconds", 1.0)) if isinstance(payload, dict) else 1.0

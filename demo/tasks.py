@@ -1,6 +1,9 @@
 """Example tasks: how an application adds its own (list this module in JOBS_TASK_MODULES).
 
-They double as the workload of the fault suite and the end-to-end tests.
+They double as the workload of the fault suite and the end-to-end tests, so each is
+registered with example=True: installed with the deployment, none is open to clients
+(demo.crash kills its worker) unless JOBS_PUBLIC_TASKS names it (D196). Your own tasks
+leave `example` out and are public.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ def _validate(payload: Any) -> None:
     _seconds(payload)
 
 
-@task("demo.record", transactional=True, validate=_validate)
+@task("demo.record", transactional=True, validate=_validate, example=True)
 def record(payload: dict, ctx: JobContext) -> dict:
     """Write one Effect row, optionally after working for `seconds`.
 
@@ -41,7 +44,7 @@ def record(payload: dict, ctx: JobContext) -> dict:
     return {"recorded_by": ctx.worker_id, "lease_version": ctx.lease_version}
 
 
-@task("demo.flaky", validate=_validate)
+@task("demo.flaky", validate=_validate, example=True)
 def flaky(payload: dict, ctx: JobContext) -> dict:
     """Fail with probability `p` (retryable), else succeed."""
     p = float(payload.get("p", 0.5))
@@ -52,13 +55,13 @@ def flaky(payload: dict, ctx: JobContext) -> dict:
     return {"attempt": ctx.attempt}
 
 
-@task("demo.permanent")
+@task("demo.permanent", example=True)
 def permanent(payload: Any, ctx: JobContext) -> None:
     """Always fail permanently: no retries."""
     raise PermanentError("demo.permanent always fails permanently")
 
 
-@task("demo.crash")
+@task("demo.crash", example=True)
 def crash(payload: Any, ctx: JobContext) -> None:
     """Kill the worker process running it (SIGKILL): a crash on every attempt."""
     os.kill(os.getpid(), signal.SIGKILL)

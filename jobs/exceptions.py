@@ -93,6 +93,21 @@ class QueueFull(SubmissionError):
         self.retry_after = RETRY_AFTER_SECONDS
 
 
+class ClientQueueFull(QueueFull):
+    """A client's own share of a queue is full (D198): its backlog, parked jobs included,
+    is refused to it alone, with the Retry-After of backpressure."""
+
+    code = "client_queue_full"
+
+    def __init__(self, queue: str, held: int, limit: int) -> None:
+        super().__init__(queue, held, limit)
+        self.message = (
+            f"you hold {limit} or more queued jobs in queue {queue!r}, your share; "
+            "retry when some have run, or ask staff to raise your limit"
+        )
+        self.args = (self.message,)
+
+
 class QuotaExceeded(SubmissionError):
     """A client holds as many schedules or webhooks, or a job as many signals, as its
     quota allows (jobs.quotas); the message names the limit."""

@@ -67,6 +67,12 @@ class Client(models.Model):
         blank=True,
         help_text="Signals one of its jobs may hold; empty: JOBS_MAX_SIGNALS_PER_JOB.",
     )
+    max_queue_depth = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Queued jobs (parked ones too) it may hold in one queue; "
+        "empty: JOBS_MAX_CLIENT_QUEUE_DEPTH.",
+    )
 
     class Meta:
         ordering = ["name"]

@@ -16,12 +16,15 @@ from django.core.exceptions import ImproperlyConfigured
 
 DEFAULT = '{"default": {}}'
 # Queues of built-in tasks, accepted without being declared (a declaration of the same
-# name sets their settings): webhook deliveries (jobs.events).
+# name sets their settings): webhook deliveries (jobs.events). They are the service's own:
+# internal whatever their declaration says (D197).
 BUILTIN: dict[str, dict[str, Any]] = {"webhooks": {}}
 # Matched whole (fullmatch): `$` would also match before a trailing newline.
 QUEUE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}")
 # The per-queue settings a queue may carry (docs/queue-controls.md says what each does).
-QUEUE_SETTINGS = frozenset({"paused", "concurrency", "rate", "weight", "fair", "key_concurrency"})
+QUEUE_SETTINGS = frozenset(
+    {"paused", "concurrency", "rate", "weight", "fair", "key_concurrency", "internal"}
+)
 # At most 1000 starts per period: the claim keeps each start of the window in the row.
 RATE_RE = re.compile(r"([1-9][0-9]{0,2}|1000)/([smh])")
 RATE_PERIODS = {"s": 1, "m": 60, "h": 3600}
@@ -47,7 +50,7 @@ def format_rate(limit: int | None, period: int | None) -> str:
 
 def _check_value(key: str, value: Any) -> None:
     """Raise ValueError unless `value` is a valid `key` setting (null clears a limit)."""
-    if key in ("paused", "fair"):
+    if key in ("paused", "fair", "internal"):
         if not isinstance(value, bool):
             raise ValueError(f"{key} must be true or false, got {value!r}")
     elif key in ("concurrency", "key_concurrency"):
@@ -137,13 +140,25 @@ def declared() -> dict[str, dict[str, Any]]:
 
 
 def names_for_docs() -> list[str]:
-    """Declared queue names for the API schema, read at import: none while JOBS_QUEUES is
-    malformed, so that `check` reports it (jobs.E103) instead of an import traceback."""
+    """The queues clients may submit to, for the API schema, read at import: none while
+    JOBS_QUEUES is malformed, so that `check` reports it (jobs.E103) instead of an import
+    traceback."""
     try:
-        return list(declared())
+        return open_names()
     except ImproperlyConfigured:
         return []
 
 
 def is_declared(name: Any) -> bool:
     return valid_name(name) and name in declared()
+
+
+def is_internal(name: str) -> bool:
+    """The service's own queue (a built-in one) or one an operator marked `"internal":
+    true`: code may submit to it, a client may not (D197)."""
+    return name in BUILTIN or declared().get(name, {}).get("internal") is True
+
+
+def open_names() -> list[str]:
+    """The declared queues a client may submit to."""
+    return [name for name in declared() if not is_internal(name)]

@@ -1,7 +1,8 @@
-"""Per-client quotas: how many schedules and webhooks a client may hold and how many
-signals one job may hold. A setting gives each default; a client's own column (set by
-staff in the admin) replaces it for that client. A refusal is QuotaExceeded, naming
-the limit, and writes nothing.
+"""Per-client quotas: how many schedules and webhooks a client may hold, how many
+signals one job may hold, and the client's share of a queue's depth (D198). A setting
+gives each default; a client's own column (set by staff in the admin) replaces it for
+that client. A refusal is QuotaExceeded (the depth's: ClientQueueFull), naming the
+limit, and writes nothing.
 
 The check runs in the transaction of the write it guards, after locking the client's
 row (or, for signals, the job's row, which deliver_signal locks first): two requests
@@ -31,6 +32,9 @@ SCHEDULES = Quota("schedules", "max_schedules", "JOBS_MAX_SCHEDULES", 100,
                   "SELECT count(*) FROM jobs_schedule WHERE client_id = %s")  # fmt: skip
 WEBHOOKS = Quota("webhooks", "max_webhooks", "JOBS_MAX_WEBHOOKS", 10,
                  "SELECT count(*) FROM jobs_webhook WHERE client_id = %s")  # fmt: skip
+# Per queue: counted by jobs.submission (bounded, cached), refused as ClientQueueFull.
+QUEUE_DEPTH = Quota("queued jobs per queue", "max_queue_depth", "JOBS_MAX_CLIENT_QUEUE_DEPTH",
+                    10_000, "")  # fmt: skip
 SIGNALS_PER_JOB = Quota("signals per job", "max_signals_per_job", "JOBS_MAX_SIGNALS_PER_JOB", 20,
                         "SELECT count(*) FROM jobs_jobsignal WHERE job_id = %s")  # fmt: skip
 

@@ -22,18 +22,19 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import connection
 from django.utils.dateparse import parse_datetime
 
-from jobs import metrics, queues, services, tasks
+from jobs import metrics, queues, quotas, services, tasks
 from jobs.conf import settings
 from jobs.exceptions import (  # noqa: F401  (re-exported: jobs.submission.QueueFull, ...)
     RETRY_AFTER_SECONDS,
     BatchIdempotencyConflict,
     BatchInvalid,
+    ClientQueueFull,
     IdempotencyConflict,
     InvalidSubmission,
     PayloadTooLarge,
@@ -171,65 +172,139 @@ def request_hash(
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
-# --- backpressure -----------------------------------------------------------------
+# --- backpressure ---------------------------------------------------------------------
+# Two limits (D198). A queue's depth, shared by everyone: past JOBS_MAX_QUEUE_DEPTH queued
+# jobs, only those due within JOBS_QUEUE_DEPTH_HORIZON count, so parked work never refuses
+# anybody. A client's share: at most its limit of queued jobs (parked ones too) in one
+# queue, refused to that client alone. Each reading is a bounded count cached ~1 s per
+# process; below both limits a submission costs the one count it always did.
 
 _depth_lock = threading.Lock()
-_depth_cache: dict[str, tuple[int, float]] = {}
+_depth_cache: dict[tuple, tuple[int, float]] = {}
+_J = Job._meta.db_table
 _DEPTH_SQL = (
-    f"SELECT count(*) FROM (SELECT 1 FROM {Job._meta.db_table} "
+    f"SELECT count(*) FROM (SELECT 1 FROM {_J} "
     f"WHERE status = '{Status.QUEUED}' AND queue = %s LIMIT %s) AS bounded"
 )
+# job_claim_idx holds run_at: the walk stays in the index.
+_DUE_DEPTH_SQL = (
+    f"SELECT count(*) FROM (SELECT 1 FROM {_J} WHERE status = '{Status.QUEUED}' AND queue = %s "
+    "AND run_at <= now() + make_interval(secs => %s) LIMIT %s) AS bounded"
+)
+# job_fair_claim_idx: (queue, COALESCE(client_id, 0), ...) WHERE status = 'queued'.
+_CLIENT_DEPTH_SQL = (
+    f"SELECT count(*) FROM (SELECT 1 FROM {_J} WHERE status = '{Status.QUEUED}' AND queue = %s "
+    "AND COALESCE(client_id, 0) = %s LIMIT %s) AS bounded"
+)
+# The lowest share any client has: below it, no client's own count is needed.
+_LOWEST_SHARE_SQL = "SELECT min(max_queue_depth) FROM jobs_client"
 
 
-def queue_depth(queue: str, limit: int) -> int:
-    """Queued jobs in `queue`, counted up to `limit` + 1 and cached ~1 s per process.
-
-    The bounded count walks at most limit + 1 entries of the partial index
-    job_claim_idx, so the check stays cheap however deep the queue grows.
-    """
+def _cached_count(key: tuple, sql: str, params: list[Any]) -> int:
     now = time.monotonic()
     with _depth_lock:
-        cached = _depth_cache.get(queue)
+        cached = _depth_cache.get(key)
         if cached is not None and cached[1] > now:
             return cached[0]
     with connection.cursor() as cur:
-        cur.execute(_DEPTH_SQL, [queue, limit + 1])
-        depth = cur.fetchone()[0]
+        cur.execute(sql, params)
+        value = cur.fetchone()[0]
     with _depth_lock:
-        _depth_cache[queue] = (depth, now + DEPTH_CACHE_SECONDS)
-    return depth
+        _depth_cache[key] = (value, now + DEPTH_CACHE_SECONDS)
+    return value
 
 
-def _count_accepted(queue: str, n: int = 1) -> None:
-    """Keep this process's cached reading current between refreshes."""
+def queue_depth(queue: str, limit: int) -> int:
+    """Queued jobs in `queue` as backpressure counts them, up to `limit` + 1: all of them
+    while they are at most `limit`, else those due within JOBS_QUEUE_DEPTH_HORIZON.
+
+    Each bounded count walks at most limit + 1 entries of the partial index job_claim_idx
+    (past the limit, the parked entries too), cached ~1 s per process.
+    """
+    depth = _cached_count(("all", queue), _DEPTH_SQL, [queue, limit + 1])
+    if depth <= limit:
+        return depth
+    horizon = float(settings.JOBS_QUEUE_DEPTH_HORIZON)
+    return _cached_count(("due", queue), _DUE_DEPTH_SQL, [queue, horizon, limit + 1])
+
+
+def _lowest_share() -> int:
+    default = quotas.default(quotas.QUEUE_DEPTH)
+    lowest = _cached_count(("lowest share",), _LOWEST_SHARE_SQL, [])
+    return default if lowest is None else min(default, lowest)
+
+
+def check_share(queue: str, client: Client | None, new: int) -> None:
+    """ClientQueueFull when `new` more jobs would take the client past its share of
+    `queue` (code without a client has none). The client's own count is read only when
+    the whole queue holds more than the lowest share any client has."""
+    if client is None or new <= 0:
+        return
+    limit = settings.JOBS_MAX_QUEUE_DEPTH
+    depth = _cached_count(("all", queue), _DEPTH_SQL, [queue, limit + 1])
+    if depth <= limit and depth + new <= _lowest_share():
+        return
+    share = quotas.limit(quotas.QUEUE_DEPTH, client.pk)
+    held = _cached_count(("client", queue, client.pk), _CLIENT_DEPTH_SQL,
+                         [queue, client.pk, share + 1])  # fmt: skip
+    if held + new > share:
+        raise ClientQueueFull(queue, held, share)
+
+
+def _count_accepted(queue: str, n: int = 1, client_id: int | None = None) -> None:
+    """Keep this process's cached readings current between refreshes."""
     with _depth_lock:
-        cached = _depth_cache.get(queue)
-        if cached is not None:
-            _depth_cache[queue] = (cached[0] + n, cached[1])
+        for key in (("all", queue), ("due", queue), ("client", queue, client_id)):
+            cached = _depth_cache.get(key)
+            if cached is not None:
+                _depth_cache[key] = (cached[0] + n, cached[1])
+
+
+def due_soon(run_at: datetime | None) -> bool:
+    """A job due within JOBS_QUEUE_DEPTH_HORIZON counts toward the shared depth."""
+    horizon = timedelta(seconds=float(settings.JOBS_QUEUE_DEPTH_HORIZON))
+    return run_at is None or run_at <= datetime.now(UTC) + horizon
 
 
 def check_room(
-    per_queue: Mapping[str, int], new_per_queue: Callable[[], Mapping[str, int]]
+    per_queue: Mapping[str, int],
+    new_per_queue: Callable[[], Mapping[str, int]],
+    client: Client | None = None,
+    due_per_queue: Mapping[str, int] | None = None,
 ) -> None:
     """Backpressure for many jobs at once (a batch, a workflow): QueueFull for the first
-    queue they would take past JOBS_MAX_QUEUE_DEPTH, counting every job refused.
-    `new_per_queue` (the jobs that are not replays) is asked only when a queue is near
-    full; a refusal writes nothing."""
+    queue its due jobs (`due_per_queue`, default all) would take past JOBS_MAX_QUEUE_DEPTH,
+    ClientQueueFull for the first its jobs would take past the client's share, counting
+    every job refused. `new_per_queue` (the jobs that are not replays) is asked only when
+    a queue is near full; a refusal writes nothing."""
     limit = settings.JOBS_MAX_QUEUE_DEPTH
-    over = [q for q, n in per_queue.items() if queue_depth(q, limit) + n > limit]
-    if not over:
-        return
-    new = new_per_queue()
+    due = per_queue if due_per_queue is None else due_per_queue
+    over = [q for q, n in due.items() if n and queue_depth(q, limit) + n > limit]
+    new: Mapping[str, int] | None = None
     for queue in over:
+        new = new_per_queue() if new is None else new
         depth = queue_depth(queue, limit)
-        if new.get(queue, 0) and depth + new[queue] > limit:
+        adding = min(new.get(queue, 0), due[queue])
+        if adding and depth + adding > limit:
             metrics.SUBMISSIONS_REJECTED.labels(queue, QueueFull.code).inc(sum(per_queue.values()))
             raise QueueFull(queue, depth, limit)
+    if client is None:
+        return
+    try:
+        for queue, n in per_queue.items():
+            try:
+                check_share(queue, client, n)
+            except ClientQueueFull:
+                new = new_per_queue() if new is None else new
+                check_share(queue, client, new.get(queue, 0))
+    except ClientQueueFull as exc:
+        metrics.SUBMISSIONS_REJECTED.labels(exc.queue, exc.code).inc(sum(per_queue.values()))
+        raise
 
 
-def count_accepted(per_queue: Mapping[str, int]) -> None:
+def count_accepted(per_queue: Mapping[str, int], client_id: int | None = None) -> None:
     for queue, n in per_queue.items():
-        _count_accepted(queue, n)
+        _count_accepted(queue, n, client_id)
 
 
 def clear_depth_cache() -> None:
@@ -341,17 +416,21 @@ def submit_checked(item: dict[str, Any], client: Client | None) -> tuple[Job, bo
     idempotency_key, digest = item["idempotency_key"], item["request_hash"]
     limit = settings.JOBS_MAX_QUEUE_DEPTH
     depth = queue_depth(queue, limit)
-    if depth > limit:
+    try:
+        if depth > limit and due_soon(item["run_at"]):
+            raise QueueFull(queue, depth, limit)
+        check_share(queue, client, 1)
+    except QueueFull:
         # A replay of a request that was already accepted is answered, not refused.
         existing = _existing(client, idempotency_key) or services.key_holder(
             client.pk if client is not None else None, item.get("unique_key")
         )
         if existing is None:
-            raise QueueFull(queue, depth, limit)
+            raise
         if existing.duplicate:
             return existing, False
         if existing.request_hash != digest:
-            raise IdempotencyConflict(existing)
+            raise IdempotencyConflict(existing) from None
         return existing, False
     job, created = services.submit(
         task,
@@ -370,7 +449,7 @@ def submit_checked(item: dict[str, Any], client: Client | None) -> tuple[Job, bo
         timeout=item.get("timeout"),
     )
     if created:
-        _count_accepted(queue)
+        _count_accepted(queue, 1, client.pk if client is not None else None)
         log.debug(  # per job on the hot path: quiet unless LOG_LEVEL=DEBUG
             "job submitted",
             extra=job_log_fields(
@@ -441,7 +520,8 @@ def _validate(
     Raises a SubmissionError naming the field. Shared by submit and submit_many (and
     so by both API endpoints): a job in a batch is held to exactly the rules of a
     single one. `for_client`: the job belongs to an API client, which may run public
-    tasks only (an internal one is refused exactly like a name that does not exist).
+    tasks in open queues only (an internal task or queue is refused exactly like a name
+    that does not exist).
     """
     if (
         not isinstance(task, str)
@@ -459,9 +539,12 @@ def _validate(
             field="queue",
             code="invalid_queue",
         )
-    if not queues.is_declared(queue):
+    # An internal queue (the service's own, or marked so) answers a client as a name that
+    # does not exist, and no client's answer lists it (D197).
+    if not queues.is_declared(queue) or (for_client and queues.is_internal(queue)):
+        shown = queues.open_names() if for_client else queues.declared()
         raise UnknownQueue(
-            f"unknown queue {queue!r}; declared (JOBS_QUEUES): {', '.join(queues.declared())}",
+            f"unknown queue {queue!r}; declared (JOBS_QUEUES): {', '.join(shown)}",
             field="queue",
         )
     priority = _check_int("priority", priority, PRIORITY_MIN, PRIORITY_MAX)
@@ -695,7 +778,8 @@ def submit_many(raw_items: Sequence[Any], *, client: Client | None = None) -> li
 
     per_queue = Counter(item["queue"] for item in items)
     # Only jobs the batch would create count: replays are answered, as for `submit`.
-    check_room(per_queue, lambda: _new_per_queue(items, client))
+    due = Counter(item["queue"] for item in items if due_soon(item["run_at"]))
+    check_room(per_queue, lambda: _new_per_queue(items, client), client, due)
 
     new_jobs = [
         services.NewJob(
@@ -725,7 +809,11 @@ def submit_many(raw_items: Sequence[Any], *, client: Client | None = None) -> li
         raise
     created = [o for o in out if o.created]
     for queue in per_queue:
-        _count_accepted(queue, sum(1 for o in created if o.queue == queue))
+        _count_accepted(
+            queue,
+            sum(1 for o in created if o.queue == queue),
+            client.pk if client is not None else None,
+        )
     if created:
         log.info(
             "%d job(s) submitted in one batch (ids %d..%d)",

@@ -178,6 +178,7 @@ class TaskSpec:
     durable: bool = False
     timeout: float | None = None  # seconds an attempt may run; None: the job's or the default
     public: bool = True
+    example: bool = False  # a test or example task: never public unless named (D196)
 
 
 _registry: dict[str, TaskSpec] = {}
@@ -193,6 +194,7 @@ def task(
     durable: bool = False,
     timeout: float | None = None,
     public: bool = True,
+    example: bool = False,
 ) -> Callable[[Handler], Handler]:
     """Register a handler `fn(payload, ctx)`.
 
@@ -210,6 +212,9 @@ def task(
     and an attempt still running JOBS_TIMEOUT_GRACE seconds later is ended as failed.
     public=False keeps the task off the API: a client cannot submit it (it answers
     `unknown_task` like a name that does not exist) unless JOBS_PUBLIC_TASKS names it.
+    example=True marks a test or example task (the built-ins, the demo app's, the fault
+    suite's): internal whatever `public` says, so that installing the app that holds it
+    never opens it to clients; JOBS_PUBLIC_TASKS opens it by name (D196).
     """
     if durable and transactional:
         raise ValueError("a durable task cannot be transactional: its checkpoints commit alone")
@@ -223,7 +228,9 @@ def task(
         existing = _registry.get(key)
         if existing is not None and existing.fn is not fn:
             raise ValueError(f"task {key!r} is already registered")
-        _registry[key] = TaskSpec(key, fn, transactional, validate, durable, timeout, public)
+        _registry[key] = TaskSpec(
+            key, fn, transactional, validate, durable, timeout, public and not example, example
+        )
         return fn
 
     return register
@@ -299,7 +306,9 @@ def job_of(target: Any, payload: Any = None, args: Any = None, kwargs: Any = Non
 # --- built-in tasks (SPEC §9) -------------------------------------------------------
 
 
-@task("echo")
+# Test and example tasks: registered everywhere (SPEC §9), public nowhere unless
+# JOBS_PUBLIC_TASKS names them (D196).
+@task("echo", example=True)
 def echo(payload: Any, ctx: JobContext) -> Any:
     """Return the payload unchanged."""
     return payload
@@ -319,7 +328,7 @@ def _validate_sleep(payload: Any) -> None:
 
 
 # Its own timeout: the longest sleep it accepts, and a little more.
-@task("sleep", validate=_validate_sleep, timeout=MAX_SLEEP_SECONDS + 60)
+@task("sleep", validate=_validate_sleep, timeout=MAX_SLEEP_SECONDS + 60, example=True)
 def sleep(payload: dict, ctx: JobContext) -> dict:
     """Sleep `seconds`, waking early when cancelled, when the worker lost the job or
     when it stops (`ctx.stop`)."""
@@ -330,7 +339,7 @@ def sleep(payload: dict, ctx: JobContext) -> dict:
     return {"slept": round(time.monotonic() - started, 3)}
 
 
-@task("fail")
+@task("fail", example=True)
 def fail(payload: Any, ctx: JobContext) -> Any:
     """Always raise a retryable error (for testing retries and the failed state)."""
     message = payload.get("message") if isinstance(payload, dict) else None

@@ -186,7 +186,7 @@ def create(
         replay = key is not None and selectors.workflow_key_used(client_id, key)
         return Counter() if replay else per_queue
 
-    submission.check_room(per_queue, new_per_queue)
+    submission.check_room(per_queue, new_per_queue, client)
     workflow_id, created = services.create_workflow(
         graph.name,
         graph.on_failure,
@@ -197,7 +197,7 @@ def create(
         request_hash=graph.request_hash if key is not None else None,
     )
     if created:
-        submission.count_accepted(per_queue)
+        submission.count_accepted(per_queue, client_id)
     return workflow_id, created
 
 

@@ -23,6 +23,10 @@ _TEST_QUEUES = (
     "obs-a obs-b obs-c obs-commit obs-reap obs-term obs-staff obs-quiet obs-parked"
 )
 os.environ.setdefault("JOBS_QUEUES", json.dumps({q: {} for q in _TEST_QUEUES.split()}))
+# The test and example tasks the suite submits as a client, opened by name (D196): a
+# deployment opens none of them. Inherited by the processes the tests start.
+_TEST_PUBLIC_TASKS = "echo sleep fail demo.record demo.flaky demo.permanent demo.crash"
+os.environ.setdefault("JOBS_PUBLIC_TASKS", ",".join(_TEST_PUBLIC_TASKS.split()))
 
 from jobservice.settings import *  # noqa: E402,F403
 from jobservice.settings import DATABASES  # noqa: E402

@@ -5,8 +5,11 @@ room. Nothing is lost without a counter."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from django.db import transaction
+from django.utils import timezone
 from prometheus_client import REGISTRY
 
 from jobs import services, submission
@@ -43,6 +46,22 @@ def test_a_slot_whose_queue_is_full_is_skipped_and_counted(settings):
     services.cancel([j.pk for j in backlog] + [j.pk for j in jobs_of(s)], actor="staff:ann")
     backdate(s, 0)
     assert Scheduler().tick().jobs == 1
+
+
+def test_parked_jobs_skip_no_slot_and_hold_no_delivery(settings):
+    """Past the limit only jobs due within JOBS_QUEUE_DEPTH_HORIZON count (D198): jobs
+    parked far ahead neither skip a schedule's slot nor hold back the webhook fan-out."""
+    settings.JOBS_MAX_QUEUE_DEPTH = 2
+    far = timezone.now() + timedelta(days=365)
+    JobFactory.create_batch(3, queue="default", run_at=far)
+    JobFactory.create_batch(3, queue="webhooks", run_at=far)
+    s = make()
+    backdate(s, 0)
+    assert (Scheduler().tick().jobs, len(jobs_of(s))) == (1, 1)
+    assert submission.queue_depth("webhooks", 2) == 0  # the fan-out's room: the whole limit
+    JobFactory.create_batch(2, queue="default")  # due work counts: 3 due now
+    backdate(s, 0)
+    assert Scheduler().tick().skipped == 1
 
 
 def test_a_full_queue_holds_webhook_deliveries_and_releases_them_with_room(settings):

@@ -1,7 +1,8 @@
 """docs/django.md, run as written in a project made by `startproject` in a scratch
 directory: the wheel built from pyproject.toml installed into a fresh virtualenv, no
 JOBS_* setting, a task enqueued through django.tasks, run by `runworker --burst`, seen
-in the admin and refused by the API without a token; then `check` on a bad TASKS and a
+in the admin and refused by the API without a token, the built-in `echo` refused to a
+client (no test task is public in a host project); then `check` on a bad TASKS and a
 bad JOBS_QUEUES prints the check and its hint, no traceback.
 
 `make test` runs the fast variant: the fresh virtualenv takes the app from the wheel
@@ -104,7 +105,12 @@ ADMIN_AND_API = (
     'api = [c.get(f"/jobs/api/{p}/").status_code for p in ("schema", "docs")]; '
     'print("schema", *api); '
     'm = Client(HTTP_HOST="localhost").get("/jobs/metrics"); '
-    'print("metrics", m.status_code, b"# TYPE jobs_submitted_total counter" in m.content)\''
+    'print("metrics", m.status_code, b"# TYPE jobs_submitted_total counter" in m.content); '
+    # The built-in test tasks are no public API tasks in a host project (D196).
+    'from jobs.models import Client as C; _, t = C.create_with_token("fresh"); '
+    'api = Client(HTTP_HOST="localhost", HTTP_AUTHORIZATION="Token " + t); '
+    'e = api.post("/jobs/api/jobs/", {"task": "echo", "payload": {}}, '
+    'content_type="application/json"); print("api echo", e.status_code, e.json()["code"])\''
 )
 
 
@@ -172,6 +178,7 @@ def test_the_django_page_runs_in_a_fresh_project_from_the_wheel(tmp_path, projec
     assert "failed attempt logged with its job" in done.stdout, out[-3000:]  # the page's LOGGING
     assert "schema 200 200" in done.stdout, out[-3000:]  # whatever REST_FRAMEWORK says
     assert "0 job(s) of gone workers requeued" in done.stdout, out[-3000:]  # runreaper --once
+    assert "api echo 400 unknown_task" in done.stdout, out[-3000:]  # not public here
     ran = time.monotonic()
 
     # A misconfigured host project: each check's message and hint, no traceback.

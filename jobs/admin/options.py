@@ -420,7 +420,7 @@ class ClientAdmin(admin.ModelAdmin):
     actions = ["deactivate_clients"]
 
     def get_fields(self, request, obj=None):
-        quotas = ("max_schedules", "max_webhooks", "max_signals_per_job")
+        quotas = ("max_schedules", "max_webhooks", "max_signals_per_job", "max_queue_depth")
         return ("name",) if obj is None else ("name", "is_active", *quotas, "created_at")
 
     def has_delete_permission(self, request, obj=None) -> bool:

@@ -31,6 +31,7 @@ _STATUS_FOR = {
     refusals.InvalidSubmission: status.HTTP_400_BAD_REQUEST,
     refusals.PayloadTooLarge: status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
     refusals.QueueFull: status.HTTP_429_TOO_MANY_REQUESTS,
+    refusals.ClientQueueFull: status.HTTP_429_TOO_MANY_REQUESTS,
     refusals.QuotaExceeded: status.HTTP_400_BAD_REQUEST,
     refusals.IdempotencyConflict: status.HTTP_409_CONFLICT,
     refusals.BatchInvalid: status.HTTP_400_BAD_REQUEST,

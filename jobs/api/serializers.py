@@ -46,7 +46,8 @@ class JobSubmitSerializer(serializers.Serializer):
         choices=queues.names_for_docs(),
         required=False,
         default="default",
-        help_text="A queue declared in JOBS_QUEUES; any other is refused (unknown_queue).",
+        help_text="A queue declared in JOBS_QUEUES, not an internal one (`webhooks`, or "
+        'marked `"internal": true`); any other is refused (unknown_queue).',
     )
     priority = serializers.IntegerField(
         required=False,

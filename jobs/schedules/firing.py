@@ -38,13 +38,20 @@ FROM {S} WHERE enabled AND next_fire_at <= now() AND {_LIVE_OWNER}
 ORDER BY next_fire_at LIMIT 1 FOR UPDATE SKIP LOCKED"""
 
 # A slot whose queue is past JOBS_MAX_QUEUE_DEPTH is skipped like an overlap (D109):
-# claimed with no job, counted as queue_full. The depth is the API's bounded count.
+# claimed with no job, counted as queue_full. The depth is the API's bounded count: past
+# the limit, only jobs due within JOBS_QUEUE_DEPTH_HORIZON count (D198; CASE counts
+# those only when the first count is over).
 _FIRE_SQL = f"""
 WITH s AS (
-  SELECT sc.*, NOT %(manual)s AND (
+  SELECT sc.*, NOT %(manual)s AND CASE WHEN (
            SELECT count(*) FROM (SELECT 1 FROM {J} WHERE status = '{Status.QUEUED}'
                                  AND queue = sc.queue LIMIT %(limit)s + 1) AS bounded
-         ) > %(limit)s AS queue_full
+         ) > %(limit)s THEN (
+           SELECT count(*) FROM (SELECT 1 FROM {J} WHERE status = '{Status.QUEUED}'
+                                 AND queue = sc.queue
+                                 AND run_at <= now() + make_interval(secs => %(horizon)s)
+                                 LIMIT %(limit)s + 1) AS bounded
+         ) > %(limit)s ELSE false END AS queue_full
   FROM {S} sc WHERE sc.id = %(schedule)s
 ), run AS (
   INSERT INTO {R} (schedule_id, fire_time, job_id, manual, fired_by, created_at)
@@ -118,6 +125,7 @@ def fire_slot(
             "actor": actor,
             "default_retries": settings.JOBS_MAX_RETRIES,
             "limit": settings.JOBS_MAX_QUEUE_DEPTH,
+            "horizon": float(settings.JOBS_QUEUE_DEPTH_HORIZON),
         },
     )
     if not rows:

@@ -10,12 +10,14 @@ short pass; `make fuzz` a long one (FUZZ_EXAMPLES per operation and mode).
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 
 import pytest
 import schemathesis
 from django.db import connection
+from django.test import override_settings
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
@@ -43,6 +45,42 @@ CHECKS = [
 ]
 RAN: dict[str, int] = {}
 STATUSES_SEEN: dict[str, dict[int, int]] = {}
+# Where this repository's test and example tasks live (D196): the built-ins, the demo
+# app, the fault suite and the bench. The fuzz names each of their tasks.
+EXAMPLE_MODULES = ("jobs.tasks", "demo.tasks", "chaos.tasks", "bench.tasks")
+for _module in EXAMPLE_MODULES:
+    importlib.import_module(_module)
+OWN_TASK = "fuzz.own"
+
+
+@tasks.task(OWN_TASK)
+def own(payload, ctx):
+    """A host project's own task: public, as any @task without `example`."""
+    return payload
+
+
+@pytest.fixture(autouse=True)
+def deployment_public_tasks(request):
+    """The deployment's JOBS_PUBLIC_TASKS (none), not the suite's opt-in: every test and
+    example task must then be refused, and the row check below holds the fuzz to it.
+    Through pytest-django's `settings`, which the conftest's autouse fixture holds too: one
+    wrapper restores every override in order."""
+    request.getfixturevalue("settings").JOBS_PUBLIC_TASKS = []
+
+
+def example_tasks() -> list[str]:
+    """Told by the module that registers them, not by their flag."""
+    return [name for name in tasks.names() if tasks.get(name).fn.__module__ in EXAMPLE_MODULES]
+
+
+def test_no_test_or_example_task_is_public_in_the_deployment():
+    examples = set(example_tasks())
+    assert {"echo", "sleep", "fail", "demo.crash", "demo.record", "chaos.die"} <= examples
+    assert all(tasks.get(name).example for name in examples)
+    assert not examples & set(tasks.public_names()), examples & set(tasks.public_names())
+    assert OWN_TASK in tasks.public_names()  # a project's own task stays public
+    with override_settings(JOBS_PUBLIC_TASKS=["echo"]):  # opened by name only
+        assert set(tasks.public_names()) & examples == {"echo"}
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +108,7 @@ def _operations() -> list[tuple[str, str]]:
 def test_fuzz_operation(schema, method, path, mode):
     """No 5xx, and every answer is what the document says, for generated requests."""
     client, token = new_client(f"fuzz-{method}-{path}-{mode}")
-    existing, _ = submission.submit("echo", {"seed": 1}, client=client)
+    existing, _ = submission.submit(OWN_TASK, {"seed": 1}, client=client)
     operation = schema[path][method]
     strategy = operation.as_strategy(generation_mode=mode)
     if "{id}" in path:
@@ -107,8 +145,44 @@ def test_fuzz_operation(schema, method, path, mode):
     print(f"\n{label}: {RAN[label]} cases, by status {dict(sorted(STATUSES_SEEN[label].items()))}")
 
 
+# A schema-valid body per path that creates jobs, running `task`.
+CREATES_JOBS = {
+    "/api/v1/jobs/": lambda task: {"task": task, "payload": {}},
+    "/api/v1/jobs/batch/": lambda task: {"jobs": [{"task": task, "payload": {}}]},
+    "/api/v1/workflows/": lambda task: {"name": "w", "steps": [{"id": "a", "task": task,
+                                                                "payload": {}}]},
+    "/api/v1/schedules/": lambda task: {"name": "s", "interval_seconds": 60, "task": task,
+                                        "payload": {}},
+}  # fmt: skip
+
+
+def test_every_test_and_example_task_is_refused_on_every_path_that_creates_jobs(schema):
+    """The generated cases above name every task at random; here each test and example
+    task goes through each path once, as the document describes the request."""
+    client, token = new_client("fuzz-examples")
+    examples = example_tasks()
+    for path, body in CREATES_JOBS.items():
+        for task in examples:
+            case = schema[path]["POST"].Case(
+                body=body(task),
+                headers={"Authorization": f"Token {token}"},
+                media_type="application/json",
+            )
+            response = case.call()
+            assert response.status_code == 400, (path, task, response.text[:300])
+            answer = response.json()
+            codes = {answer["code"]} | {
+                e["code"] for errs in answer.get("errors", {}).values() for e in errs
+            }
+            assert "unknown_task" in codes, (path, task, response.text[:300])
+            case.validate_response(response, checks=CHECKS)
+    assert not Job.objects.filter(client=client).exists()
+    assert not Schedule.objects.filter(client=client).exists()
+
+
 def _name_task(body, task: str) -> None:
-    """Every task name, internal ones included: those must be refused (unknown_task)."""
+    """Every task name, internal, test and example ones included: those must be refused
+    (unknown_task)."""
     items = (body.get("jobs") or body.get("steps")) if isinstance(body, dict) else None
     for job in items if isinstance(items, list) else [body]:
         if isinstance(job, dict) and "task" in job:
@@ -124,8 +198,9 @@ def assert_only_legal_rows() -> None:
         assert job.status in STATUSES
         assert queues.is_declared(job.queue), job.queue
         assert job.task in known_tasks, job.task
-        if job.client_id is not None:  # a client's job runs a public task only
+        if job.client_id is not None:  # a client's job: a public task, in an open queue
             assert tasks.is_public(job.task), job.task
+            assert not queues.is_internal(job.queue), job.queue
         assert job.payload is not None and job.run_at is not None
         submission.serialise_payload(job.payload)  # storable, within the limit
         if job.idempotency_key is not None:
@@ -180,6 +255,14 @@ def test_legal_row_check_catches_an_internal_task_of_a_client(db):
     Job.objects.create(task=signing.DELIVER_TASK, payload={}, queue="webhooks", max_retries=3,
                        client=client)  # fmt: skip
     with pytest.raises(AssertionError):
+        assert_only_legal_rows()
+
+
+def test_legal_row_check_catches_an_example_task_of_a_client(db):
+    client, _ = new_client("fuzz-example")
+    Job.objects.create(task="demo.crash", payload={}, queue="default", max_retries=3,
+                       client=client)  # fmt: skip
+    with pytest.raises(AssertionError, match="demo.crash"):
         assert_only_legal_rows()
 
 
