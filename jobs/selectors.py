@@ -545,3 +545,8 @@ WORKFLOWS_RUNNING_SQL = "SELECT EXISTS (SELECT 1 FROM jobs_workflow WHERE finish
 def workflows_running() -> bool:
     """Whether any workflow is unfinished (the partial index workflow_running_idx)."""
     return bool(_fetch(WORKFLOWS_RUNNING_SQL, [])[0][0])
+
+
+def jobs_by_id(job_ids: list[int]) -> dict[int, Job]:
+    """The rows of these jobs as they are now (jobs.testing reads each after its attempt)."""
+    return Job.objects.in_bulk(job_ids)

@@ -6,6 +6,7 @@ import os
 import sys
 
 from django.core.management.base import BaseCommand, CommandError
+from django.db import connection
 
 from jobs import deliveries, dispatch, queuecontrol
 from jobs.collectors import worker_gauges
@@ -107,6 +108,14 @@ class Command(BaseCommand):
         add_metrics_arguments(parser)
 
     def handle(self, *args, **opts):
+        if connection.in_atomic_block:
+            # A TestCase's transaction: the worker's threads have sessions of their own,
+            # which cannot see its rows, and closing the caller's would end the test's.
+            raise CommandError(
+                "runworker cannot run inside a transaction (a TestCase's): its threads "
+                "cannot see uncommitted jobs. Use jobs.testing.run_jobs(), or a "
+                "TransactionTestCase (docs/testing.md)"
+            )
         if opts["concurrency"] < 1:
             raise CommandError("--concurrency must be at least 1")
         if not 0 <= opts["flush_interval"] <= 5:
