@@ -653,3 +653,8 @@ def job_status(job_id: int, client_id: int | None = None) -> str | None:
     if client_id is not None:
         qs = qs.filter(client_id=client_id)
     return qs.values_list("status", flat=True).first()
+
+
+def jobs_in_bulk(job_ids: list[int]) -> dict[int, Job]:
+    """The rows of these jobs as they are now (jobs.testing reads each after its attempt)."""
+    return Job.objects.in_bulk(job_ids)

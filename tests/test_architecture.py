@@ -35,7 +35,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("task declarations", ["jobs.schedules.periodic"]),
     # Talk to the outside world; transport is the only module that imports redis.
     # jobs.quotas: a client's limits, read (and its row locked) in the guarded write.
-    ("infrastructure", ["jobs.transport", "jobs.runtime", "jobs.events.signing",
+    ("infrastructure", ["jobs.transport", "jobs.runtime", "jobs.reloading", "jobs.events.signing",
                         "jobs.events.ssrf", "jobs.events.deadline",
                         "jobs.quotas",
                         # the read replica: where reads that may lag go (D147)
@@ -90,9 +90,11 @@ LAYERS: list[tuple[str, list[str]]] = [
         # metrics_urls: the web process's /metrics, an include of its own (docs/django.md).
         "jobs.apps", "jobs.api", "jobs.api.*", "jobs.admin", "jobs.admin.*", "jobs.health",
         "jobs.metrics_urls", "jobs.management.commands.*",
+        # testing: run_jobs (a worker driven in a test's thread) and its pytest fixture.
+        "jobs.testing", "jobs.testing.*",
     ]),
 ]  # fmt: skip
-ENTRY_PACKAGES = ("jobs.api", "jobs.admin")
+ENTRY_PACKAGES = ("jobs.api", "jobs.admin", "jobs.testing")
 
 # Imports that break a rule today, each with why; the test fails once one is gone, so
 # the list only shrinks.

@@ -276,6 +276,10 @@ class Worker(Execution, Prefetch, WriteBack, Heartbeats, Watch, Shutdown):
             flusher.join(timeout=1 if self._stops.cold else 30)
             beater.join(timeout=1 if self._stops.cold else 5)
             self.starter.join(timeout=1)
+            if not self._stops.cold:  # each closes its session on its way out (D228)
+                until = time.monotonic() + 2  # abandoned ones are stuck in a handler
+                for thread in self._handlers:
+                    thread.join(timeout=max(0.0, until - time.monotonic()))
             presence.stop()
             connection.close()
         log.info("worker stopped", extra={"worker_id": self.worker_id, "finished": self.finished})

@@ -51,40 +51,56 @@ class Execution:
         """Take attempts off the heap and run them (`execute`: a process pool's slot
         runs them in its child; None: in this thread) until told to exit."""
         get = self._ready.get
-        lock = self._lock
-        heap = self._heap
-        pop = heapq.heappop
-        me = threading.current_thread()
-        while True:
-            if get() is None:
-                return
-            with lock:  # one token per heap entry: the heap is not empty
-                item = pop(heap)[-1]
-                if not item.waiting:  # released unrun meanwhile (shutdown, waited too long)
+        try:
+            while True:
+                if get() is None:
+                    return
+                item = self._take()
+                if item is None:
                     continue
-                item.waiting = False
-                item.running_since = now = time.monotonic()
-                item.thread = me
-                self._waiting -= 1
-                self._running += 1
-            # A session the server ended while this thread was idle or in its last job
-            # is replaced before its next handler's ORM calls meet it.
-            close_old_connections()
-            if not self._admit(item):
-                continue
-            spec = tasks.get(item.lease.task)
-            item.limit = watchdog.limit_seconds(
-                item.lease.timeout, spec.timeout if spec is not None else None
-            )
-            if item.limit is not None:
-                item.deadline = now + item.limit
-            try:
-                self._run_one(item.lease, item.ctx, execute)
-            except BaseException as exc:  # the worker's own code around the handler
-                log.exception("failed around an attempt", extra=item.lease.log_fields())
-                self._settle(self._failed(item.lease, exc, False))
-            if item.replaced:  # the watchdog ended it and gave the slot to a new thread
-                return
+                # A session the server ended while this thread was idle or in its last
+                # job is replaced before its next handler's ORM calls meet it.
+                close_old_connections()
+                self._run_taken(item, execute)
+                if item.replaced:  # the watchdog ended it and gave the slot to a new thread
+                    return
+        finally:
+            # Not left to the garbage collector: a test database is dropped once the
+            # worker returns, and an open session refuses the drop (D228).
+            connection.close()
+
+    def _take(self) -> InFlight | None:
+        """The best attempt on the heap, now this thread's (None: released unrun
+        meanwhile); one `_ready` token was taken for it."""
+        with self._lock:  # one token per heap entry: the heap is not empty
+            item = heapq.heappop(self._heap)[-1]
+            if not item.waiting:  # released unrun meanwhile (shutdown, waited too long)
+                return None
+            item.waiting = False
+            item.running_since = time.monotonic()
+            item.thread = threading.current_thread()
+            self._waiting -= 1
+            self._running += 1
+        return item
+
+    def _run_taken(
+        self, item: InFlight, execute: Callable[[Lease, JobContext], Outcome] | None = None
+    ) -> None:
+        """Admit, time-limit, run and settle one attempt a thread took (the worker's
+        handler threads, and jobs.testing in the caller's own thread)."""
+        if not self._admit(item):
+            return
+        spec = tasks.get(item.lease.task)
+        item.limit = watchdog.limit_seconds(
+            item.lease.timeout, spec.timeout if spec is not None else None
+        )
+        if item.limit is not None:
+            item.deadline = item.running_since + item.limit
+        try:
+            self._run_one(item.lease, item.ctx, execute)
+        except BaseException as exc:  # the worker's own code around the handler
+            log.exception("failed around an attempt", extra=item.lease.log_fields())
+            self._settle(self._failed(item.lease, exc, False))
 
     def _admit(self, item: InFlight) -> bool:
         """Record a prefetched attempt's start (before its handler runs where a crash
@@ -191,7 +207,8 @@ class Execution:
         except _Cancelled:
             return Outcome(lease, OutcomeKind.FAIL, error=CANCELLED, permanent=True)
         finally:
-            connection.close_if_unusable_or_obsolete()
+            if not connection.in_atomic_block:  # run_jobs() inside a TestCase (D227)
+                connection.close_if_unusable_or_obsolete()
         self._count_finished(1)
         return Outcome(lease, OutcomeKind.SETTLED)
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 import sys
 
+from django.conf import settings as django_settings
 from django.core.management.base import BaseCommand, CommandError
+from django.db import connection
 
-from jobs import deliveries, dispatch, queuecontrol
+from jobs import deliveries, dispatch, queuecontrol, reloading
 from jobs.collectors import worker_gauges
 from jobs.conf import settings
 from jobs.dispatch import QueueSpec
@@ -104,9 +106,28 @@ class Command(BaseCommand):
             help="--pool processes: replace a child once its resident memory after a job "
             "exceeds this many MB (0: never) [%(default)s].",
         )
+        parser.add_argument(
+            "--reload",
+            action="store_true",
+            help="Development: restart the worker (warm: running jobs finish, the rest are "
+            "released) when a Python file changes; refused when DEBUG is off.",
+        )
+        parser.add_argument(
+            "--force-reload",
+            action="store_true",
+            help="With --reload: reload even though DEBUG is off.",
+        )
         add_metrics_arguments(parser)
 
     def handle(self, *args, **opts):
+        if connection.in_atomic_block:
+            # A TestCase's transaction: the worker's threads have sessions of their own,
+            # which cannot see its rows, and closing the caller's would end the test's.
+            raise CommandError(
+                "runworker cannot run inside a transaction (a TestCase's): its threads "
+                "cannot see uncommitted jobs. Use jobs.testing.run_jobs(), or a "
+                "TransactionTestCase (docs/testing.md)"
+            )
         if opts["concurrency"] < 1:
             raise CommandError("--concurrency must be at least 1")
         if not 0 <= opts["flush_interval"] <= 5:
@@ -127,6 +148,19 @@ class Command(BaseCommand):
         if webhook_concurrency < 1:
             raise CommandError("--webhook-concurrency must be at least 1")
         spec, own_deliveries = deliveries.split(parse_queues(opts["queues"]))
+        if opts["force_reload"] and not opts["reload"]:
+            raise CommandError("--force-reload applies to --reload only")
+        if opts["reload"]:
+            if opts["burst"] or opts["max_jobs"] is not None:
+                raise CommandError("--reload serves until stopped: not with --burst or --max-jobs")
+            if not django_settings.DEBUG and not opts["force_reload"]:
+                raise CommandError(
+                    "--reload is for development and DEBUG is off; add --force-reload to "
+                    "reload anyway"
+                )
+            if not reloading.in_child():
+                # This process only restarts the one that serves (D229).
+                raise SystemExit(reloading.supervise())
         queuecontrol.sync()  # JOBS_QUEUES changes a deployment made reach the Queue rows
         worker = Worker(
             spec,
@@ -147,6 +181,10 @@ class Command(BaseCommand):
             runner = deliveries.Pair(worker, own)
         # Handlers first: whoever sees the metrics answer may already send SIGTERM.
         runner.install_signal_handlers()
+        watcher = None
+        if opts["reload"]:
+            watcher = reloading.Watcher(lambda: worker.stopping.is_set() or runner.request_stop())
+            watcher.start()
         if opts["metrics_port"]:
             from prometheus_client import REGISTRY
 
@@ -162,6 +200,9 @@ class Command(BaseCommand):
         finished = runner.run()
         if banners:
             self.stdout.write(f"worker {worker.worker_id} stopped after {finished} job(s)")
+        if watcher is not None and watcher.changed:
+            self.stdout.flush()
+            raise SystemExit(reloading.RESTART_EXIT_CODE)  # the parent starts the new code
         if worker.restart_requested:
             # Threads stuck in handlers cannot be killed: a fresh process (same pid and
             # arguments, so a supervisor sees no exit) serves in their place (D84).
