@@ -24,6 +24,7 @@ from pathlib import Path
 import nox
 
 ROOT = Path(__file__).resolve().parent
+DATABASE_URL = "postgres://root@127.0.0.1:5432/postgres"  # as `make test`'s makemigrations
 
 nox.options.sessions = ["contract"]
 nox.options.reuse_venv = "yes"
@@ -134,6 +135,12 @@ def contract(session: nox.Session, django: str) -> None:
         "import django, sys; print('cell: Python', sys.version.split()[0], 'Django', "
         "django.get_version())",
     )
+    if not session.posargs:  # the models and the migrations agree on this Django
+        session.run(
+            "python", "manage.py", "makemigrations", "--check", "--dry-run",
+            "--settings=jobservice.test_settings",
+            env={"DATABASE_URL": os.environ.get("DATABASE_URL", DATABASE_URL)},
+        )  # fmt: skip
     session.run(
         "python",
         "-m",
