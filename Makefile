@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-12)
 .PHONY: run test lint install tools migrate browser chaos chaos-long bench crash-bench webhooks \
 	table-health table-growth fillfactor archive-bench fuzz schedules-long workflow-bench workflow-linear \
 	stop-db reset-db clean \
-	fresh-project
+	fresh-project test-matrix
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -92,6 +92,13 @@ test: install browser tools
 	DATABASE_URL=$${DATABASE_URL:-postgres://root@127.0.0.1:5432/postgres} $(PY) manage.py makemigrations --check --dry-run --settings=jobservice.test_settings
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
+## test-matrix: the app's contract tests on every supported Python x Django cell (noxfile.py,
+## docs/django.md "Supported versions"), each in its virtualenv under .nox/ (kept between runs);
+## NOX_ARGS="-t py3.13-django6.1" runs one cell. .ci/run runs it after `make test`.
+NOX_ARGS ?=
+test-matrix: install
+	$(VENV)/bin/nox $(NOX_ARGS)
+
 ## fuzz: the schema fuzz (schemathesis) with FUZZ_EXAMPLES cases per operation and mode,
 ## fresh random cases each run (`make test` runs 15, derandomised). FUZZ_EXAMPLES=20 for a quick run.
 FUZZ_EXAMPLES ?= 300
@@ -164,8 +171,9 @@ archive-bench: install
 	$(PY) -m bench.archive_retention --jobs $(N)
 
 ## fresh-project: docs/django.md in a startproject project, the wheel installed with its
-## dependencies by pip into a clean virtualenv (`make test` runs it with this checkout's
-## dependencies on a path line, and the app from the wheel alone).
+## dependencies by pip into a clean virtualenv, no extras (`make test` runs it with this
+## checkout's dependencies on a path line, and the app from the wheel alone; every cell of
+## test-matrix runs it as here).
 fresh-project: install
 	FRESH_PROJECT_FULL=1 $(VENV)/bin/pytest -q -s -p no:cacheprovider tests/test_fresh_project.py
 

@@ -35,6 +35,10 @@ class JobsConfig(AppConfig):
         from jobs import checks, clientcache, pgtypes  # noqa: F401  (registers checks; signals)
 
         connection_created.connect(pgtypes.on_connection_created, dispatch_uid="jobs.pgtypes")
+        try:  # the Tasks framework's checks of TASKS (jobs.E101, E102) run at `check`
+            from jobs import tasks_compat  # noqa: F401
+        except ImportError:  # Django 5.2 without the backport: jobs.E111 names it
+            pass
 
         post_migrate.connect(_sync_queues, sender=self, dispatch_uid="jobs.sync_queues")
         post_migrate.connect(_sync_periodic, sender=self, dispatch_uid="jobs.sync_periodic")

@@ -14,13 +14,17 @@ from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 
-from jobs import queues
+from jobs import extras, queues
 from jobs.schedules.define import periodic_problems
 
-# What jobs truly needs beside itself: its Job model declares permissions (auth, which
-# stores them per content type). The API, admin and Tasks framework add theirs
-# (docs/django.md says which).
-REQUIRED_APPS = ("django.contrib.contenttypes", "django.contrib.auth")
+# What jobs truly needs beside itself, and why. The API, admin and Tasks framework add
+# theirs (docs/django.md says which).
+REQUIRED_APPS = {
+    "django.contrib.contenttypes": "the Job model declares permissions",
+    "django.contrib.auth": "the Job model declares permissions",
+    "django.contrib.postgres": "the models' ArrayField columns: Django 6 refuses them "
+    "without it (postgres.E005)",
+}
 
 
 @checks.register(checks.Tags.compatibility)
@@ -49,15 +53,23 @@ def check_setup(app_configs: Any = None, **kwargs: Any) -> Iterable[checks.Check
                     id="jobs.E104",
                 )
             )
-    for app in REQUIRED_APPS:
+    for app, why in REQUIRED_APPS.items():
         if not apps.is_installed(app):
             errors.append(
                 checks.Error(
                     f"{app} is not in INSTALLED_APPS; the jobs app needs it",
-                    hint=f'Add "{app}" to INSTALLED_APPS (the Job model declares permissions).',
+                    hint=f'Add "{app}" to INSTALLED_APPS ({why}).',
                     id="jobs.E105",
                 )
             )
+    for extra in extras.missing_for_settings():
+        errors.append(
+            checks.Error(
+                f"{extra.setting}, but {extra.distribution} is not installed",
+                hint=f"pip install 'jobservice[{extra.name}]' ({extra.feature.lower()}).",
+                id="jobs.E111",
+            )
+        )
     return errors
 
 

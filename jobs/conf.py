@@ -86,7 +86,7 @@ SETTINGS: dict[str, Setting] = {
     "JOBS_CLIENT_CACHE_SECONDS": Setting(10.0, "How long API clients are cached by token (0: off)."),
     "JOBS_OUTBOX_INTERVAL": Setting(0.5, "Seconds between the completion-event dispatcher's polls."),
     "JOBS_EVENTS_STREAM_MAXLEN": Setting(100_000, "Approximate length of the Redis events stream."),
-    "JOBS_KAFKA_BOOTSTRAP_SERVERS": Setting("", "Kafka brokers of the completion-event sink; empty: the sink is off."),
+    "JOBS_KAFKA_BOOTSTRAP_SERVERS": Setting("", "Kafka brokers of the completion-event sink (the `kafka` extra); empty: the sink is off."),
     "JOBS_KAFKA_TOPIC": Setting("jobs.events", "Topic the sink produces every outbox event to."),
     "JOBS_KAFKA_CONFIG": Setting("", "librdkafka producer settings: a dict or JSON object (security, compression, linger)."),
     "JOBS_KAFKA_ACK_TIMEOUT": Setting(5.0, "Seconds the sink waits for the broker's acknowledgements."),
@@ -103,7 +103,7 @@ SETTINGS: dict[str, Setting] = {
     "JOBS_WEBHOOK_MAX_RETRIES": Setting(10, "Retry budget of a webhook delivery."),
     "JOBS_WEBHOOK_CA_BUNDLE": Setting("", "PEM file of CA certificates for https receivers; empty: the system's."),
     "JOBS_WEBHOOK_KEY": Setting("", "Key webhook secrets are derived from; empty: SECRET_KEY."),
-    "JOBS_ARCHIVE_DIR": Setting("", "Local directory prunejobs archives expired partitions to (Parquet); empty: they are kept, not archived."),
+    "JOBS_ARCHIVE_DIR": Setting("", "Local directory prunejobs archives expired partitions to (Parquet, the `archive` extra); empty: they are kept, not archived."),
     "PRODUCTION": Setting(False, "Production rules apply (webhooks must be https); jobservice reads JOBS_PRODUCTION."),
     "LOG_FORMAT": Setting("text", "`json` or `text`: how runworker/runreaper print their banners."),
 }

@@ -6,6 +6,7 @@ import logging
 import sys
 from pathlib import Path
 
+import django
 import environ
 
 from jobs import conf
@@ -61,12 +62,14 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "django.contrib.postgres",  # the Job model's ArrayField (Django 6 refuses it without)
     "rest_framework",
     "django_filters",
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "django_prometheus",
-    "django_tasks",  # the Tasks framework backport; Django 6 has it built in (django.tasks)
+    # The Tasks framework backport on Django 5.2; Django 6 has it built in (django.tasks).
+    *(["django_tasks"] if django.VERSION < (6,) else []),
     "demo",
     # Your own apps with models (e.g. the transactional tasks' tables): JOBS_EXTRA_APPS=myapp
     *env.list("JOBS_EXTRA_APPS", default=[]),

@@ -22,6 +22,9 @@ PROJECT = ("jobs", "jobservice", "harness", "tests", "bench", "chaos", "demo")
 LAYERS: list[tuple[str, list[str]]] = [
     # Every setting of the app and its default (imports nothing of the project).
     ("settings", ["jobs.conf"]),
+    # The optional dependencies: which extra a feature needs, and its refusal (reads
+    # the settings that turn the features on).
+    ("optional dependencies", ["jobs.extras"]),
     # Import nothing of the project: the lifecycle's states and transitions, metric
     # definitions, the task registry, pure helpers. Empty package markers live here too.
     ("leaves", [

@@ -47,6 +47,7 @@ SKIPPED = {
     "workflow-bench": "the suite runs its test at 100 nodes; test_sized_target_runs_suite_tests",
     "fresh-project": "the suite runs its test with this checkout's dependencies; "
     "test_sized_target_runs_suite_tests",
+    "test-matrix": ".ci/run runs it after make test; tests/test_packaging.py checks its cells",
 }
 # The long targets' quickest options (table-health: 100 claims per phase, and the
 # fewest queued jobs that allows).

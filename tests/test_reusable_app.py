@@ -69,6 +69,6 @@ def test_checks_name_a_database_that_is_not_postgresql_and_a_missing_app(monkeyp
     with override_settings(DATABASES={**django_settings.DATABASES, **sqlite}):
         (error,) = checks.check_setup()
     assert error.id == "jobs.E104" and "django.db.backends.postgresql" in error.hint
-    monkeypatch.setattr(checks, "REQUIRED_APPS", (*checks.REQUIRED_APPS, "django.contrib.humanize"))
+    monkeypatch.setitem(checks.REQUIRED_APPS, "django.contrib.humanize", "a test's reason")
     (error,) = checks.check_setup()
     assert error.id == "jobs.E105" and "django.contrib.humanize" in error.msg and error.hint

@@ -1,5 +1,6 @@
 """Parquet files of archived tables and their manifest: the only module that imports
-pyarrow.
+pyarrow, the `archive` extra (without it the module imports, and any use of pyarrow
+raises jobs.extras.MissingExtra naming the extra).
 
 A table leaves PostgreSQL as `COPY … (FORMAT csv)` (fast, streamed to a scratch file)
 and becomes one Parquet file whose columns keep the table's types: bigint → int64,
@@ -13,6 +14,7 @@ renamed, and the directory fsynced: a file under its final name is whole.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -21,10 +23,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.csv as pacsv
-import pyarrow.parquet as pq
+from jobs import extras
+
+try:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+except ImportError:  # no `archive` extra
+    pa = pc = pacsv = pq = extras.Absent("archive")
 
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
@@ -33,21 +40,24 @@ INFINITY = 2**63 - 1
 _BLOCK = 64 << 20  # a CSV block holds whole rows: room for the largest JSON value
 _EPOCH_US = "(extract(epoch from {c}) * 1000000)::bigint"
 
-# PostgreSQL type (format_type) → Arrow type as stored in the file.
-_ARROW: dict[str, pa.DataType] = {
-    "bigint": pa.int64(),
-    "integer": pa.int32(),
-    "smallint": pa.int16(),
-    "boolean": pa.bool_(),
-    "double precision": pa.float64(),
-    "real": pa.float32(),
-    "text": pa.string(),
-    "jsonb": pa.string(),
-    "json": pa.string(),
-    "uuid": pa.string(),
-    "timestamp with time zone": pa.timestamp("us", tz="UTC"),
-    "date": pa.date32(),
-}
+
+@functools.cache
+def _arrow_types() -> dict[str, pa.DataType]:
+    """PostgreSQL type (format_type) → Arrow type as stored in the file."""
+    return {
+        "bigint": pa.int64(),
+        "integer": pa.int32(),
+        "smallint": pa.int16(),
+        "boolean": pa.bool_(),
+        "double precision": pa.float64(),
+        "real": pa.float32(),
+        "text": pa.string(),
+        "jsonb": pa.string(),
+        "json": pa.string(),
+        "uuid": pa.string(),
+        "timestamp with time zone": pa.timestamp("us", tz="UTC"),
+        "date": pa.date32(),
+    }
 
 
 class ArchiveError(Exception):
@@ -66,7 +76,7 @@ class Column:
     @property
     def arrow_type(self) -> pa.DataType:
         try:
-            return _ARROW[self.base_type]
+            return _arrow_types()[self.base_type]
         except KeyError:
             raise ArchiveError(
                 f"column {self.name} has type {self.pg_type}, which the archive does not map"

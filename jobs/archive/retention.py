@@ -34,6 +34,7 @@ from typing import Any
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
+from jobs import extras
 from jobs.archive import files, tables
 from jobs.archive.files import ArchiveError
 from jobs.models import ArchivedPeriod
@@ -134,6 +135,7 @@ def archive_expired(
     if dry_run or not archive_dir:
         report.pending, report.held = expired(cutoff)
         return report
+    extras.require("archive")  # before any period is detached
     root = Path(archive_dir)
     with tables.archiving() as alone:
         if not alone:

@@ -15,7 +15,8 @@ been produced once is waited for, never produced again behind a later one of its
 this process. The only repeats are a whole batch after a crash or a failed delivery
 report, and a repeat always follows the first copy of every event before it.
 
-The only module that imports confluent_kafka.
+The only module that imports confluent_kafka, the `kafka` extra: without it this module
+imports and `configured()` answers, and the sink and the admin calls refuse naming it.
 """
 
 from __future__ import annotations
@@ -26,13 +27,17 @@ from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, Producer
-from confluent_kafka.admin import AdminClient, NewTopic
 from django.core.exceptions import ImproperlyConfigured
 
-from jobs import metrics
+from jobs import extras, metrics
 from jobs.conf import settings
 from jobs.transport import TransportError
+
+try:
+    import confluent_kafka as ck
+    from confluent_kafka import admin as ck_admin
+except ImportError:  # no `kafka` extra: every use raises extras.MissingExtra
+    ck = ck_admin = extras.Absent("kafka")
 
 log = logging.getLogger(__name__)
 
@@ -105,33 +110,34 @@ class KafkaSink:
 
     def __init__(self, config: dict[str, Any] | None = None, topic_name: str | None = None,
                  timeout: float | None = None) -> None:  # fmt: skip
+        extras.require("kafka")
         self.config = client_config() if config is None else config
         self.topic = topic() if topic_name is None else topic_name
         self.timeout = ack_timeout() if timeout is None else timeout
-        self._producer: Producer | None = self._new_producer()  # a bad setting fails here
+        self._producer: ck.Producer | None = self._new_producer()  # a bad setting fails here
         # Event id → _PENDING / _ACKED / _REFUSED for events this producer has produced
         # and whose batch has not committed yet.
         self._state: dict[str, str] = {}
 
-    def _new_producer(self) -> Producer:
+    def _new_producer(self) -> ck.Producer:
         try:
-            return Producer({**self.config, "error_cb": self._on_error})
-        except KafkaException as exc:
+            return ck.Producer({**self.config, "error_cb": self._on_error})
+        except ck.KafkaException as exc:
             raise ImproperlyConfigured(f"JOBS_KAFKA_CONFIG: {exc.args[0].str()}") from exc
 
-    def _get_producer(self) -> Producer:
+    def _get_producer(self) -> ck.Producer:
         if self._producer is None:
             self._producer = self._new_producer()
         return self._producer
 
-    def _on_error(self, err: KafkaError) -> None:
+    def _on_error(self, err: ck.KafkaError) -> None:
         metrics.KAFKA_ERRORS.labels(reason=_reason(err)).inc()
         log.warning("kafka producer: %s", err)
         if err.fatal():  # the idempotent producer cannot go on: start a new one
             self._producer = None
             self._state.clear()
 
-    def _delivered(self, event_id: str, err: KafkaError | None, _msg) -> None:
+    def _delivered(self, event_id: str, err: ck.KafkaError | None, _msg) -> None:
         if err is None:
             self._state[event_id] = _ACKED
             metrics.KAFKA_PRODUCED.inc()
@@ -159,7 +165,7 @@ class KafkaSink:
                     headers=[("id", e.msg_id.encode()), ("type", e.type.encode())],
                     on_delivery=partial(self._delivered, e.msg_id),
                 )
-        except (BufferError, KafkaException) as exc:
+        except (BufferError, ck.KafkaException) as exc:
             self._state.pop(e.msg_id, None)
             metrics.KAFKA_ERRORS.labels(reason=type(exc).__name__).inc()
             raise KafkaUnavailable(f"kafka: produce refused: {exc}") from exc
@@ -185,14 +191,17 @@ class KafkaSink:
             self._state.clear()
 
 
-def _reason(err: KafkaError) -> str:
+def _reason(err: ck.KafkaError) -> str:
     """A bounded label value: librdkafka's error name (never an id)."""
     return err.name().lower().lstrip("_") or "unknown"
 
 
-def _admin() -> AdminClient:
+def _admin() -> ck_admin.AdminClient:
     """An admin client with the producer's connection settings (security included)."""
-    return AdminClient({k: v for k, v in client_config().items() if k not in REQUIRED_CONFIG})
+    extras.require("kafka")
+    return ck_admin.AdminClient(
+        {k: v for k, v in client_config().items() if k not in REQUIRED_CONFIG}
+    )
 
 
 def create_topic(name: str, partitions: int, replication_factor: int,
@@ -200,14 +209,14 @@ def create_topic(name: str, partitions: int, replication_factor: int,
     """Create the topic; False if it exists already. Topic auto-creation is not assumed."""
     admin = _admin()  # kept referenced: the futures fail once the client is destroyed
     futures = admin.create_topics(
-        [NewTopic(name, num_partitions=partitions, replication_factor=replication_factor)],
+        [ck_admin.NewTopic(name, num_partitions=partitions, replication_factor=replication_factor)],
         operation_timeout=timeout,
         request_timeout=timeout,
     )
     try:
         futures[name].result(timeout)
-    except KafkaException as exc:
-        if exc.args and exc.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS:
+    except ck.KafkaException as exc:
+        if exc.args and exc.args[0].code() == ck.KafkaError.TOPIC_ALREADY_EXISTS:
             return False
         raise KafkaUnavailable(f"kafka: {exc.args[0] if exc.args else exc}") from exc
     return True
@@ -217,7 +226,7 @@ def partitions(name: str, timeout: float = 10.0) -> int | None:
     """The topic's partition count, or None if the broker does not know it."""
     try:
         found = _admin().list_topics(name, timeout=timeout).topics.get(name)
-    except KafkaException as exc:
+    except ck.KafkaException as exc:
         raise KafkaUnavailable(f"kafka: {exc.args[0] if exc.args else exc}") from exc
     if found is None or found.error is not None:
         return None

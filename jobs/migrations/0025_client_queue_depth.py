@@ -6,7 +6,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("jobs", "0023_archive_periods"),
+        ("jobs", "0024_outbox_from_start"),
     ]
 
     operations = [

@@ -9,6 +9,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from jobs import extras
 from jobs.archive import restore
 from jobs.archive.files import ArchiveError
 
@@ -54,7 +55,7 @@ class Command(BaseCommand):
                 self._show(job_id_arg(opts["job_id"]))
             else:
                 self._restore(period_arg(opts["period"]))
-        except (ArchiveError, restore.RestoreRefused) as e:
+        except (ArchiveError, restore.RestoreRefused, extras.MissingExtra) as e:
             raise CommandError(str(e)) from e
 
     def _list(self) -> None:

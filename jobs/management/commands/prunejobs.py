@@ -19,7 +19,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection, transaction
 
-from jobs import partitions, services
+from jobs import extras, partitions, services
 from jobs.archive import retention
 from jobs.archive.tables import count as count_rows
 from jobs.conf import settings
@@ -118,7 +118,7 @@ class Command(BaseCommand):
         if every_terminal:
             try:
                 report = retention.archive_expired(age, archive_dir, progress=self.stdout.write)
-            except retention.ArchiveStopped as e:
+            except (retention.ArchiveStopped, extras.MissingExtra) as e:
                 raise CommandError(str(e)) from e
             self._periods(report, False)
         else:

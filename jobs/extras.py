@@ -1,0 +1,120 @@
+"""The optional dependencies: each feature that needs one names the extra to install.
+
+`pip install jobservice` brings what every host needs; a feature most hosts never turn on
+brings its library as an extra (pyproject.toml): `kafka` (confluent-kafka), `archive`
+(pyarrow), and on Django 5.2 under Python 3.12+ `tasks-backport` (django-tasks). Without
+it, `check` says so when the setting that turns the feature on is set (jobs.E111), and
+the feature itself refuses with the same words where it starts, never with a bare
+ModuleNotFoundError from deep inside.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import django
+from django.core.exceptions import ImproperlyConfigured
+
+from jobs.conf import settings
+
+BACKEND_PATH = "jobs.backends.JobServiceBackend"
+
+
+class MissingExtra(ImproperlyConfigured):
+    """A feature was used whose optional dependency is not installed."""
+
+
+def _kafka_on() -> bool:
+    return bool(settings.JOBS_KAFKA_BOOTSTRAP_SERVERS)
+
+
+def _archive_on() -> bool:
+    return bool(settings.JOBS_ARCHIVE_DIR)
+
+
+def _tasks_backend_on() -> bool:
+    """TASKS names this backend on a Django without django.tasks."""
+    if django.VERSION >= (6,):
+        return False
+    tasks = getattr(settings, "TASKS", None) or {}
+    return any(isinstance(c, dict) and c.get("BACKEND") == BACKEND_PATH for c in tasks.values())
+
+
+@dataclass(frozen=True)
+class Extra:
+    name: str
+    module: str  # what is imported
+    distribution: str  # what pip installs
+    feature: str
+    setting: str  # what turns the feature on, as `check` names it
+    on: Callable[[], bool]
+
+    def installed(self) -> bool:
+        try:
+            importlib.import_module(self.module)
+        except ImportError:
+            return False
+        return True
+
+    def message(self) -> str:
+        return (
+            f"{self.feature} needs {self.distribution}, which is not installed: "
+            f"pip install 'jobservice[{self.name}]'"
+        )
+
+
+EXTRAS = {
+    e.name: e
+    for e in (
+        Extra(
+            "kafka",
+            "confluent_kafka",
+            "confluent-kafka",
+            "The Kafka sink of completion events",
+            "JOBS_KAFKA_BOOTSTRAP_SERVERS is set",
+            _kafka_on,
+        ),
+        Extra(
+            "archive",
+            "pyarrow",
+            "pyarrow",
+            "The Parquet archive of retention",
+            "JOBS_ARCHIVE_DIR is set",
+            _archive_on,
+        ),
+        Extra(
+            "tasks-backport",
+            "django_tasks",
+            "django-tasks",
+            "The Tasks framework on Django 5.2",
+            f"TASKS names {BACKEND_PATH}",
+            _tasks_backend_on,
+        ),
+    )
+}
+
+
+def require(name: str) -> None:
+    """Refuse the feature at its start, naming the extra, when its library is missing."""
+    extra = EXTRAS[name]
+    if not extra.installed():
+        raise MissingExtra(extra.message())
+
+
+def missing_for_settings() -> list[Extra]:
+    """The extras the settings turn on and that are not installed (`check`)."""
+    return [e for e in EXTRAS.values() if e.on() and not e.installed()]
+
+
+class Absent:
+    """Stands for a module of a missing extra: any use raises MissingExtra, so a module
+    that imports it still imports (and its pyarrow-free parts work)."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        raise MissingExtra(EXTRAS[self._name].message())
