@@ -37,6 +37,7 @@ from jobs import queues
 from jobs import tasks as registry
 from jobs.lifecycle import Status
 from jobs.models import Job, JobEvent
+from jobs.retries import RetryPolicy
 from jobs.submission import QUEUE_NAME_RE, InvalidSubmission, submit
 from jobs.tasks_compat import (
     BaseTaskBackend,
@@ -91,6 +92,31 @@ def retries(max_retries: int) -> Callable[[Callable], Callable]:
 
     def mark(fn: Callable) -> Callable:
         setattr(fn, _MAX_RETRIES_ATTR, max_retries)
+        return fn
+
+    return mark
+
+
+_RETRY_POLICY_ATTR = "jobservice_retry_policy"
+
+
+def retry_policy(
+    *,
+    retry_on: tuple[type[BaseException], ...] | None = None,
+    give_up_on: tuple[type[BaseException], ...] | None = None,
+    backoff: Callable[[int], float] | tuple[float, float, float] | None = None,
+) -> Callable[[Callable], Callable]:
+    """Which exceptions retry and how long between tries (the Task API has no argument
+    for it); under @task, checked at import as `jobs.tasks.task`'s are:
+
+        @task
+        @retry_policy(retry_on=(TimeoutError,), backoff=(2.0, 60.0, 0.1))
+        def fetch_rates(day): ...
+    """
+    policy = RetryPolicy.build(retry_on, give_up_on, backoff)
+
+    def mark(fn: Callable) -> Callable:
+        setattr(fn, _RETRY_POLICY_ATTR, policy)
         return fn
 
     return mark
@@ -179,13 +205,16 @@ def _lists(value: Any) -> Any:
 _handlers: dict[str, registry.Handler] = {}
 
 
-def _register(path: str) -> None:
+def _register(path: str, policy: RetryPolicy | None = None) -> None:
     """One handler per import path, registered once (Task.using() makes new Task
     objects for the same function; they share it)."""
     if path in _handlers:
         return
     _handlers[path] = handler = _handler_for(path)
-    registry.task(path, public=False)(handler)  # enqueued from code, never by a client
+    options = {} if policy is None else {
+        "retry_on": policy.retry_on, "give_up_on": policy.give_up_on, "backoff": policy.backoff
+    }  # fmt: skip
+    registry.task(path, public=False, **options)(handler)  # enqueued from code only
 
 
 def _handler_for(path: str) -> registry.Handler:
@@ -255,7 +284,12 @@ def _call(
             value = task.call(*args, **kwargs)
         value = check_result(value)  # a value jsonb cannot hold fails the task for good
     except BaseException as exc:  # SystemExit, KeyboardInterrupt: a failed attempt too
-        final = isinstance(exc, registry.PermanentError) or ctx.attempt > job.max_retries
+        policy = getattr(task.func, _RETRY_POLICY_ATTR, None)
+        final = (
+            isinstance(exc, registry.PermanentError)
+            or ctx.attempt > job.max_retries
+            or (policy is not None and policy.decide(exc, ctx.attempt).give_up)
+        )
         if final:  # no retry follows: the task is finished, as FAILED
             object.__setattr__(result, "status", TaskResultStatus.FAILED)
             object.__setattr__(result, "finished_at", timezone.now())
@@ -315,7 +349,7 @@ class JobServiceBackend(BaseTaskBackend):
 
     def validate_task(self, task: Task) -> None:
         super().validate_task(task)
-        _register(task.module_path)
+        _register(task.module_path, getattr(task.func, _RETRY_POLICY_ATTR, None))
 
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
         """Submit the task as a job in the caller's transaction; task_enqueued is sent

@@ -24,6 +24,7 @@ from typing import Any
 from django.utils.module_loading import autodiscover_modules
 
 from jobs.conf import settings
+from jobs.retries import RetryPolicy
 
 
 class PermanentError(Exception):
@@ -178,6 +179,7 @@ class TaskSpec:
     durable: bool = False
     timeout: float | None = None  # seconds an attempt may run; None: the job's or the default
     public: bool = True
+    retry: RetryPolicy | None = None  # retry_on / give_up_on / backoff (jobs.retries)
 
 
 _registry: dict[str, TaskSpec] = {}
@@ -193,6 +195,9 @@ def task(
     durable: bool = False,
     timeout: float | None = None,
     public: bool = True,
+    retry_on: tuple[type[BaseException], ...] | None = None,
+    give_up_on: tuple[type[BaseException], ...] | None = None,
+    backoff: Callable[[int], float] | tuple[float, float, float] | None = None,
 ) -> Callable[[Handler], Handler]:
     """Register a handler `fn(payload, ctx)`.
 
@@ -210,7 +215,13 @@ def task(
     and an attempt still running JOBS_TIMEOUT_GRACE seconds later is ended as failed.
     public=False keeps the task off the API: a client cannot submit it (it answers
     `unknown_task` like a name that does not exist) unless JOBS_PUBLIC_TASKS names it.
+    retry_on=(Exc, ...) retries only those (and RetryableError); any other exception
+    fails the job at once. give_up_on=(Exc, ...) fails at once on those, before
+    retry_on. backoff=(base, max, jitter) waits min(max, base × 2^(retry-1)) seconds
+    less up to `jitter` × that at random, or backoff=f(retry) -> seconds. Each decision
+    is written to the job's history. Without any of them the defaults apply.
     """
+    policy = RetryPolicy.build(retry_on, give_up_on, backoff)
     if durable and transactional:
         raise ValueError("a durable task cannot be transactional: its checkpoints commit alone")
     if timeout is not None and (
@@ -223,7 +234,9 @@ def task(
         existing = _registry.get(key)
         if existing is not None and existing.fn is not fn:
             raise ValueError(f"task {key!r} is already registered")
-        _registry[key] = TaskSpec(key, fn, transactional, validate, durable, timeout, public)
+        _registry[key] = TaskSpec(
+            key, fn, transactional, validate, durable, timeout, public, retry=policy
+        )
         return fn
 
     return register
