@@ -33,7 +33,7 @@ from django.db import InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from jobs import queues
+from jobs import queues, waiting
 from jobs import tasks as registry
 from jobs.lifecycle import Status
 from jobs.models import Job, JobEvent
@@ -142,6 +142,15 @@ def timeout(seconds: float) -> Callable[[Callable], Callable]:
         return fn
 
     return mark
+
+
+def wait(result: TaskResult, timeout: float) -> TaskResult:
+    """Block up to `timeout` seconds until `result`'s task finished; the result as it is
+    then (TaskResult is the framework's frozen dataclass: a new one comes back).
+
+        result = wait(send_receipt.enqueue(order.pk), timeout=10)
+    """
+    return result.task.get_backend().wait_result(result.id, timeout)
 
 
 # --- idempotency ----------------------------------------------------------------------
@@ -385,6 +394,15 @@ class JobServiceBackend(BaseTaskBackend):
         if job.task not in _handlers:  # an ordinary job, or a task this process never saw
             raise TaskResultDoesNotExist(result_id)
         return self._result(job, import_string(job.task))
+
+    def wait_result(self, result_id: str, timeout: float) -> TaskResult:
+        """The result once its job ended, or as it is after `timeout` seconds: woken by
+        the workers' announcement, not by polling (jobs.waiting)."""
+        try:
+            waiting.wait_for(int(result_id), timeout)
+        except (ValueError, TypeError, Job.DoesNotExist) as exc:
+            raise TaskResultDoesNotExist(result_id) from exc
+        return self.get_result(result_id)
 
     def check(self, **kwargs: Any) -> Iterable[checks.CheckMessage]:
         try:

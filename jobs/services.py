@@ -25,7 +25,7 @@ from typing import Any
 import psycopg
 from django.db import IntegrityError, OperationalError, connection, transaction
 
-from jobs import clientcache, lifecycle, metrics, quotas
+from jobs import clientcache, lifecycle, metrics, quotas, waiting
 from jobs.conf import settings
 from jobs.exceptions import (
     BatchIdempotencyConflict,
@@ -1118,6 +1118,9 @@ def mark_started(leases: Sequence[Lease]) -> Held:
 
 def _finished(rows: list[tuple]) -> dict[int, Finished]:
     out = {}
+    ended = [r[0] for r in rows if r[1] in (Status.DONE, Status.FAILED)]
+    if ended:  # one announcement per write-back, once it committed (jobs.waiting)
+        transaction.on_commit(partial(waiting.announce, ended))
     for r in rows:
         f = Finished(r[0], r[1], r[2], r[3], r[4], r[5], float(r[6]) if r[6] is not None else None)
         out[f.job_id] = f
