@@ -12,6 +12,8 @@ import secrets
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -382,5 +384,91 @@ def _front_record(
             "latency_ms": pct,
             "held_reopened": replaced,
             **per_request,
+        },  # fmt: skip
+    }
+
+
+_WAITERS = """
+import http.client, json, sys, threading, time
+host, port, token, ids, wait = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+answers = {}
+lock = threading.Lock()
+def one(job_id):
+    c = http.client.HTTPConnection(host, port, timeout=float(wait) + 30)
+    auth = {"Authorization": f"Token {token}"}
+    c.request("GET", f"/api/v1/jobs/{job_id}/?wait={wait}", headers=auth)
+    r = c.getresponse(); r.read()
+    with lock:
+        key = f"{r.status} {r.getheader('Jobs-Wait')}"
+        answers[key] = answers.get(key, 0) + 1
+threads = [threading.Thread(target=one, args=(int(i),)) for i in ids.split(",")]
+for t in threads: t.start()
+for t in threads: t.join()
+print(json.dumps(answers))
+"""
+
+
+def waits(ctx: Any) -> Iterator[dict]:
+    """Submissions alone, then with 500 clients each holding `?wait=` on a job of their
+    own that does not end meanwhile (no worker runs): the submission rate kept, and the
+    most PostgreSQL connections the API server held (issue 42.2, D235)."""
+    from jobs import services
+    from jobs.models import Client
+
+    n_waiters, seconds = 500, (3.0 if ctx.quick else 8.0)
+    body = {"task": "echo", "payload": {"n": 1}}
+    sql("TRUNCATE jobs_job, jobs_jobevent")
+    server, url = _server(ctx, Setup(ctx.code), ctx.args.web_concurrency)
+    try:
+        _load(ctx, url + "/api/v1/jobs/", body, 1.0, 2, 4)  # warm up
+        alone = _load(ctx, url + "/api/v1/jobs/", body, seconds, 2, 4)
+        owner, token = Client.create_with_token(f"bench-wait-{secrets.token_hex(4)}")
+        ids = [services.submit("echo", {}, client_id=owner.pk)[0].pk for _ in range(n_waiters)]
+        host, port = url.removeprefix("http://").split(":")
+        wait_for = seconds + 10
+        waiters = subprocess.Popen(
+            [sys.executable, "-c", _WAITERS, host, port, token, ",".join(map(str, ids)),
+             str(wait_for)],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        time.sleep(3.0)  # every waiter connected and waiting
+        most = [0]
+        stop = threading.Event()
+        count_sql = (
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND backend_type = 'client backend' AND pid <> pg_backend_pid()"
+        )
+
+        def sample() -> None:
+            while not stop.wait(0.2):
+                most[0] = max(most[0], sql(count_sql)[0][0])
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        during = _load(ctx, url + "/api/v1/jobs/", body, seconds, 2, 4)
+        stop.set()
+        sampler.join()
+        answers = json.loads(waiters.communicate(timeout=wait_for + 60)[0] or "{}")
+    finally:
+        server.stop()
+    rate_alone = alone["statuses"].get("201", 0) / alone["seconds"]
+    rate_during = during["statuses"].get("201", 0) / during["seconds"]
+    kept = rate_during / rate_alone if rate_alone else 0.0
+    yield {
+        "scenario": "http-waits",
+        "code": ctx.code.label,
+        "figure": f"HTTP submissions with {n_waiters} concurrent ?wait= clients "
+        f"({_workers(ctx)}), share of the rate measured alone",
+        "value": 100 * kept,
+        "unit": "%",
+        "target": ">= 80 %",
+        "summary": f"{rate_alone:,.0f} jobs/s alone, {rate_during:,.0f} jobs/s with "
+        f"{n_waiters} waits held ({100 * kept:.0f} %); at most {most[0]} PostgreSQL client "
+        f"connections meanwhile (this bench's own included); wait answers {answers}",
+        "details": {
+            "alone": rate_alone,
+            "during": rate_during,
+            "connections_max": most[0],
+            "answers": answers,
         },  # fmt: skip
     }

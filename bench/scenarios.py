@@ -98,7 +98,7 @@ def scenario(name: str):
 
 # Run only when named: the scaling curve (bench/scaling.py) takes minutes and starts
 # its own PgBouncer; the fillfactor comparison and the table-growth fill take minutes too.
-ON_REQUEST = {"scale", "fillfactor", "table-growth"}
+ON_REQUEST = {"scale", "fillfactor", "table-growth", "http-waits"}
 
 
 def default_names(quick: bool) -> list[str]:
@@ -864,3 +864,8 @@ def kafka_sink(ctx: Context) -> Iterator[dict]:
             }  # fmt: skip
     finally:
         broker.stop()
+
+
+@scenario("http-waits")
+def http_waits(ctx: Context) -> Iterator[dict]:
+    yield from _http(ctx, "http-waits", http_load.waits)

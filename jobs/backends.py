@@ -33,11 +33,12 @@ from django.db import InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from jobs import cancelling, queues
+from jobs import cancelling, queues, waiting
 from jobs import tasks as registry
 from jobs.cancelling import CancelOutcome
 from jobs.lifecycle import CANCELLED, Status
 from jobs.models import Job, JobEvent
+from jobs.retries import RetryPolicy
 from jobs.submission import QUEUE_NAME_RE, InvalidSubmission, submit
 from jobs.tasks_compat import (
     BaseTaskBackend,
@@ -109,6 +110,25 @@ def retries(max_retries: int) -> Callable[[Callable], Callable]:
     return _marker(_MAX_RETRIES_ATTR, max_retries)
 
 
+_RETRY_POLICY_ATTR = "jobservice_retry_policy"
+
+
+def retry_policy(
+    *,
+    retry_on: tuple[type[BaseException], ...] | None = None,
+    give_up_on: tuple[type[BaseException], ...] | None = None,
+    backoff: Callable[[int], float] | tuple[float, float, float] | None = None,
+) -> Callable[[Callable], Callable]:
+    """Which exceptions retry and how long between tries (the Task API has no argument
+    for it); above or under @task, checked at import as `jobs.tasks.task`'s are:
+
+        @task
+        @retry_policy(retry_on=(TimeoutError,), backoff=(2.0, 60.0, 0.1))
+        def fetch_rates(day): ...
+    """
+    return _marker(_RETRY_POLICY_ATTR, RetryPolicy.build(retry_on, give_up_on, backoff))
+
+
 def timeout(seconds: float) -> Callable[[Callable], Callable]:
     """Bound each attempt of a task (the Task API has no argument for it); above or
     under @task:
@@ -122,6 +142,15 @@ def timeout(seconds: float) -> Callable[[Callable], Callable]:
     Without it JOBS_DEFAULT_TIMEOUT applies.
     """
     return _marker(_TIMEOUT_ATTR, seconds)
+
+
+def wait(result: TaskResult, timeout: float) -> TaskResult:
+    """Block up to `timeout` seconds until `result`'s task finished; the result as it is
+    then (TaskResult is the framework's frozen dataclass: a new one comes back).
+
+        result = wait(send_receipt.enqueue(order.pk), timeout=10)
+    """
+    return result.task.get_backend().wait_result(result.id, timeout)
 
 
 # --- idempotency ----------------------------------------------------------------------
@@ -185,7 +214,7 @@ def _lists(value: Any) -> Any:
 _handlers: dict[str, registry.Handler] = {}
 
 
-def _register(path: str) -> None:
+def _register(path: str, policy: RetryPolicy | None = None) -> None:
     """One handler per import path, registered once (Task.using() makes new Task
     objects for the same function; they share it)."""
     if path in _handlers:
@@ -193,7 +222,10 @@ def _register(path: str) -> None:
     _handlers[path] = handler = _handler_for(path)
     # Enqueued from code, never by a client; a workflow step or schedule naming the path
     # is held to the payload the handler reads (D223).
-    registry.task(path, public=False, validate=_check_payload)(handler)
+    options = {} if policy is None else {
+        "retry_on": policy.retry_on, "give_up_on": policy.give_up_on, "backoff": policy.backoff
+    }  # fmt: skip
+    registry.task(path, public=False, validate=_check_payload, **options)(handler)
 
 
 _PAYLOAD_KEYS = frozenset({"args", "kwargs", RUN_AFTER_KEY})
@@ -291,7 +323,12 @@ def _call(
             value = task.call(*args, **kwargs)
         value = check_result(value)  # a value jsonb cannot hold fails the task for good
     except BaseException as exc:  # SystemExit, KeyboardInterrupt: a failed attempt too
-        final = isinstance(exc, registry.PermanentError) or ctx.attempt > job.max_retries
+        policy = getattr(task.func, _RETRY_POLICY_ATTR, None)
+        final = (
+            isinstance(exc, registry.PermanentError)
+            or ctx.attempt > job.max_retries
+            or (policy is not None and policy.decide(exc, ctx.attempt).give_up)
+        )
         if final:  # no retry follows: the task is finished, as FAILED
             object.__setattr__(result, "status", TaskResultStatus.FAILED)
             object.__setattr__(result, "finished_at", timezone.now())
@@ -376,7 +413,7 @@ class JobServiceBackend(BaseTaskBackend):
 
     def validate_task(self, task: Task) -> None:
         super().validate_task(task)
-        _register(task.module_path)
+        _register(task.module_path, getattr(task.func, _RETRY_POLICY_ATTR, None))
 
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
         """Submit the task as a job in the caller's transaction; task_enqueued is sent
@@ -411,6 +448,15 @@ class JobServiceBackend(BaseTaskBackend):
             return cancelling.cancel(int(result_id))
         except (ValueError, TypeError, Job.DoesNotExist) as exc:
             raise TaskResultDoesNotExist(result_id) from exc
+
+    def wait_result(self, result_id: str, timeout: float) -> TaskResult:
+        """The result once its job ended, or as it is after `timeout` seconds: woken by
+        the workers' announcement, not by polling (jobs.waiting)."""
+        try:
+            waiting.wait_for(int(result_id), timeout)
+        except (ValueError, TypeError, Job.DoesNotExist) as exc:
+            raise TaskResultDoesNotExist(result_id) from exc
+        return self.get_result(result_id)
 
     def check(self, **kwargs: Any) -> Iterable[checks.CheckMessage]:
         try:

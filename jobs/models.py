@@ -335,6 +335,7 @@ class JobEvent(models.Model):
     TRANSITION = "transition"
     FENCE_REJECTED = "fence_rejected"
     CANCEL_REQUESTED = "cancel_requested"
+    RETRY_POLICY = "retry_policy"  # a task's retry policy's decision (jobs.retries)
 
     id = models.BigAutoField(primary_key=True)
     job = models.ForeignKey(

@@ -25,7 +25,7 @@ from typing import Any
 import psycopg
 from django.db import IntegrityError, OperationalError, connection, transaction
 
-from jobs import clientcache, lifecycle, metrics, quotas
+from jobs import clientcache, lifecycle, metrics, quotas, waiting
 from jobs.conf import settings
 from jobs.exceptions import (
     BatchIdempotencyConflict,
@@ -1118,6 +1118,9 @@ def mark_started(leases: Sequence[Lease]) -> Held:
 
 def _finished(rows: list[tuple]) -> dict[int, Finished]:
     out = {}
+    ended = [r[0] for r in rows if r[1] in (Status.DONE, Status.FAILED)]
+    if ended:  # one announcement per write-back, once it committed (jobs.waiting)
+        transaction.on_commit(partial(waiting.announce, ended))
     for r in rows:
         f = Finished(r[0], r[1], r[2], r[3], r[4], r[5], float(r[6]) if r[6] is not None else None)
         out[f.job_id] = f
@@ -1175,23 +1178,41 @@ UPDATE {T} j SET
        result = NULL,
        status = CASE WHEN {_RETRY} THEN '{Status.QUEUED}' ELSE '{Status.FAILED}' END,
        lease_version = j.lease_version + CASE WHEN {_RETRY} THEN 1 ELSE 0 END,
-       run_at = CASE WHEN {_RETRY}
-                THEN greatest({_BACKOFF}, now() + COALESCE(f.delay, 0) * interval '1 second')
-                ELSE j.run_at END,
+       run_at = CASE WHEN NOT {_RETRY} THEN j.run_at
+                WHEN f.policy_delay IS NOT NULL  -- the task's own backoff (jobs.retries)
+                THEN now() + greatest(f.policy_delay, COALESCE(f.delay, 0)) * interval '1 second'
+                ELSE greatest({_BACKOFF}, now() + COALESCE(f.delay, 0) * interval '1 second')
+                END,
        finished_at = CASE WHEN {_RETRY} THEN NULL ELSE statement_timestamp() END,
        {_UNOWN}, {_BY_HOLDER}
 FROM unnest(%(ids)s::bigint[], %(lvs)s::bigint[], %(owners)s::text[],
             %(errors)s::text[], %(permanent)s::boolean[], %(classes)s::text[],
-            %(tracebacks)s::text[], %(delays)s::float8[])
-     AS f(id, lv, owner, error, permanent, error_class, traceback, delay)
+            %(tracebacks)s::text[], %(delays)s::float8[], %(policy_delays)s::float8[])
+     AS f(id, lv, owner, error, permanent, error_class, traceback, delay, policy_delay)
 WHERE j.id = ANY(%(ids)s::bigint[]) AND {_FENCE}
 RETURNING {_FINISH_RETURNING}, j.run_at <= now()
+"""
+# A task's retry policy's decision, beside the transition it caused: the delay as run_at
+# holds it (a Retry-After may have made it longer) and the policy's reason.
+_RETRY_DECISIONS_SQL = f"""
+INSERT INTO jobs_jobevent (job_id, kind, at, from_status, to_status, actor,
+                          lease_version, retry_count, job_created_at, error)
+SELECT j.id, '{JobEvent.RETRY_POLICY}', now(), '{Status.PROCESSING}', j.status, {_HOLDER},
+       j.lease_version, j.retry_count, j.created_at,
+       CASE WHEN j.status = '{Status.QUEUED}'
+            THEN format('%%s; run_at in %%ss', f.reason,
+                        round(extract(epoch FROM j.run_at - now())::numeric, 3))
+            WHEN f.reason LIKE 'retry %%'
+            THEN format('no retry: the budget of %%s retries is spent', j.max_retries)
+            ELSE f.reason END
+FROM unnest(%s::bigint[], %s::text[], %s::text[]) AS f(id, owner, reason)
+JOIN {T} j ON j.id = f.id
 """
 
 
 def fail(items: Sequence[tuple]) -> dict[int, Finished]:
     """A failed attempt for each (lease, error, permanent[, error_class, traceback,
-    retry_after]),
+    retry_after, policy_delay, policy_reason]),
     fenced (SPEC §4). The class and traceback go to the row in the same statement,
     and the history trigger copies them into the event that ends the attempt.
 
@@ -1201,9 +1222,18 @@ def fail(items: Sequence[tuple]) -> dict[int, Finished]:
     Budget spent (retry_count > max_retries): failed. Permanent: failed at
     once, retry_count unchanged (no retry was spent). Retries are re-signalled
     after commit when due; backed-off ones are found by polling and the reaper.
+    A task's retry policy (jobs.retries) gives `policy_delay` instead of the global
+    backoff and a reason, written to the history with the transition.
     """
     if not items:
         return {}
+    if any(len(item) > 7 and item[7] for item in items):
+        with transaction.atomic():  # the decisions' history rows with their transitions
+            return _fail(items)
+    return _fail(items)
+
+
+def _fail(items: Sequence[tuple]) -> dict[int, Finished]:
     ids, lvs, owners = _fence_arrays([item[0] for item in items])
     rows = _hot_rows(
         _FAIL_SQL,
@@ -1216,11 +1246,22 @@ def fail(items: Sequence[tuple]) -> dict[int, Finished]:
             "classes": [item[3] if len(item) > 3 else None for item in items],
             "tracebacks": [item[4] if len(item) > 4 else None for item in items],
             "delays": [item[5] if len(item) > 5 else None for item in items],
+            "policy_delays": [item[6] if len(item) > 6 else None for item in items],
             "base": float(settings.JOBS_RETRY_BACKOFF_BASE),
             "cap": float(settings.JOBS_RETRY_BACKOFF_MAX),
         },
     )
     finished = _finished([r[:-1] for r in rows])
+    decided = [item for item in items if len(item) > 7 and item[7] and item[0].job_id in finished]
+    if decided:
+        _rows(
+            _RETRY_DECISIONS_SQL,
+            [
+                [item[0].job_id for item in decided],
+                [item[0].worker_id for item in decided],
+                [item[7] for item in decided],
+            ],
+        )
     for f in finished.values():
         if f.status == Status.QUEUED:
             metrics.child(metrics.RETRIED, f.queue, f.task).inc()

@@ -24,6 +24,7 @@ from typing import Any
 from django.utils.module_loading import autodiscover_modules
 
 from jobs.conf import settings
+from jobs.retries import RetryPolicy
 
 
 class PermanentError(Exception):
@@ -179,6 +180,7 @@ class TaskSpec:
     timeout: float | None = None  # seconds an attempt may run; None: the job's or the default
     public: bool = True
     example: bool = False  # a test or example task: never public unless named (D196)
+    retry: RetryPolicy | None = None  # retry_on / give_up_on / backoff (jobs.retries)
 
 
 _registry: dict[str, TaskSpec] = {}
@@ -195,6 +197,9 @@ def task(
     timeout: float | None = None,
     public: bool = True,
     example: bool = False,
+    retry_on: tuple[type[BaseException], ...] | None = None,
+    give_up_on: tuple[type[BaseException], ...] | None = None,
+    backoff: Callable[[int], float] | tuple[float, float, float] | None = None,
 ) -> Callable[[Handler], Handler]:
     """Register a handler `fn(payload, ctx)`.
 
@@ -215,7 +220,13 @@ def task(
     example=True marks a test or example task (the built-ins, the demo app's, the fault
     suite's): internal whatever `public` says, so that installing the app that holds it
     never opens it to clients; JOBS_PUBLIC_TASKS opens it by name (D196).
+    retry_on=(Exc, ...) retries only those (and RetryableError); any other exception
+    fails the job at once. give_up_on=(Exc, ...) fails at once on those, before
+    retry_on. backoff=(base, max, jitter) waits min(max, base × 2^(retry-1)) seconds
+    less up to `jitter` × that at random, or backoff=f(retry) -> seconds. Each decision
+    is written to the job's history. Without any of them the defaults apply.
     """
+    policy = RetryPolicy.build(retry_on, give_up_on, backoff)
     if durable and transactional:
         raise ValueError("a durable task cannot be transactional: its checkpoints commit alone")
     if timeout is not None and (
@@ -229,7 +240,15 @@ def task(
         if existing is not None and existing.fn is not fn:
             raise ValueError(f"task {key!r} is already registered")
         _registry[key] = TaskSpec(
-            key, fn, transactional, validate, durable, timeout, public and not example, example
+            key,
+            fn,
+            transactional,
+            validate,
+            durable,
+            timeout,
+            public and not example,
+            example,
+            retry=policy,
         )
         return fn
 

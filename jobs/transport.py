@@ -184,6 +184,22 @@ class Transport:
             script = self._append_script = self._client.register_script(_APPEND_EVENTS_LUA)
         return script
 
+    def publish(self, channel: str, message: str) -> None:
+        """PUBLISH a hint to the subscribers of `channel` (jobs.waiting)."""
+        try:
+            self._client.publish(channel, message)
+        except redis.RedisError as exc:
+            raise self._fail("publish", exc) from exc
+
+    def subscribe(self, channel: str):
+        """A pub/sub subscription to `channel` on a connection of its own."""
+        try:
+            subscription = self._client.pubsub(ignore_subscribe_messages=True)
+            subscription.subscribe(channel)
+            return subscription
+        except redis.RedisError as exc:
+            raise self._fail("subscribe", exc) from exc
+
     def state(self) -> str:
         try:
             self._client.ping()
@@ -209,6 +225,12 @@ class NullTransport:
 
     def lengths(self, queues: Iterable[str]) -> dict[str, int]:
         return {}
+
+    def publish(self, channel: str, message: str) -> None:
+        return None
+
+    def subscribe(self, channel: str) -> None:
+        return None  # waiters find ended jobs by their fallback poll
 
     def state(self) -> str:
         return "disabled"

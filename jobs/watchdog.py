@@ -32,8 +32,9 @@ class Verdict(enum.StrEnum):
     LOST = "lost_handler"  # its handler ended without a result
 
 
-class AttemptTimeout(Exception):
-    """Stands for the class of an attempt the worker ended at its timeout."""
+class AttemptTimeout(TimeoutError):
+    """Stands for the class of an attempt the worker ended at its timeout: a
+    TimeoutError, so a task's `retry_on=(TimeoutError,)` covers it."""
 
 
 class HandlerLost(Exception):

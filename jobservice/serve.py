@@ -39,6 +39,13 @@ def server_name(env: dict[str, str] | os._Environ = os.environ) -> str:
     return name
 
 
+def wait_slots(env: dict[str, str] | os._Environ = os.environ) -> int:
+    """JOBS_API_WAIT_SLOTS as the workers will read it (the environment, else the default)."""
+    from jobs.conf import SETTINGS
+
+    return int(env.get("JOBS_API_WAIT_SLOTS") or SETTINGS["JOBS_API_WAIT_SLOTS"].default)
+
+
 def gunicorn_argv(extra: list[str]) -> list[str]:
     return [sys.executable, "-m", "gunicorn", "-c", str(CONF), APP, *extra]
 
@@ -71,7 +78,10 @@ def granian(conf: dict) -> None:
     from granian.http import HTTP1Settings
 
     host, _, port = conf["bind"].rpartition(":")
-    threads = int(os.environ.get("WEB_THREADS") or GRANIAN_THREADS)
+    # Plus one thread per wait a process may hold (`?wait=`, D235): a waiting request
+    # sleeps in its thread, holding no database connection; granian starts threads on
+    # demand and ends idle ones, so they cost nothing until waits come.
+    threads = int(os.environ.get("WEB_THREADS") or GRANIAN_THREADS) + wait_slots()
     connections = raise_open_files(int(os.environ.get("WEB_MAX_CONNECTIONS") or MAX_CONNECTIONS))
     log = conf.get("logconfig_dict")
     if log:  # gunicorn's logger names -> granian's, same handlers and format

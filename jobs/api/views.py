@@ -3,6 +3,7 @@ sees and touches only its own jobs; another client's job is a 404, never a 403."
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from datetime import UTC
 from typing import Any
@@ -19,7 +20,7 @@ from rest_framework.pagination import Cursor, CursorPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from jobs import replica, services, submission
+from jobs import replica, services, submission, waiting
 from jobs.api import answers
 from jobs.api.errors import Conflict, InvalidCursor, exception_handler
 from jobs.api.filters import JobFilter
@@ -35,7 +36,8 @@ from jobs.api.serializers import (
     JobSubmitSerializer,
     SubmittedJobSerializer,
 )
-from jobs.lifecycle import Status
+from jobs.conf import settings
+from jobs.lifecycle import TERMINAL, Status
 from jobs.models import Job, JobEvent
 
 
@@ -142,6 +144,48 @@ def _inside_callers_transaction() -> bool:
 # resolver for every submission (17 µs, 1.5 % of its CPU).
 _LOCATIONS: dict[tuple[str, str], tuple[str, str]] = {}
 _SOME_ID = 918_273_645_546_372
+
+
+MAX_WAIT_SECONDS = 60.0
+
+
+class _WaitSlots:
+    """The waits this process holds at once (JOBS_API_WAIT_SLOTS), read per use so a
+    test's setting applies."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.held = 0
+
+    def acquire(self) -> bool:
+        with self._lock:
+            if self.held >= int(settings.JOBS_API_WAIT_SLOTS):
+                return False
+            self.held += 1
+            return True
+
+    def release(self) -> None:
+        with self._lock:
+            self.held -= 1
+
+
+wait_slots = _WaitSlots()
+
+
+def wait_seconds(raw: str | None) -> float:
+    """`?wait=` as seconds, or a 400 naming the allowed range."""
+    if raw is None or raw == "":
+        return 0.0
+    limit = min(float(settings.JOBS_API_MAX_WAIT_SECONDS), MAX_WAIT_SECONDS)
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = float("nan")
+    if not 0 <= seconds <= limit:
+        raise exceptions.ValidationError(
+            {"wait": [f"wait must be a number of seconds from 0 to {limit:g}"]}
+        )
+    return seconds
 
 
 def as_stored(job: Job) -> Job:
@@ -285,10 +329,44 @@ class JobViewSet(APIPolicy, viewsets.GenericViewSet):
 
     @extend_schema(
         summary="A job",
-        responses={200: JobSerializer, **_errors(401, 404)},
+        description=(
+            "With `wait=SECONDS` (0 to JOBS_API_MAX_WAIT_SECONDS, at most 60) the answer "
+            "waits until the job is done or failed, or until the seconds have passed, and "
+            "then gives the job as it is. The `Jobs-Wait` header says how the wait ended: "
+            "`ended` (the job is terminal), `timeout` (it is not), or `busy` (this server "
+            "held as many waits as it may: the job as it is now, at once; ask again)."
+        ),
+        parameters=[
+            OpenApiParameter(
+                "wait",
+                OpenApiTypes.NUMBER,
+                description="Seconds to wait for the job to end (0 to the server's maximum).",
+            )
+        ],
+        responses={200: JobSerializer, **_errors(400, 401, 404)},
     )
     def retrieve(self, request: Request, pk: int) -> Response:
-        return Response(JobSerializer(self.get_object()).data)
+        wait = wait_seconds(request.query_params.get("wait"))
+        job = self.get_object()
+        if not wait or job.status in TERMINAL:
+            response = Response(JobSerializer(job).data)
+            if wait:
+                response["Jobs-Wait"] = "ended"
+            return response
+        if not wait_slots.acquire():
+            response = Response(JobSerializer(job).data)
+            response["Jobs-Wait"] = "busy"
+            return response
+        try:
+            connection.close()  # no connection held for the wait's length
+            ended = waiting.waiter().wait(job.pk, wait)
+            job = self.get_object()
+        finally:
+            wait_slots.release()
+            connection.close()  # a wait's thread keeps no connection for later requests
+        response = Response(JobSerializer(job).data)
+        response["Jobs-Wait"] = "ended" if ended or job.status in TERMINAL else "timeout"
+        return response
 
     @extend_schema(
         summary="The client's jobs, newest first",

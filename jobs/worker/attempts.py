@@ -119,6 +119,10 @@ class Outcome:
     error_class: str | None = None
     traceback: str | None = None
     retry_after: float | None = None  # RetryableError(retry_after=...): not before
+    # The task's retry policy chose this delay (replacing the global backoff) and says
+    # why in `retry_reason`, which goes to the history (jobs.retries).
+    retry_delay: float | None = None
+    retry_reason: str | None = None
 
 
 @dataclass(eq=False)
@@ -196,7 +200,26 @@ def guarded(
     except PermanentError as exc:
         return failed(lease, exc, True)
     except BaseException as exc:  # SystemExit and KeyboardInterrupt too: the worker goes on
+        if spec.retry is None:
+            return failed(lease, exc, False)
+        return by_policy(spec, lease, exc, failed)
+
+
+def by_policy(
+    spec: tasks.TaskSpec, lease: Lease, exc: BaseException, failed: Callable[..., Outcome]
+) -> Outcome:
+    """A failed attempt as the task's retry policy decides: at once, or retried after
+    the policy's delay, with the reason for the history."""
+    try:
+        decision = spec.retry.decide(exc, lease.retry_count + 1)
+    except Exception as broken:  # a backoff callable that raised: the default backoff
+        log.warning("retry policy of %s failed: %s", lease.task, broken, extra=lease.log_fields())
         return failed(lease, exc, False)
+    outcome = failed(lease, exc, decision.give_up)
+    outcome.permanent = decision.give_up
+    outcome.retry_delay = decision.delay
+    outcome.retry_reason = storable(decision.reason)
+    return outcome
 
 
 def failed_outcome(

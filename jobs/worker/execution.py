@@ -28,6 +28,7 @@ from jobs.worker.attempts import (
     _Cancelled,
     _FenceRejected,
     _key,
+    by_policy,
     call_handler,
     check_result,
     failed_outcome,
@@ -173,13 +174,18 @@ class Execution:
         with self._lock:
             item = self._inflight.get(_key(lease))
             limit = item.limit if item is not None else None
-        return Outcome(
+        timed_out = Outcome(
             lease,
             OutcomeKind.FAIL,
             error=watchdog.timed_out_error(limit or 0),
             error_class=outcome.error_class or class_path(watchdog.AttemptTimeout()),
             traceback=outcome.traceback,
         )
+        spec = tasks.get(lease.task)
+        if spec is None or spec.retry is None:
+            return timed_out
+        # The task's policy judges a timeout as a TimeoutError (AttemptTimeout is one).
+        return by_policy(spec, lease, watchdog.AttemptTimeout(), lambda *a: timed_out)
 
     def _failed(
         self, lease: Lease, exc: BaseException, permanent: bool, message: str | None = None

@@ -94,7 +94,16 @@ class WriteBack:
             batch = [o for o in batch if _key(o.lease) not in self._released]
         done = [(o.lease, o.result) for o in batch if o.kind == OutcomeKind.DONE]
         failed = [
-            (o.lease, o.error, o.permanent, o.error_class, o.traceback, o.retry_after)
+            (
+                o.lease,
+                o.error,
+                o.permanent,
+                o.error_class,
+                o.traceback,
+                o.retry_after,
+                o.retry_delay,
+                o.retry_reason,
+            )  # fmt: skip
             for o in batch
             if o.kind == OutcomeKind.FAIL
         ]
@@ -108,11 +117,11 @@ class WriteBack:
             log.warning("result refused by PostgreSQL: failing its job", extra=lease.log_fields())
 
         def refused_error(item: tuple, exc: Exception) -> tuple | None:
-            lease, error, permanent, cls, tb, delay = item
+            lease, error, permanent, cls, tb, *delays = item
             if cls is not None or tb is not None or not error.isascii():
                 # Store the error alone, in plain ASCII: the detail was what was refused.
                 ascii_error = error.encode("ascii", "backslashreplace").decode("ascii")
-                return (lease, ascii_error[:MAX_ERROR_CHARS], permanent, None, None, delay)
+                return (lease, ascii_error[:MAX_ERROR_CHARS], permanent, None, None, *delays)
             unwritten.add(lease.job_id)
             log.error(
                 "PostgreSQL refused a failed attempt's write-back (%s); the reaper will "
