@@ -14,6 +14,21 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
+
+
+class PermanentError(Exception):
+    """Raised by a handler: the job fails at once, no retries (SPEC §4)."""
+
+
+class RetryableError(Exception):
+    """Raised by a handler to ask for a retry explicitly (any other exception retries too).
+    `retry_after` (seconds) holds the retry back at least that long (e.g. a receiver's
+    Retry-After); the usual backoff still applies when it is longer."""
+
+    def __init__(self, *args: Any, retry_after: float | None = None) -> None:
+        super().__init__(*args)
+        self.retry_after = retry_after
 
 
 @dataclass(frozen=True)
@@ -78,8 +93,6 @@ class RetryPolicy:
         """What to do with `exc` raised by the attempt before retry number `retry`
         (1: the first retry). A PermanentError never reaches here; the retry budget
         (max_retries) still applies after a retry is chosen."""
-        from jobs.tasks import RetryableError  # jobs.tasks builds policies: imported late
-
         name = type(exc).__name__
         if isinstance(exc, self.give_up_on):
             return Decision(True, None, f"no retry: {name} is in give_up_on")

@@ -24,21 +24,11 @@ from typing import Any
 from django.utils.module_loading import autodiscover_modules
 
 from jobs.conf import settings
-from jobs.retries import RetryPolicy
+from jobs.retries import PermanentError, RetryableError, RetryPolicy
 
-
-class PermanentError(Exception):
-    """Raised by a handler: the job fails at once, no retries (SPEC §4)."""
-
-
-class RetryableError(Exception):
-    """Raised by a handler to ask for a retry explicitly (any other exception retries too).
-    `retry_after` (seconds) holds the retry back at least that long (e.g. a receiver's
-    Retry-After); the usual backoff still applies when it is longer."""
-
-    def __init__(self, *args: Any, retry_after: float | None = None) -> None:
-        super().__init__(*args)
-        self.retry_after = retry_after
+# Defined beside the retry policy they override; their public name, in error paths and
+# pickles alike, is jobs.tasks.*, as it always was.
+PermanentError.__module__ = RetryableError.__module__ = __name__
 
 
 class InvalidPayload(PermanentError):

@@ -25,6 +25,8 @@ LAYERS: list[tuple[str, list[str]]] = [
     # The optional dependencies: which extra a feature needs, and its refusal (reads
     # the settings that turn the features on).
     ("optional dependencies", ["jobs.extras"]),
+    # A task's retry policy and the two exceptions that override it (jobs.tasks uses them).
+    ("retry policy", ["jobs.retries"]),
     # Import nothing of the project: the lifecycle's states and transitions, metric
     # definitions, the task registry, pure helpers. Empty package markers live here too.
     ("leaves", [
@@ -49,7 +51,8 @@ LAYERS: list[tuple[str, list[str]]] = [
                         "jobs.archive.files"]),
     ("models", ["jobs.models", "jobs.graph"]),
     # Caches of model rows that the writes keep honest (the API clients by token hash).
-    ("model caches", ["jobs.clientcache"]),
+    # jobs.waiting: one Redis subscription per process wakes the callers waiting on a job.
+    ("model caches", ["jobs.clientcache", "jobs.waiting"]),
     # Every write (one fenced compare-and-set each) and every read.
     # jobs.partitions: partitions ahead and the mover (D163), the reaper's.
     ("services and selectors", ["jobs.services", "jobs.selectors", "jobs.partitions"]),
