@@ -19,7 +19,7 @@ from collections.abc import Iterable
 
 from django.db import close_old_connections, connection
 
-from jobs import transport
+from jobs import lending, transport
 from jobs.conf import settings
 from jobs.lifecycle import TERMINAL
 from jobs.models import Job
@@ -99,11 +99,13 @@ class Waiter:
         if not ids:
             return
         try:
-            self._wake(_terminal(ids))
+            with lending.for_background():  # a lent connection in the API (D238)
+                close_old_connections()
+                ended = _terminal(ids)
         except Exception as exc:  # the database is down: waiters time out as they would
             log.warning("wait fallback poll failed: %s", exc)
-        finally:
-            connection.close()  # nothing held between polls
+        else:
+            self._wake(ended)
 
     def _run(self) -> None:
         subscription = None
@@ -129,7 +131,6 @@ class Waiter:
             else:
                 time.sleep(min(timeout, RECONNECT_SECONDS) or 0.01)
             if time.monotonic() >= next_poll:
-                close_old_connections()
                 self._poll()
                 next_poll = time.monotonic() + poll_every
 

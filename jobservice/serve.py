@@ -39,6 +39,11 @@ def server_name(env: dict[str, str] | os._Environ = os.environ) -> str:
     return name
 
 
+def web_threads(env: dict[str, str] | os._Environ = os.environ) -> int:
+    """WEB_THREADS: a process's request threads, and its database connections (D238)."""
+    return int(env.get("WEB_THREADS") or GRANIAN_THREADS)
+
+
 def wait_slots(env: dict[str, str] | os._Environ = os.environ) -> int:
     """JOBS_API_WAIT_SLOTS as the workers will read it (the environment, else the default)."""
     from jobs.conf import SETTINGS
@@ -81,7 +86,7 @@ def granian(conf: dict) -> None:
     # Plus one thread per wait a process may hold (`?wait=`, D235): a waiting request
     # sleeps in its thread, holding no database connection; granian starts threads on
     # demand and ends idle ones, so they cost nothing until waits come.
-    threads = int(os.environ.get("WEB_THREADS") or GRANIAN_THREADS) + wait_slots()
+    threads = web_threads() + wait_slots()
     connections = raise_open_files(int(os.environ.get("WEB_MAX_CONNECTIONS") or MAX_CONNECTIONS))
     log = conf.get("logconfig_dict")
     if log:  # gunicorn's logger names -> granian's, same handlers and format

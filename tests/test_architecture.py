@@ -47,6 +47,8 @@ LAYERS: list[tuple[str, list[str]]] = [
                         "jobs.replica",
                         # PostgreSQL's infinite dates as Python values (D158)
                         "jobs.pgtypes",
+                        # the API process's connections, lent per request (D238)
+                        "jobs.lending",
                         # Parquet files of archived periods: the only pyarrow import
                         "jobs.archive.files"]),
     ("models", ["jobs.models", "jobs.graph"]),

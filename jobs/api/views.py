@@ -20,7 +20,7 @@ from rest_framework.pagination import Cursor, CursorPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from jobs import replica, services, submission, waiting
+from jobs import lending, replica, services, submission, waiting
 from jobs.api import answers
 from jobs.api.errors import Conflict, InvalidCursor, exception_handler
 from jobs.api.filters import JobFilter
@@ -358,12 +358,11 @@ class JobViewSet(APIPolicy, viewsets.GenericViewSet):
             response["Jobs-Wait"] = "busy"
             return response
         try:
-            connection.close()  # no connection held for the wait's length
-            ended = waiting.waiter().wait(job.pk, wait)
+            with lending.released():  # no connection held for the wait's length (D238)
+                ended = waiting.waiter().wait(job.pk, wait)
             job = self.get_object()
         finally:
             wait_slots.release()
-            connection.close()  # a wait's thread keeps no connection for later requests
         response = Response(JobSerializer(job).data)
         response["Jobs-Wait"] = "ended" if ended or job.status in TERMINAL else "timeout"
         return response
