@@ -305,19 +305,20 @@ def bulk(ctx: Any) -> Iterator[dict]:
         yield _run(ctx, code, "http-bulk", body, size, 1, 2)
 
 
-# --- the front (nginx) and slow clients -------------------------------------------------------
+# --- the front (HAProxy) and slow clients -------------------------------------------------------
 
 STALLED, IDLE = 64, 1000  # issue 39: the hostile load the front must absorb
 
 
 def front(ctx: Any) -> Iterator[dict]:
     """Single submissions (8 client threads) on one API server: straight to granian, through
-    the front (nginx, `python -m jobservice.proxy`), and through the front while 64 bodies
+    the front (HAProxy, `python -m jobservice.proxy`), and through the front while 64 bodies
     that stall with credentials and 1,000 silent connections are held open (each one the
-    front cuts is reopened at once). Same server, same run: the front's own cost and what
+    front answers 408 or closes is reopened at once). Same server, same run: the front's own cost and what
     the slow clients take from the rate. Figures only; nothing here asserts."""
-    from harness import nginx
     from harness.nginx import Nginx
+
+    from harness import nginx
     from harness.slow_clients import Held, connect, credentialed_stalls
     from jobs.models import Client
 
