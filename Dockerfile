@@ -12,10 +12,10 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 WORKDIR /app
 
-# nginx, the API's front (the compose service `proxy`, `python -m jobservice.proxy`):
+# HAProxy, the API's front (the compose service `proxy`, `python -m jobservice.proxy`):
 # Debian's package; it runs as the image's user, with its files under /tmp.
 RUN apt-get update \
- && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends nginx-light \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends haproxy \
  && rm -rf /var/lib/apt/lists/*
 
 # Dependencies first, read from pyproject, so a code change does not reinstall them.
@@ -44,5 +44,5 @@ USER 10001:10001
 
 EXPOSE 8000 8080 9101 9102
 # The API: granian by default, JOBS_HTTP_SERVER=gunicorn for gunicorn.conf.py as it is (D135).
-# Its front: `python -m jobservice.proxy` (nginx on 8080, D204).
+# Its front: `python -m jobservice.proxy` (HAProxy on 8080, D204, D250).
 CMD ["python", "-m", "jobservice.serve"]

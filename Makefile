@@ -45,12 +45,12 @@ endef
 
 ## tools: system tools the tests call. promtool (Debian package prometheus) checks the alert rules;
 ## wrk (Debian package wrk) is the C load generator of the http-single-wrk bench scenario;
-## nginx (Debian package nginx-light) is the deployment's front (python -m jobservice.proxy).
+## haproxy (Debian package haproxy) is the deployment's front (python -m jobservice.proxy).
 tools:
 	$(call apt_tool,wrk,wrk,http-single-wrk will say NOT MEASURED)
 	$(call apt_tool,promtool,prometheus,the promtool checks will be skipped)
 	$(call apt_tool,pgbouncer,pgbouncer,the PgBouncer tests will be skipped)
-	$(call apt_tool,nginx,nginx-light,the front's slow-client tests and http-front will be skipped)
+	$(call apt_tool,haproxy,haproxy,the front's slow-client tests and http-front will be skipped)
 
 ## migrate: create the database DATABASE_URL names when missing (or the embedded one), migrate.
 migrate: install

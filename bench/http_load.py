@@ -305,32 +305,33 @@ def bulk(ctx: Any) -> Iterator[dict]:
         yield _run(ctx, code, "http-bulk", body, size, 1, 2)
 
 
-# --- the front (nginx) and slow clients -------------------------------------------------------
+# --- the front (HAProxy) and slow clients -------------------------------------------------------
 
 STALLED, IDLE = 64, 1000  # issue 39: the hostile load the front must absorb
 
 
 def front(ctx: Any) -> Iterator[dict]:
     """Single submissions (8 client threads) on one API server: straight to granian, through
-    the front (nginx, `python -m jobservice.proxy`), and through the front while 64 bodies
+    the front (HAProxy, `python -m jobservice.proxy`), and through the front while 64 bodies
     that stall with credentials and 1,000 silent connections are held open (each one the
-    front cuts is reopened at once). Same server, same run: the front's own cost and what
-    the slow clients take from the rate. Figures only; nothing here asserts."""
-    from harness import nginx
-    from harness.nginx import Nginx
+    front answers 408 or closes is reopened at once). Same server, same run: the front's
+    own cost and what the slow clients take from the rate. Figures only; nothing here
+    asserts."""
+    from harness import front as front_proxy
+    from harness.front import Front
     from harness.slow_clients import Held, connect, credentialed_stalls
     from jobs.models import Client
 
-    if why := nginx.available():
+    if why := front_proxy.available():
         yield {"scenario": "http-front", "figure": "HTTP POST /api/v1/jobs/ through the front",
                "value": None, "unit": "jobs/s", "note": f"NOT MEASURED: {why}"}  # fmt: skip
         return
     body = {"task": "echo", "payload": {"n": 1}}
     for code in setups(ctx):
         server, direct = _server(ctx, code, ctx.args.web_concurrency)
-        # As deployed: one nginx worker per core.
-        env = {**server.env, "PROXY_WORKER_PROCESSES": "auto"}
-        proxy = Nginx(int(direct.rpartition(":")[2]), env).start()
+        # As deployed: one HAProxy thread per core.
+        env = {**server.env, "PROXY_THREADS": "auto"}
+        proxy = Front(int(direct.rpartition(":")[2]), env).start()
         through = f"http://127.0.0.1:{proxy.port}"
         _, token = Client.create_with_token(f"bench-hostile-{secrets.token_hex(6)}")
         seconds = 2.0 if ctx.quick else 10.0
@@ -376,7 +377,7 @@ def _front_record(
         "unit": "jobs/s",
         "summary": f"{ok} x 201 in {got['seconds']:.2f}s, statuses {got['statuses']}; latency "
         + (fmt_pcts(pct) if pct else "-")
-        + f"; 2x4 client threads; {_cpu_summary(per_request)}, nginx "
+        + f"; 2x4 client threads; {_cpu_summary(per_request)}, HAProxy "
         f"{per_request['front_cpu_ms_per_request']:.2f} ms{held}",
         "details": {
             "statuses": got["statuses"],

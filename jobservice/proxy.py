@@ -1,9 +1,10 @@
-"""The API's front: `python -m jobservice.proxy` renders deploy/nginx/nginx.conf.template
-from the environment and runs nginx in the foreground, as the user it is started as
-(D204). `--check` renders and asks `nginx -t` instead; `--print` shows the config.
+"""The API's front: `python -m jobservice.proxy` renders
+deploy/haproxy/haproxy.cfg.template from the environment and runs HAProxy in the
+foreground, as the user it is started as (D204, D250). `--check` renders and asks
+`haproxy -c` instead; `--print` shows the config.
 
-nginx buffers each request whole before the app sees it and holds the read deadlines
-granian lacks (D205): see docs/operations.md "The front".
+HAProxy holds each request until it is whole and enforces the whole-request read
+deadline granian lacks, answering 408 (D250): see docs/operations.md "The front".
 """
 
 from __future__ import annotations
@@ -18,27 +19,28 @@ import sys
 from pathlib import Path
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-TEMPLATE = BASE_DIR / "deploy" / "nginx" / "nginx.conf.template"
-BINARY = "nginx"
-# Requests the proxy holds in memory before it spills a body to a temp file: a single
-# submission at the default payload bound fits.
-BODY_BUFFER_BYTES = 1 << 20
-# A client connection's descriptor, its upstream one, and a temp file each.
-FDS_PER_CONNECTION = 3
+TEMPLATE = BASE_DIR / "deploy" / "haproxy" / "haproxy.cfg.template"
+BINARY = "haproxy"
+# The request headers the front passes (granian's own bound is of the same order).
+MAX_HEADER_BYTES = 64 * 1024
+# Room in a buffer past the body and the headers: HAProxy's rewrite reserve
+# (tune.maxrewrite, 1 KiB by default) and its HTX block headers.
+BUFFER_SLACK = 64 * 1024
+# A client connection's descriptor and its upstream one.
+FDS_PER_CONNECTION = 2
 
 # (environment variable, default): every value the template names, in its units.
 DEFAULTS = {
     "PROXY_LISTEN": "0.0.0.0:8080",
     "PROXY_UPSTREAM": "127.0.0.1:8000",
     "PROXY_DIR": "/tmp/jobservice-proxy",
-    "PROXY_WORKER_PROCESSES": "auto",
-    "PROXY_WORKER_CONNECTIONS": "16384",
-    "PROXY_HEADER_TIMEOUT": "10",
-    "PROXY_BODY_TIMEOUT": "10",
+    "PROXY_THREADS": "auto",
+    "PROXY_MAX_CONNECTIONS": "16384",
+    "PROXY_REQUEST_TIMEOUT": "10",
+    "PROXY_KEEPALIVE": "10",
     "PROXY_SEND_TIMEOUT": "30",
-    "PROXY_UPSTREAM_KEEPALIVE": "32",
     "PROXY_ACCESS_LOG": "",
-    "PROXY_ERROR_LOG_LEVEL": "warn",
+    "PROXY_LOG_LEVEL": "warning",
 }
 
 
@@ -55,54 +57,52 @@ def max_body_bytes() -> int:
 
 
 def values(env: dict[str, str] | os._Environ = os.environ, body_bytes: int | None = None) -> dict:
-    """The template's values from `env` (PROXY_*, and WEB_KEEPALIVE/WEB_TIMEOUT, which
-    bound the upstream side as granian applies them)."""
+    """The template's values from `env` (PROXY_*, and WEB_TIMEOUT, the app's own worst
+    case as granian applies it)."""
     get = {k: env.get(k) or default for k, default in DEFAULTS.items()}
-    keepalive = int(env.get("WEB_KEEPALIVE") or 5)
-    connections, nofile = descriptors(int(get["PROXY_WORKER_CONNECTIONS"]))
-    access = get["PROXY_ACCESS_LOG"]
+    body = body_bytes if body_bytes is not None else max_body_bytes()
+    threads = get["PROXY_THREADS"]
+    maxconn = max_connections(int(get["PROXY_MAX_CONNECTIONS"]))
     return {
         "LISTEN": get["PROXY_LISTEN"],
         "UPSTREAM": get["PROXY_UPSTREAM"],
         "DIR": get["PROXY_DIR"],
-        "WORKER_PROCESSES": get["PROXY_WORKER_PROCESSES"],
-        "WORKER_CONNECTIONS": connections,
-        "RLIMIT_NOFILE": nofile,
-        "BACKLOG": min(connections, 65535),
-        "HEADER_TIMEOUT": int(get["PROXY_HEADER_TIMEOUT"]),
-        "BODY_TIMEOUT": int(get["PROXY_BODY_TIMEOUT"]),
-        # A kept-alive client waits for its next request at most as long as a new one
-        # may take to send its headers.
-        "KEEPALIVE": int(get["PROXY_HEADER_TIMEOUT"]),
+        "THREADS": os.cpu_count() or 1 if threads == "auto" else int(threads),
+        "MAXCONN": maxconn,
+        "BACKLOG": min(maxconn, 65535),
+        "REQUEST_TIMEOUT": int(get["PROXY_REQUEST_TIMEOUT"]),
+        "KEEPALIVE": int(get["PROXY_KEEPALIVE"]),
         "SEND_TIMEOUT": int(get["PROXY_SEND_TIMEOUT"]),
-        "UPSTREAM_KEEPALIVE": int(get["PROXY_UPSTREAM_KEEPALIVE"]),
-        # Below granian's idle bound (WEB_KEEPALIVE, D202): nginx drops a kept-alive
-        # upstream connection before granian closes it under a request.
-        "UPSTREAM_IDLE": max(1, keepalive - 1),
+        # Below compose's stop grace period (10 s by default) so that the exit is clean.
+        "STOP_TIMEOUT": 8,
         # The app's own worst case (gunicorn's `timeout`, WEB_TIMEOUT) plus room.
         "UPSTREAM_TIMEOUT": int(env.get("WEB_TIMEOUT") or 30) + 30,
-        "MAX_BODY_BYTES": body_bytes if body_bytes is not None else max_body_bytes(),
-        "BODY_BUFFER_BYTES": BODY_BUFFER_BYTES,
-        "ACCESS_LOG": f"{access} combined" if access else "off",
-        "ERROR_LOG_LEVEL": get["PROXY_ERROR_LOG_LEVEL"],
+        "MAX_BODY_BYTES": body,
+        "MAX_HEADER_BYTES": MAX_HEADER_BYTES,
+        "BUFSIZE": body + MAX_HEADER_BYTES + BUFFER_SLACK,
+        "ACCESS_LOG": (
+            "option httplog\n    log stdout format raw local0 info"
+            if get["PROXY_ACCESS_LOG"] == "stdout"
+            else "no log"
+        ),
+        "LOG_LEVEL": get["PROXY_LOG_LEVEL"],
     }
 
 
-def descriptors(connections: int) -> tuple[int, int]:
-    """(worker_connections, worker_rlimit_nofile) within the hard descriptor limit: an
-    unprivileged nginx cannot raise it, and a worker out of descriptors stops accepting."""
+def max_connections(wanted: int) -> int:
+    """Client connections within the hard descriptor limit, which an unprivileged HAProxy
+    cannot raise: each may pair with one to granian, and HAProxy keeps a few of its own."""
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-    nofile = FDS_PER_CONNECTION * connections
-    if hard != resource.RLIM_INFINITY:
-        nofile = min(nofile, hard)
-    return min(connections, nofile // 2), nofile
+    if hard == resource.RLIM_INFINITY:
+        return wanted
+    return max(1, min(wanted, (hard - 256) // FDS_PER_CONNECTION))
 
 
 _NAME = re.compile(r"\$\{([A-Z_]+)\}")
 
 
 def render(vals: dict, template: str | None = None) -> str:
-    """${NAME} replaced by vals[NAME]; nginx's own $variables are lowercase and stay."""
+    """${NAME} replaced by vals[NAME]; HAProxy's own %[...] expressions stay."""
     text = TEMPLATE.read_text() if template is None else template
     missing = sorted({m for m in _NAME.findall(text) if m not in vals})
     if missing:
@@ -111,25 +111,23 @@ def render(vals: dict, template: str | None = None) -> str:
 
 
 def prepare(vals: dict) -> Path:
-    """Write the config and make the directories it names; return the config's path."""
+    """Write the config under its directory; return the config's path."""
     base = Path(vals["DIR"])
-    # nginx makes the temp directories itself, owned by its workers' user.
     base.mkdir(parents=True, exist_ok=True)
-    conf = base / "nginx.conf"
+    conf = base / "haproxy.cfg"
     conf.write_text(render(vals))
     return conf
 
 
-def nginx_argv(conf: Path, *extra: str) -> list[str]:
-    """nginx in the foreground, its early errors on stderr (not /var/log/nginx)."""
+def haproxy_argv(conf: Path, *extra: str) -> list[str]:
+    """HAProxy in the foreground (-db), one process; logs on stdout/stderr."""
     binary = shutil.which(BINARY) or f"/usr/sbin/{BINARY}"
-    return [binary, "-e", "stderr", "-p", str(conf.parent), "-c", str(conf),
-            "-g", "daemon off;", *extra]  # fmt: skip
+    return [binary, "-db", "-f", str(conf), *extra]
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m jobservice.proxy", description=__doc__)
-    parser.add_argument("--check", action="store_true", help="render, then nginx -t")
+    parser.add_argument("--check", action="store_true", help="render, then haproxy -c")
     parser.add_argument("--print", action="store_true", help="render to stdout")
     args = parser.parse_args(argv)
     vals = values()
@@ -138,8 +136,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     conf = prepare(vals)
     if args.check:
-        sys.exit(subprocess.run(nginx_argv(conf, "-t")).returncode)
-    os.execv(nginx_argv(conf)[0], nginx_argv(conf))
+        sys.exit(subprocess.run(haproxy_argv(conf, "-c"), check=False).returncode)
+    os.execv(haproxy_argv(conf)[0], haproxy_argv(conf))
 
 
 if __name__ == "__main__":

@@ -144,7 +144,7 @@ def test_pgbouncer_profile_pools_everything_but_presence_and_migrations(services
 
 
 def test_clients_reach_the_api_only_through_the_front(services):
-    """The published port is nginx's (D204): the api is reachable inside the stack only,
+    """The published port is the front's (D204): the api is reachable inside the stack only,
     the front runs the same image's `python -m jobservice.proxy` in front of api:8000."""
     api, proxy = services["api"], services["proxy"]
     assert "ports" not in api
@@ -155,13 +155,16 @@ def test_clients_reach_the_api_only_through_the_front(services):
     assert [p.rpartition(":")[2] for p in proxy["ports"]] == [listen]
     assert proxy["ports"][0].startswith("${API_PORT:-8000}:")
     assert proxy["depends_on"] == {"api": {"condition": "service_healthy"}}
-    for name in ("PROXY_HEADER_TIMEOUT", "PROXY_BODY_TIMEOUT"):
+    # HAProxy's graceful stop: finish what is in flight, exit 0.
+    assert proxy["stop_signal"] == "SIGUSR1"
+    for name in ("PROXY_REQUEST_TIMEOUT", "PROXY_KEEPALIVE"):
         assert env[name].startswith(f"${{{name}:-"), name
 
 
-def test_the_front_renders_a_config_nginx_accepts(tmp_path):
-    """The template renders with the launcher's defaults into a config that `nginx -t`
-    accepts, run as this user, with every file under the directory it is given."""
+def test_the_front_renders_a_config_haproxy_accepts(tmp_path):
+    """The template renders with the launcher's defaults into a config that `haproxy -c`
+    accepts, run as this user; one buffer holds the largest body any path accepts, so
+    the whole-request deadline covers every body the front forwards (D250)."""
     from jobs.api.parsers import BATCH_BODY_FACTOR, max_body_bytes
     from jobservice import proxy
 
@@ -169,18 +172,18 @@ def test_the_front_renders_a_config_nginx_accepts(tmp_path):
     vals = proxy.values({"PROXY_DIR": str(tmp_path / "run"), "PROXY_LISTEN": listen})
     text = proxy.render(vals)
     assert not re.search(r"\$\{[A-Z_]+\}", text)
-    assert f"client_max_body_size {BATCH_BODY_FACTOR * max_body_bytes()};" in text
-    for line in ("proxy_request_buffering on;", "client_body_timeout 10s;",
-                 "client_header_timeout 10s;", "keepalive_timeout 10s;",
-                 "proxy_set_header X-Forwarded-Proto $forwarded_proto;"):  # fmt: skip
+    bound = BATCH_BODY_FACTOR * max_body_bytes()
+    assert f"req.hdr_val(content-length) gt {bound} " in text
+    assert int(re.search(r"tune.bufsize (\d+)", text)[1]) > bound + proxy.MAX_HEADER_BYTES
+    for line in ("option http-buffer-request", "timeout http-request 10s",
+                 "timeout http-keep-alive 10s", "http-error status 408 ",
+                 "http-request set-header X-Forwarded-Proto %[var(txn.proto)]"):  # fmt: skip
         assert line in text, line
-    # Every path nginx writes is under PROXY_DIR (an unprivileged user can write it).
-    for path in re.findall(r"(?:_temp_path|pid) (\S+);", text):
-        assert path.startswith(str(tmp_path / "run")), path
-    if shutil.which("nginx") is None and not Path("/usr/sbin/nginx").exists():
-        pytest.skip("nginx is not installed (make tools installs the Debian package nginx-light)")
+    if shutil.which("haproxy") is None and not Path("/usr/sbin/haproxy").exists():
+        pytest.skip("haproxy is not installed (make tools installs the Debian package haproxy)")
     conf = proxy.prepare(vals)
-    run = subprocess.run(proxy.nginx_argv(conf, "-t"), capture_output=True, text=True)
+    assert conf.parent == tmp_path / "run"
+    run = subprocess.run(proxy.haproxy_argv(conf, "-c"), capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
 
 
@@ -328,13 +331,13 @@ def test_dockerfile_runs_the_api_server():
     assert "8000" in " ".join(a for i, a in lines if i == "EXPOSE")
 
 
-def test_dockerfile_installs_the_fronts_nginx_from_debian():
+def test_dockerfile_installs_the_fronts_haproxy_from_debian():
     lines = dockerfile()
     runs = [a for i, a in lines if i == "RUN"]
-    install = "apt-get install -y --no-install-recommends nginx-light"
+    install = "apt-get install -y --no-install-recommends haproxy"
     assert any(install in a for a in runs), runs
     assert "8080" in " ".join(a for i, a in lines if i == "EXPOSE")
-    assert (ROOT / "deploy/nginx/nginx.conf.template").exists()
+    assert (ROOT / "deploy/haproxy/haproxy.cfg.template").exists()
 
 
 def test_dockerignore_keeps_secrets_and_local_state_out():

@@ -1,10 +1,12 @@
-"""Slow clients against the deployment's front: nginx as `python -m jobservice.proxy`
-renders it, in front of `python -m jobservice.serve` (issue 39 items 2 and 3; D204-D206).
+"""Slow clients against the deployment's front: HAProxy as `python -m jobservice.proxy`
+renders it, in front of `python -m jobservice.serve` (issue 39 items 2 and 3; D204-D206,
+D250).
 
 The plain server gives a request thread to any body that stalls with a token, or to an
 admin login form with a `csrftoken` cookie (CsrfViewMiddleware reads it): 16 such
 connections per process starve it. Through the front, the app sees only complete
-requests: the stalled ones wait in nginx and are cut at its body timeout.
+requests: the others wait in HAProxy and are answered 408 and closed at the
+whole-request deadline, however steadily they trickle.
 
 Every test opens a bounded number of real sockets and bounds every wait.
 """
@@ -14,13 +16,14 @@ from __future__ import annotations
 import json
 import re
 import socket
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from harness import nginx
-from harness.nginx import Nginx
+from harness import front as front_proxy
+from harness.front import Front
 from harness.slow_clients import connect, credentialed_stalls, stall
 from jobs.api.parsers import BATCH_BODY_FACTOR, max_body_bytes
 from jobs.models import Client, Job
@@ -28,25 +31,25 @@ from tests.test_http_edge_e2e import answer, api, assert_served
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(nginx.available() is not None, reason=str(nginx.available())),
+    pytest.mark.skipif(front_proxy.available() is not None, reason=str(front_proxy.available())),
 ]
 
-BODY_TIMEOUT = 3  # PROXY_BODY_TIMEOUT: the longest pause between two reads of a body
-HEADER_TIMEOUT = 8  # PROXY_HEADER_TIMEOUT: the headers' deadline, and the idle bound
+REQUEST_TIMEOUT = 4  # PROXY_REQUEST_TIMEOUT: request line, headers and body, from the first byte
+KEEPALIVE = 4  # PROXY_KEEPALIVE: a kept-alive connection's wait for its next request
 
 
 @pytest.fixture
 def front(transactional_db, tmp_path):
-    """(the front's port, a token): nginx on a free port in front of a real API server of
-    two processes of four threads."""
+    """(the front's port, a token): HAProxy on a free port in front of a real API server
+    of two processes of four threads."""
     _, token = Client.create_with_token("front")
     server = api(tmp_path)
-    proxy = Nginx(
+    proxy = Front(
         server.port,
         {
             **server.server.env,
-            "PROXY_BODY_TIMEOUT": str(BODY_TIMEOUT),
-            "PROXY_HEADER_TIMEOUT": str(HEADER_TIMEOUT),
+            "PROXY_REQUEST_TIMEOUT": str(REQUEST_TIMEOUT),
+            "PROXY_KEEPALIVE": str(KEEPALIVE),
         },
     )
     try:
@@ -65,28 +68,80 @@ def stalled_with_credentials(port: int, token: str, count: int) -> list[socket.s
     return [opener() for _ in range(count)]
 
 
-def assert_cut_within(socks: list[socket.socket], seconds: float) -> None:
-    """Each connection is cut by the server within `seconds` with no answer: nginx logs
-    a 408 for headers or a body that stopped, sends nothing and resets the connection
-    (reset_timedout_connection); a connection that sent nothing is closed."""
+def assert_answered(socks: list[socket.socket], expected: tuple, seconds: float) -> None:
+    """Each connection gets `expected` ((status or None, closed)) within `seconds`."""
     started = time.monotonic()
     with ThreadPoolExecutor(64) as pool:
         answers = list(pool.map(lambda s: answer(s, seconds), socks))
     took = time.monotonic() - started
-    assert answers == [(None, True)] * len(socks), answers
+    assert answers == [expected] * len(socks), answers
     assert took < seconds, took
+
+
+class Trickle:
+    """`data` sent on `sock` one byte a second until the server closes it (or `data` runs
+    out, which the tests make sure it never does in time)."""
+
+    def __init__(self, sock: socket.socket, data: bytes) -> None:
+        self.sock = sock
+        self.started = time.monotonic()
+        self.sent = 0
+        self._thread = threading.Thread(target=self._run, args=(data,), daemon=True)
+        self._thread.start()
+
+    def _run(self, data: bytes) -> None:
+        for byte in data:
+            try:
+                self.sock.send(bytes([byte]))
+            except OSError:
+                return
+            self.sent += 1
+            time.sleep(1)
+
+    def answer(self, within: float) -> tuple[bytes, bool, float]:
+        """(what the server sent, whether it closed, seconds since the first byte)."""
+        data, closed = read_until_closed(self.sock, within)
+        return data, closed, time.monotonic() - self.started
+
+
+def test_a_request_that_trickles_is_answered_408_at_the_whole_request_deadline(front):
+    """Item 2's read deadline: headers sent one byte a second and never finished, and a
+    submission whose body (announced 1,000 bytes, with a token) comes one byte a second:
+    no pause is ever longer than a second, yet each gets `408` and the close at
+    PROXY_REQUEST_TIMEOUT from its first byte. nginx's timeouts are per read: the body
+    trickle was never cut and neither was answered 408."""
+    port, token = front
+    head = ("POST /api/v1/jobs/ HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"Authorization: Token {token}\r\nContent-Type: application/json\r\n")  # fmt: skip
+    headers = Trickle(connect(port), head.encode() + b"X-Padding: " + b"x" * 60)
+    body = Trickle(stall(port, "/api/v1/jobs/", f"Authorization: Token {token}",
+                         "Content-Type: application/json"), b"x" * 60)  # fmt: skip
+    try:
+        answers = [t.answer(REQUEST_TIMEOUT + 3) for t in (headers, body)]
+    finally:
+        headers.sock.close()
+        body.sock.close()
+    for data, closed, took in answers:
+        assert data.startswith(b"HTTP/1.1 408 "), data
+        assert closed
+        # Cut by the deadline, not by an idle gap: every gap was a second.
+        assert REQUEST_TIMEOUT - 0.5 < took < REQUEST_TIMEOUT + 2, took
+    assert headers.sent > REQUEST_TIMEOUT - 2 and body.sent > REQUEST_TIMEOUT - 2
+    # The body's refusal is the app's JSON shape.
+    assert json.loads(answers[1][0].partition(b"\r\n\r\n")[2])["code"] == "request_timeout"
+    assert Job.objects.count() == 0
 
 
 def test_stalled_bodies_with_credentials_wait_in_the_front(front):
     """Item 2 with credentials: 16 stalled lane submissions, 16 stalled batches and 16
     stalled admin logins (48, six times the eight request threads) → /healthz and a
-    submission are answered within 1 s; each stalled connection is closed within the body
-    timeout, and none of them reached the app (no job was created from them)."""
+    submission are answered within 1 s; each stalled connection is answered 408 and
+    closed at the request deadline, and none of them reached the app (no job)."""
     port, token = front
     socks = stalled_with_credentials(port, token, 48)
     try:
         assert_served(port, token)
-        assert_cut_within(socks, BODY_TIMEOUT + 4)
+        assert_answered(socks, (408, True), REQUEST_TIMEOUT + 4)
         assert Job.objects.count() == 1
     finally:
         for sock in socks:
@@ -96,27 +151,43 @@ def test_stalled_bodies_with_credentials_wait_in_the_front(front):
 def test_stalled_bodies_and_idle_connections_at_once(front):
     """The issue's figure: 64 stalled bodies (with credentials) and 1,000 connections
     that send nothing, all open at once → /healthz and an authenticated submission each
-    within 1 s, and again after the front has cut them all."""
+    within 1 s, and again after the front has answered the stalled ones 408 and closed
+    the silent ones (a connection that never sent a byte gets no answer)."""
     port, token = front
-    socks: list[socket.socket] = []
+    stalled: list[socket.socket] = []
+    idle: list[socket.socket] = []
     try:
-        socks = stalled_with_credentials(port, token, 64)
-        socks += [connect(port) for _ in range(1000)]
+        stalled = stalled_with_credentials(port, token, 64)
+        idle = [connect(port) for _ in range(1000)]
         assert_served(port, token)
-        assert_cut_within(socks, HEADER_TIMEOUT + 6)
+        assert_answered(stalled, (408, True), REQUEST_TIMEOUT + 6)
+        assert_answered(idle, (None, True), KEEPALIVE + 6)
         assert_served(port, token)
         assert Job.objects.count() == 2
     finally:
-        for sock in socks:
+        for sock in stalled + idle:
             sock.close()
 
 
 def test_the_front_refuses_oversized_bodies_unread_and_hides_metrics(front):
-    """A body past the largest any path accepts is refused by nginx before it is read,
-    in the app's JSON shape; /metrics (no credentials) is not served through the front."""
+    """A body past the largest any path accepts is refused by the front before it is
+    read, in the app's JSON shape, whether announced by Content-Length or chunked (a
+    chunked body that fills the front's buffer is never forwarded); /metrics (no
+    credentials) is not served through the front."""
     port, token = front
-    with stall(port, "/api/v1/jobs/batch/", f"Authorization: Token {token}",
-               length=10 * BATCH_BODY_FACTOR * max_body_bytes()) as sock:  # fmt: skip
+    bound = BATCH_BODY_FACTOR * max_body_bytes()
+    auth = f"Authorization: Token {token}"
+    with stall(port, "/api/v1/jobs/batch/", auth, length=10 * bound) as sock:
+        head, _, body = read_answer(sock).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 413 "), head
+    assert json.loads(body)["code"] == "request_too_large"
+    with connect(port, timeout=REQUEST_TIMEOUT + 3) as sock:
+        size = 2 * bound  # past the front's one buffer: it fills, and is refused
+        sock.sendall(f"POST /api/v1/jobs/batch/ HTTP/1.1\r\nHost: 127.0.0.1\r\n{auth}\r\n"
+                     "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     f"{size:x}\r\n".encode())  # fmt: skip
+        sender = threading.Thread(target=send_quietly, args=(sock, b"[" * size), daemon=True)
+        sender.start()
         head, _, body = read_answer(sock).partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 413 "), head
     assert json.loads(body)["code"] == "request_too_large"
@@ -126,9 +197,34 @@ def test_the_front_refuses_oversized_bodies_unread_and_hides_metrics(front):
     assert Job.objects.count() == 0
 
 
+def send_quietly(sock: socket.socket, data: bytes) -> None:
+    """Send what the server reads before it closes."""
+    try:
+        sock.sendall(data)
+    except OSError:
+        pass
+
+
+def read_until_closed(sock: socket.socket, within: float) -> tuple[bytes, bool]:
+    """(everything received, whether the server closed) within `within` seconds."""
+    deadline = time.monotonic() + within
+    data = b""
+    while (left := deadline - time.monotonic()) > 0:
+        sock.settimeout(left)
+        try:
+            chunk = sock.recv(65536)
+        except TimeoutError:
+            return data, False
+        except ConnectionResetError:
+            return data, True
+        if not chunk:
+            return data, True
+        data += chunk
+    return data, False
+
+
 def read_answer(sock: socket.socket) -> bytes:
-    """One answer: its head and its Content-Length bytes of body (nginx keeps a refused
-    connection open a while to drain the client's body, so the close comes later)."""
+    """One answer: its head and its Content-Length bytes of body."""
     data = b""
     while True:
         head, sep, body = data.partition(b"\r\n\r\n")
@@ -136,7 +232,10 @@ def read_answer(sock: socket.socket) -> bytes:
             length = re.search(rb"(?im)^content-length: *(\d+)", head)
             if length and len(body) >= int(length[1]):
                 return data
-        chunk = sock.recv(65536)
+        try:
+            chunk = sock.recv(65536)
+        except ConnectionResetError:
+            return data
         if not chunk:
             return data
         data += chunk
