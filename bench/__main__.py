@@ -19,8 +19,8 @@ import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 
-# scaling, fillfactor and table_growth register their scenarios when imported.
-from bench import fillfactor, scaling, scenarios, table_growth  # noqa: F401
+# scaling, fillfactor, table_growth and webhooks register their scenarios when imported.
+from bench import fillfactor, scaling, scenarios, table_growth, webhooks  # noqa: F401
 from bench.env import Code, processes, scratch_database, setup_django
 from harness import ROOT, PgBouncer, RedisServer
 

@@ -17,6 +17,7 @@ import signal
 import threading
 
 from jobs.dispatch import QueueSpec, parse_queues
+from jobs.events import endpoints
 from jobs.events.signing import WEBHOOK_QUEUE
 from jobs.runtime import ColdStop
 from jobs.worker import Worker
@@ -92,4 +93,5 @@ class Pair:
             if self._signals == 0:
                 self.deliveries.request_stop()  # main ended by itself: burst or --max-jobs
         self._thread.join()
+        endpoints.SLOTS.close()
         return finished + self.deliveries.finished

@@ -29,6 +29,7 @@ class Deadline:
         self._at = time.monotonic() + seconds
         self._lock = threading.Lock()
         self._watched: list[socket.socket] = []
+        self._shared: list[socket.socket] = []  # a kept-alive connection's: shut, not closed
         self._expired = False
         self._timer = threading.Timer(max(0.0, seconds), self._expire)
         self._timer.daemon = True
@@ -45,6 +46,7 @@ class Deadline:
             for dup in self._watched:
                 dup.close()
             self._watched = []
+            self._shared = []
 
     @property
     def expired(self) -> bool:
@@ -60,10 +62,18 @@ class Deadline:
             if self._expired:
                 _shut(dup)
 
+    def watch_shared(self, dup: socket.socket) -> None:
+        """Shut `dup` (a kept-alive connection's own duplicate, which outlives this
+        exchange) down at the deadline; it is not closed here."""
+        with self._lock:
+            self._shared.append(dup)
+            if self._expired:
+                _shut(dup)
+
     def _expire(self) -> None:
         with self._lock:
             self._expired = True
-            for dup in self._watched:
+            for dup in (*self._watched, *self._shared):
                 _shut(dup)
 
     def connection_class(self, base: type) -> type:
