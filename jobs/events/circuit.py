@@ -55,10 +55,11 @@ WITH probe AS (
   WHERE w.id = %(webhook)s AND w.circuit_state <> '{_CLOSED}' AND w.circuit_open_until <= now()
     AND {HELD}
   RETURNING w.id)
-SELECT 'probe', 0.0 FROM probe
+SELECT 'probe', 0.0, 0 FROM probe
 UNION ALL
 SELECT w.circuit_state,
-       greatest(0, extract(epoch FROM w.circuit_open_until - now()))::float8
+       greatest(0, extract(epoch FROM w.circuit_open_until - now()))::float8,
+       w.circuit_failures
 FROM jobs_webhook w WHERE w.id = %(webhook)s AND NOT EXISTS (SELECT 1 FROM probe)
 """
 _FAILED_SQL = f"""
@@ -91,6 +92,8 @@ class Verdict:
     probe: bool = False
     wait: float = 0.0
     reason: str = ""
+    # Closed with no failure counted: an answer has nothing to reset (no write).
+    clean: bool = False
 
 
 def busy_wait() -> float:
@@ -105,9 +108,11 @@ def admit(webhook_id: int, fence: dict[str, Any]) -> Verdict:
     with connection.cursor() as cur:
         cur.execute(_ADMIT_SQL, {**fence, "webhook": webhook_id, "probe": probe})
         row = cur.fetchone()
-    if row is None or row[0] == _CLOSED:
+    if row is None:
         return Verdict(True)
-    state, wait = row
+    state, wait, failures = row
+    if state == _CLOSED:
+        return Verdict(True, clean=failures == 0)
     if state == "probe":
         metrics.WEBHOOK_CIRCUIT.labels(_HALF).inc()
         return Verdict(True, probe=True)

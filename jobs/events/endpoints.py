@@ -47,6 +47,12 @@ LINGER_SECONDS = 0.2
 # Lock sessions kept open for the next slot taken (each costs a connect otherwise).
 SPARE_SESSIONS = 4
 
+# Delivery workers alive now: an endpoint's slots are shared out between them.
+_DELIVERY_WORKERS_SQL = """
+SELECT count(*) FROM jobs_worker
+WHERE %s = ANY(queues) AND heartbeat_at > now() - %s * interval '1 second'
+"""
+SHARE_REFRESH_SECONDS = 5.0
 _TAKE_SQL = "SELECT pg_try_advisory_lock(%s, (%s::bigint %% 2147483648)::int)"
 _GIVE_SQL = "SELECT pg_advisory_unlock(%s, (%s::bigint %% 2147483648)::int)"
 
@@ -151,6 +157,8 @@ class Slots:
         self._endpoints: dict[int, _Endpoint] = {}
         self._spare: list[psycopg.Connection] = []
         self._linger: threading.Thread | None = None
+        self._workers = 1  # delivery worker processes alive (SHARE_REFRESH_SECONDS old)
+        self._workers_at = -SHARE_REFRESH_SECONDS
 
     @staticmethod
     def limit() -> int:
@@ -220,14 +228,38 @@ class Slots:
                 before = endpoint.call_seconds or seconds
                 endpoint.call_seconds = 0.8 * before + 0.2 * seconds
             slot.freed_at = time.monotonic()
-            endpoint.free.append(slot)
-            self._freed.notify_all()
+            # Beyond this process's share of the endpoint's slots: back at once, so
+            # another delivery process busy with the endpoint gets it.
+            beyond = len(endpoint.held) > self._share()
+            if beyond:
+                endpoint.held.remove(slot)
+            else:
+                endpoint.free.append(slot)
+                self._freed.notify_all()
+        if beyond:
+            self._unlock(slot)
+
+    def _share(self) -> int:
+        """This process's share of an endpoint's slots: the limit over the delivery
+        workers alive (at least one). Held under self._lock."""
+        return max(1, -(-self.limit() // max(1, self._workers)))
+
+    def _count_workers(self, session: psycopg.Connection) -> None:
+        if time.monotonic() - self._workers_at < SHARE_REFRESH_SECONDS:
+            return
+        from jobs.events.signing import WEBHOOK_QUEUE
+
+        stale = max(5.0, 3 * settings.JOBS_PRESENCE_SECONDS)
+        row = session.execute(_DELIVERY_WORKERS_SQL, [WEBHOOK_QUEUE, stale]).fetchone()
+        with self._lock:
+            self._workers, self._workers_at = max(1, row[0]), time.monotonic()
 
     def _lock_one(self, webhook_id: int, numbers: list[int]) -> Slot | None:
         session = self._session()
         if session is None:
             return None
         try:
+            self._count_workers(session)
             for number in random.sample(numbers, len(numbers)):
                 row = session.execute(_TAKE_SQL, [ENDPOINT_LOCK_SPACE + number, webhook_id])
                 if row.fetchone()[0]:
@@ -282,17 +314,21 @@ class Slots:
                     endpoint.held.remove(slot)
                     idle.append(slot)
         for slot in idle:
-            slot.close_connections()
-            try:
-                slot.session.execute(_GIVE_SQL, [ENDPOINT_LOCK_SPACE + slot.number,
-                                                 slot.webhook_id])  # fmt: skip
-            except psycopg.Error as exc:
-                log.warning("could not give back webhook %s's slot, closing its session: %s",
-                            slot.webhook_id, exc)  # fmt: skip
-                slot.session.close()
-                continue
-            self._spare_session(slot.session)
+            self._unlock(slot)
         return len(idle)
+
+    def _unlock(self, slot: Slot) -> None:
+        """Release a slot no longer held here (its lock, its connections)."""
+        slot.close_connections()
+        try:
+            slot.session.execute(_GIVE_SQL, [ENDPOINT_LOCK_SPACE + slot.number,
+                                             slot.webhook_id])  # fmt: skip
+        except psycopg.Error as exc:
+            log.warning("could not give back webhook %s's slot, closing its session: %s",
+                        slot.webhook_id, exc)  # fmt: skip
+            slot.session.close()
+            return
+        self._spare_session(slot.session)
 
     def close(self) -> None:
         """Give back every free slot and close the spare sessions (a stopping worker;

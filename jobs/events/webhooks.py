@@ -213,7 +213,7 @@ def deliver(payload: dict, ctx: JobContext) -> dict:
         if not verdict.go:
             _park(ctx, webhook_id, verdict.wait, f"circuit {verdict.reason}")
         return _attempt(ctx, fence, delivery_id, webhook_id, url, addresses[0], salt,
-                        event_id, event_at, body, slot)  # fmt: skip
+                        event_id, event_at, body, slot, verdict)  # fmt: skip
     finally:
         endpoints.SLOTS.give(slot)
 
@@ -230,10 +230,12 @@ def _park(ctx: JobContext, webhook_id: int, seconds: float, why: str) -> NoRetur
 
 def _attempt(ctx: JobContext, fence: dict, delivery_id: int, webhook_id: int, url: str,
              address: str, salt: str, event_id: int, event_at, body: str,
-             slot: endpoints.Slot) -> dict:  # fmt: skip
+             slot: endpoints.Slot, verdict: circuit.Verdict) -> dict:  # fmt: skip
     """One call, the circuit's verdict on the endpoint, and its bookkeeping. The slot
     goes back once the verdict is written (the next call sees this one's failure
-    counted), before the rest of the bookkeeping."""
+    counted), before the rest of the bookkeeping. An answer to a circuit that was
+    closed with no failure counted writes nothing (and reads nothing more): a failure
+    counted meanwhile by a concurrent call is reset by the next answer instead."""
     headers = signing.sign(salt, signing.message_id(event_id), datetime.now(UTC), body)
     started = time.monotonic()
     try:
@@ -248,7 +250,7 @@ def _attempt(ctx: JobContext, fence: dict, delivery_id: int, webhook_id: int, ur
     seconds = time.monotonic() - started
     if code >= 500 or code == 429:
         circuit.failed(webhook_id, fence)
-    elif circuit.answered(webhook_id, fence):
+    elif not verdict.clean and circuit.answered(webhook_id, fence):
         log.info("webhook %s answered %s: circuit closed", webhook_id, code,
                  extra={"job_id": ctx.job_id, "lease_version": ctx.lease_version,
                         "worker_id": ctx.worker_id})  # fmt: skip
