@@ -33,8 +33,10 @@ def split(spec: QueueSpec) -> tuple[QueueSpec, bool]:
 
 
 def delivery_worker(main: Worker, concurrency: int) -> Worker:
-    """The deliveries' worker, shaped like `main` (burst, grace, polling), claiming only
-    for free threads: a delivery is slow next to its claim, prefetching gains nothing."""
+    """The deliveries' worker, shaped like `main` (burst, grace, polling, prefetch). A
+    fast endpoint's deliveries take less than their claim: prefetched, the threads
+    never wait for one (issue 41). A slow one's are not prefetched (the prefetch follows
+    the measured run time, and jobs a stuck thread holds back are released, D67)."""
     return Worker(
         parse_queues(WEBHOOK_QUEUE),
         concurrency,
@@ -43,7 +45,7 @@ def delivery_worker(main: Worker, concurrency: int) -> Worker:
         poll_interval=main.poll_interval,
         lease_seconds=main.lease_seconds,
         flush_interval=main.flush_interval,
-        prefetch=0,
+        prefetch=main.max_prefetch,
     )
 
 
