@@ -19,7 +19,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from bench.measure import sql
+from bench.measure import backend_pids, cpu_seconds, sql
 from bench.scenarios import Context, counts_by_status, reset, scenario, wait_terminal
 from harness import wait_until
 
@@ -125,6 +125,8 @@ def _run(ctx: Context, code, n: int, fail: float, events: list[str]) -> dict:
         client_id = _webhook(receiver.url, events)
         reaper = ctx.procs.start("runreaper", root=code.root, **WEBHOOK_ENV)
         workers = [ctx.procs.worker(root=code.root, ready=True, **WEBHOOK_ENV) for _ in range(2)]
+        pids = [p.pid for p in workers], [reaper.pid]
+        cpu_before = cpu_seconds(pids[0]), cpu_seconds(pids[1]), cpu_seconds(backend_pids())
         started = time.time()
         job_ids = _submit(client_id, n)
         wait_terminal(n, timeout=max(120, n / 50))
@@ -133,7 +135,11 @@ def _run(ctx: Context, code, n: int, fail: float, events: list[str]) -> dict:
         wait_until(lambda: len(expected.keys() - receiver.delivered().keys()) == 0, deadline,
                    f"{len(expected)} events delivered", interval=0.2)  # fmt: skip
         delivered = receiver.delivered()
-        cpu_note = ""
+        cpu = (cpu_seconds(pids[0]) - cpu_before[0], cpu_seconds(pids[1]) - cpu_before[1],
+               cpu_seconds(backend_pids()) - cpu_before[2])  # fmt: skip
+        per = [f"{name} {c / len(expected) * 1e6:.0f} us"
+               for name, c in zip(("workers", "reaper", "postgres"), cpu, strict=True)]  # fmt: skip
+        cpu_note = "CPU per event (jobs and deliveries): " + ", ".join(per)
         for p in [*workers, reaper]:
             p.stop()
         last_job = sql("SELECT extract(epoch FROM max(finished_at)) FROM jobs_job "
@@ -185,7 +191,7 @@ def webhook_throughput(ctx: Context) -> Iterator[dict]:
             "target": ">= 1,000 deliveries/s",
             "summary": f"first -> last delivery {r['first_to_last_s']:.2f}s, last delivery "
             f"{r['lag_after_last_job_s']:.2f}s after the last job's end, {r['calls']} calls, "
-            f"in order {r['in_order']}, one id per event {r['one_id_per_event']}",
+            f"in order {r['in_order']}, one id per event {r['one_id_per_event']}; {r['note']}",
             "details": r,
         }
     for code in ctx.codes():

@@ -234,9 +234,9 @@ def test_endpoint_slots_are_bounded_across_sessions(hook, settings):
         assert other is not None
         others[1].execute("SELECT pg_advisory_unlock_all()")
         taken = slots.take(hook.pk)
-        assert taken is not None and taken.number == 1
-        slots.give(taken)
-        slots.give(other)
+        assert taken is not None and taken.slot.number == 1
+        taken.give()
+        other.give()
         assert slots.release_idle() == 2
         # Given back: the other session takes it again.
         again = [endpoints.ENDPOINT_LOCK_SPACE + 1, hook.pk]

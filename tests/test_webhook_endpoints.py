@@ -45,23 +45,24 @@ def test_a_busy_fast_endpoint_hands_its_slot_over_instead_of_parking(slots):
     waiter = threading.Thread(target=lambda: got.append(slots.take(WEBHOOK)))
     waiter.start()
     time.sleep(0.05)  # the waiter finds the only slot busy and waits for it
-    slots.give(first, seconds=0.002)  # a fast call
+    first.give(seconds=0.002)  # a fast call
     waiter.join(5)
-    assert got and got[0] is first  # the same slot, its lock never given back between
+    assert got and got[0].slot is first.slot  # its lock never given back between
     assert held_elsewhere(0)
-    slots.give(got[0], seconds=0.002)
-    assert slots.release_idle() == 1 and not held_elsewhere(0)
+    got[0].give(seconds=0.002)
+    first.give()  # a second give of a use given back already: the slot stays in use
+    assert held_elsewhere(0) and slots.release_idle() == 1 and not held_elsewhere(0)
 
 
 def test_a_slow_endpoint_parks_at_once(slots):
     first = slots.take(WEBHOOK)
-    slots.give(first, seconds=5.0)  # its calls take seconds
+    first.give(seconds=5.0)  # its calls take seconds
     again = slots.take(WEBHOOK)
-    assert again is first
+    assert again.slot is first.slot
     started = time.monotonic()
     assert slots.take(WEBHOOK) is None  # a second waits for nothing: it parks
     assert time.monotonic() - started < 0.1
-    slots.give(again)
+    again.give()
 
 
 def test_no_slot_when_other_processes_hold_them_all(slots, settings):
@@ -74,8 +75,8 @@ def test_no_slot_when_other_processes_hold_them_all(slots, settings):
         other.execute("SELECT pg_advisory_unlock(%s, %s)",
                       [endpoints.ENDPOINT_LOCK_SPACE + 1, WEBHOOK])  # fmt: skip
         taken = slots.take(WEBHOOK)
-        assert taken is not None and taken.number == 1
-        slots.give(taken)
+        assert taken is not None and taken.slot.number == 1
+        taken.give()
 
 
 class KeepAlive:

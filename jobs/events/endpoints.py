@@ -112,7 +112,6 @@ class Slot:
     pools: dict[tuple, urllib3.HTTPConnectionPool] = field(default_factory=dict)
     deadline: list[Deadline | None] = field(default_factory=lambda: [None])
     freed_at: float = 0.0
-    in_use: bool = False
 
     def pool(self, scheme: str, address: str, port: int, host: str) -> urllib3.HTTPConnectionPool:
         """The kept-alive connection to `address` (checked by ssrf) for `host`'s URL."""
@@ -140,6 +139,22 @@ class Slot:
 
 
 @dataclass(eq=False)
+class Taken:
+    """One use of a slot: given back once, however many times `give` is called (a
+    slot given back may already be another thread's)."""
+
+    slot: Slot
+    slots: Slots
+    given: bool = False
+
+    def give(self, seconds: float | None = None) -> None:
+        """Back after a call that took `seconds` (None: no call)."""
+        if not self.given:
+            self.given = True
+            self.slots._give(self.slot, seconds)
+
+
+@dataclass(eq=False)
 class _Endpoint:
     held: list[Slot] = field(default_factory=list)
     free: list[Slot] = field(default_factory=list)
@@ -149,7 +164,8 @@ class _Endpoint:
 
 
 class Slots:
-    """This process's endpoint slots. `take` → Slot or None (park); `give` after the call."""
+    """This process's endpoint slots. `take` → Taken or None (park); its `give` after
+    the call."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -164,12 +180,12 @@ class Slots:
     def limit() -> int:
         return min(settings.JOBS_WEBHOOK_ENDPOINT_CONCURRENCY, MAX_ENDPOINT_CONCURRENCY)
 
-    def take(self, webhook_id: int) -> Slot | None:
+    def take(self, webhook_id: int) -> Taken | None:
         """A slot of the endpoint for one call, or None when every slot is busy for
         longer than WAIT_LIMIT (held by other processes, or by slow calls here)."""
         limit = self.limit()
         if limit <= 0:
-            return Slot(webhook_id, -1, None, in_use=True)
+            return Taken(Slot(webhook_id, -1, None), self)
         until = time.monotonic() + WAIT_LIMIT
         with self._lock:
             endpoint = self._endpoints.setdefault(webhook_id, _Endpoint())
@@ -208,17 +224,10 @@ class Slots:
                 finally:
                     endpoint.waiters -= 1
 
-    @staticmethod
-    def _use(slot: Slot) -> Slot:
-        slot.in_use = True
-        return slot
+    def _use(self, slot: Slot) -> Taken:
+        return Taken(slot, self)
 
-    def give(self, slot: Slot, seconds: float | None = None) -> None:
-        """Back after a call that took `seconds` (None: no call). Once per take: a
-        second give does nothing."""
-        if not slot.in_use:
-            return
-        slot.in_use = False
+    def _give(self, slot: Slot, seconds: float | None) -> None:
         if slot.session is None:
             slot.close_connections()
             return

@@ -215,7 +215,7 @@ def deliver(payload: dict, ctx: JobContext) -> dict:
         return _attempt(ctx, fence, delivery_id, webhook_id, url, addresses[0], salt,
                         event_id, event_at, body, slot, verdict)  # fmt: skip
     finally:
-        endpoints.SLOTS.give(slot)
+        slot.give()
 
 
 def _park(ctx: JobContext, webhook_id: int, seconds: float, why: str) -> NoReturn:
@@ -230,7 +230,7 @@ def _park(ctx: JobContext, webhook_id: int, seconds: float, why: str) -> NoRetur
 
 def _attempt(ctx: JobContext, fence: dict, delivery_id: int, webhook_id: int, url: str,
              address: str, salt: str, event_id: int, event_at, body: str,
-             slot: endpoints.Slot, verdict: circuit.Verdict) -> dict:  # fmt: skip
+             slot: endpoints.Taken, verdict: circuit.Verdict) -> dict:  # fmt: skip
     """One call, the circuit's verdict on the endpoint, and its bookkeeping. The slot
     goes back once the verdict is written (the next call sees this one's failure
     counted), before the rest of the bookkeeping. An answer to a circuit that was
@@ -239,10 +239,10 @@ def _attempt(ctx: JobContext, fence: dict, delivery_id: int, webhook_id: int, ur
     headers = signing.sign(salt, signing.message_id(event_id), datetime.now(UTC), body)
     started = time.monotonic()
     try:
-        code, head, headers_in = post(url, address, headers, body, slot=slot)
+        code, head, headers_in = post(url, address, headers, body, slot=slot.slot)
     except urllib3.exceptions.HTTPError as exc:
         circuit.failed(webhook_id, fence)
-        endpoints.SLOTS.give(slot, time.monotonic() - started)
+        slot.give(time.monotonic() - started)
         error = f"{exc.__class__.__name__}: {exc}"[:500]
         _execute(_ATTEMPT_SQL, {**fence, "delivery": delivery_id, "code": None, "error": error})
         _outcome("timeout" if isinstance(exc, urllib3.exceptions.TimeoutError) else "error")
@@ -254,7 +254,7 @@ def _attempt(ctx: JobContext, fence: dict, delivery_id: int, webhook_id: int, ur
         log.info("webhook %s answered %s: circuit closed", webhook_id, code,
                  extra={"job_id": ctx.job_id, "lease_version": ctx.lease_version,
                         "worker_id": ctx.worker_id})  # fmt: skip
-    endpoints.SLOTS.give(slot, seconds)
+    slot.give(seconds)
     error = "" if 200 <= code < 300 else head.decode("utf-8", "replace")[:500]
     _execute(_ATTEMPT_SQL, {**fence, "delivery": delivery_id, "code": code, "error": error})
     if 200 <= code < 300:
