@@ -212,3 +212,86 @@ def webhook_throughput(ctx: Context) -> Iterator[dict]:
             f"{r['rate']:.0f} deliveries/s",
             "details": r,
         }
+
+
+def _cursor(name: str) -> int:
+    rows = sql("SELECT last_id FROM jobs_outboxcursor WHERE name = %s", [name])
+    return rows[0][0] if rows else 0
+
+
+@scenario("drain-sinks")
+def drain_sinks(ctx: Context) -> Iterator[dict]:
+    """A drain of n no-op jobs by two runworkers (--concurrency 128) beside a runreaper
+    with a webhook (job.done, a receiver answering 200 at once), the Redis stream and the
+    Kafka sink on: the drain rate, and when each subscriber's cursor passed the last
+    event (and the receiver had the last delivery) after the last job's end."""
+    from harness import KafkaBroker
+    from jobs.events import signing
+
+    n = ctx.args.jobs or (300 if ctx.quick else 10000)
+    concurrency = ctx.args.concurrency or 128
+    broker = KafkaBroker(ctx.logdir / "tansu-sinks.log").start()
+    try:
+        for i, code in enumerate(ctx.codes()):
+            topic = f"bench.sinks.{i}"
+            broker.create_topic(topic, partitions=12)
+            reset(ctx)
+            sql("DELETE FROM jobs_webhookdelivery")
+            sql("DELETE FROM jobs_outboxcursor WHERE name LIKE 'kafka%%'")
+            placed = ctx.procs.start("outbox", "start", "kafka", "--from", "now", root=code.root)
+            if placed.wait(60) != 0:
+                raise RuntimeError(f"outbox start kafka failed:\n{placed.output()}")
+            receiver = Receiver()
+            try:
+                client_id = _webhook(receiver.url, ["job.done"])
+                env = {**WEBHOOK_ENV, "JOBS_KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,
+                       "JOBS_KAFKA_TOPIC": topic,
+                       "JOBS_KAFKA_CONFIG": '{"linger.ms": 5}'}  # fmt: skip
+                reaper = ctx.procs.start("runreaper", root=code.root, **env)
+                workers = [ctx.procs.worker("--concurrency", str(concurrency), root=code.root,
+                                            ready=True, **env) for _ in range(2)]  # fmt: skip
+                job_ids = _submit(client_id, n)
+                wait_terminal(n, timeout=max(60, n / 200))
+                first_claim, last_finish = sql(
+                    "SELECT extract(epoch FROM min(at)), (SELECT extract(epoch FROM "
+                    "max(finished_at)) FROM jobs_job WHERE id = ANY(%s)) FROM jobs_jobevent "
+                    "WHERE to_status = 'processing' AND job_id = ANY(%s)", [job_ids, job_ids]
+                )[0]  # fmt: skip
+                last = sql("SELECT max(id) FROM jobs_jobevent WHERE job_id = ANY(%s)",
+                           [job_ids])[0][0]  # fmt: skip
+                passed: dict[str, float] = {}
+                expected = {signing.message_id(i) for (i,) in sql(
+                    "SELECT id FROM jobs_jobevent WHERE job_id = ANY(%s) AND "
+                    "to_status = 'done'", [job_ids])}  # fmt: skip
+
+                def caught_up(passed=passed, last=last, expected=expected,
+                              receiver=receiver) -> bool:  # fmt: skip
+                    for name in ("webhooks", "stream", "kafka"):
+                        if name not in passed and _cursor(name) >= last:
+                            passed[name] = time.time()
+                    if "receiver" not in passed and expected <= receiver.delivered().keys():
+                        passed["receiver"] = max(receiver.delivered()[m] for m in expected)
+                    return len(passed) == 4
+
+                wait_until(caught_up, max(300, n / 20), "every sink caught up", interval=0.05)
+                for p in [*workers, reaper]:
+                    p.stop()
+            finally:
+                receiver.close()
+            after = {k: v - float(last_finish) for k, v in passed.items()}
+            drain_s = float(last_finish) - float(first_claim)
+            yield {
+                "scenario": "drain-sinks",
+                "code": code.label,
+                "figure": f"drain {n} no-op jobs (2 runworkers, --concurrency {concurrency}) "
+                "with a webhook, the Redis stream and the Kafka sink: the last event's lag",
+                "value": max(after[k] for k in ("webhooks", "stream", "kafka")),
+                "unit": "s after the last job's end (slowest outbox subscriber)",
+                "target": "<= 2 s for each sink",
+                "summary": f"drain {n / drain_s:,.0f} jobs/s; last event passed by "
+                + ", ".join(f"{k} {v:.2f}s" for k, v in sorted(after.items()))
+                + " after the last job's end (receiver: its last delivery)",
+                "details": {"jobs": n, "drain_s": drain_s, "after_last_job_s": after},
+            }
+    finally:
+        broker.stop()

@@ -33,10 +33,9 @@ def split(spec: QueueSpec) -> tuple[QueueSpec, bool]:
 
 
 def delivery_worker(main: Worker, concurrency: int) -> Worker:
-    """The deliveries' worker, shaped like `main` (burst, grace, polling, prefetch). A
-    fast endpoint's deliveries take less than their claim: prefetched, the threads
-    never wait for one (issue 41). A slow one's are not prefetched (the prefetch follows
-    the measured run time, and jobs a stuck thread holds back are released, D67)."""
+    """The deliveries' worker, shaped like `main` (burst, grace, polling), claiming only
+    for free threads: a prefetched delivery would wait, claimed, behind slow receivers'
+    (its attempt, in the history, longer than JOBS_WEBHOOK_TIMEOUT)."""
     return Worker(
         parse_queues(WEBHOOK_QUEUE),
         concurrency,
@@ -45,7 +44,7 @@ def delivery_worker(main: Worker, concurrency: int) -> Worker:
         poll_interval=main.poll_interval,
         lease_seconds=main.lease_seconds,
         flush_interval=main.flush_interval,
-        prefetch=main.max_prefetch,
+        prefetch=0,
     )
 
 
