@@ -10,6 +10,7 @@ included (the duplicate outlives the plain socket that TLS wraps and detaches).
 from __future__ import annotations
 
 import heapq
+import os
 import socket
 import threading
 import time
@@ -130,6 +131,8 @@ class _Clock:
 
 
 _CLOCK = _Clock()
+# A forked child starts with no deadline of its parent's (nor its thread).
+os.register_at_fork(after_in_child=_CLOCK.__init__)
 
 
 def _shut(sock: socket.socket) -> None:

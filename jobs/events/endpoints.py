@@ -20,6 +20,7 @@ spent (jobs.events.deadline), a reused connection included.
 from __future__ import annotations
 
 import logging
+import os
 import random
 import socket
 import threading
@@ -348,5 +349,16 @@ class Slots:
         for session in spare:
             session.close()
 
+    def forget_after_fork(self) -> None:
+        """In a forked child: the parent's sessions and slots are the parent's (its
+        locks); the child starts with none and never closes those."""
+        self._lock = threading.Lock()
+        self._freed = threading.Condition(self._lock)
+        self._endpoints = {}
+        self._spare = []
+        self._linger = None
+        self._workers_at = -SHARE_REFRESH_SECONDS
+
 
 SLOTS = Slots()
+os.register_at_fork(after_in_child=SLOTS.forget_after_fork)
