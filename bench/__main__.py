@@ -19,8 +19,8 @@ import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 
-# scaling, fillfactor and table_growth register their scenarios when imported.
-from bench import fillfactor, scaling, scenarios, table_growth  # noqa: F401
+# scaling, fillfactor, table_growth and webhooks register their scenarios when imported.
+from bench import fillfactor, scaling, scenarios, table_growth, webhooks  # noqa: F401
 from bench.env import Code, processes, scratch_database, setup_django
 from harness import ROOT, PgBouncer, RedisServer
 
@@ -113,6 +113,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         choices=["today", "partitioned"],
         help="Only this layout in table-growth (repeatable; default both, in turn).",
     )
+    p.add_argument(
+        "--webhook-receiver",
+        action="append",
+        choices=["fast", "failing"],
+        help="Only this receiver in webhook-throughput (repeatable; default both).",
+    )
     p.add_argument("--out", type=Path, default=None, help="JSON lines file to append to.")
     p.add_argument("--keep-db", action="store_true", help="Do not drop the scratch database.")
     return p.parse_args(argv)
@@ -195,6 +201,9 @@ def command_for(name: str, args: argparse.Namespace, record: dict) -> str:
     if name == "table-growth":
         for layout in args.growth_layout or []:
             parts += ["--growth-layout", layout]
+    if name == "webhook-throughput":
+        for receiver in args.webhook_receiver or []:
+            parts += ["--webhook-receiver", receiver]
     if name == "claim-big":
         parts += ["--finished-rows", str(args.finished_rows)]
     if args.baseline:

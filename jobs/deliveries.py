@@ -17,6 +17,7 @@ import signal
 import threading
 
 from jobs.dispatch import QueueSpec, parse_queues
+from jobs.events import endpoints
 from jobs.events.signing import WEBHOOK_QUEUE
 from jobs.runtime import ColdStop
 from jobs.worker import Worker
@@ -33,7 +34,8 @@ def split(spec: QueueSpec) -> tuple[QueueSpec, bool]:
 
 def delivery_worker(main: Worker, concurrency: int) -> Worker:
     """The deliveries' worker, shaped like `main` (burst, grace, polling), claiming only
-    for free threads: a delivery is slow next to its claim, prefetching gains nothing."""
+    for free threads: a prefetched delivery would wait, claimed, behind slow receivers'
+    (its attempt, in the history, longer than JOBS_WEBHOOK_TIMEOUT)."""
     return Worker(
         parse_queues(WEBHOOK_QUEUE),
         concurrency,
@@ -92,4 +94,5 @@ class Pair:
             if self._signals == 0:
                 self.deliveries.request_stop()  # main ended by itself: burst or --max-jobs
         self._thread.join()
+        endpoints.SLOTS.close()
         return finished + self.deliveries.finished

@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from jobs import deliveries, services
 from jobs.dispatch import parse_queues
-from jobs.events import circuit, signing
+from jobs.events import circuit, endpoints, signing
 from jobs.events.deadline import DeadlineExceeded
 from jobs.events.webhooks import post
 from jobs.models import CircuitState, Client, Webhook
@@ -223,17 +223,26 @@ def test_endpoint_slots_are_bounded_across_sessions(hook, settings):
     """Other sessions (other worker processes) hold the endpoint's slots: none is left
     here; one given back is taken at once. Another endpoint is not affected."""
     settings.JOBS_WEBHOOK_ENDPOINT_CONCURRENCY = 2
+    slots = endpoints.Slots()
     others = [psycopg.connect(database_url(), autocommit=True) for _ in range(2)]
     try:
         for slot, conn in enumerate(others):
             conn.execute("SELECT pg_advisory_lock(%s, %s)",
-                         [circuit.ENDPOINT_LOCK_SPACE + slot, hook.pk])  # fmt: skip
-        assert circuit.take_slot(hook.pk) is None
-        assert circuit.take_slot(hook.pk + 1) is not None
+                         [endpoints.ENDPOINT_LOCK_SPACE + slot, hook.pk])  # fmt: skip
+        assert slots.take(hook.pk) is None
+        other = slots.take(hook.pk + 1)
+        assert other is not None
         others[1].execute("SELECT pg_advisory_unlock_all()")
-        assert circuit.take_slot(hook.pk) == 1
-        circuit.give_slot(hook.pk, 1)
+        taken = slots.take(hook.pk)
+        assert taken is not None and taken.slot.number == 1
+        taken.give()
+        other.give()
+        assert slots.release_idle() == 2
+        # Given back: the other session takes it again.
+        again = [endpoints.ENDPOINT_LOCK_SPACE + 1, hook.pk]
+        assert others[1].execute("SELECT pg_try_advisory_lock(%s, %s)", again).fetchone()[0]
     finally:
+        slots.close()
         for conn in others:
             conn.close()
 

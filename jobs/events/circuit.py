@@ -3,8 +3,9 @@
 Both live in PostgreSQL, so they hold across every worker process:
 
 - Slots: an attempt holds one of JOBS_WEBHOOK_ENDPOINT_CONCURRENCY session advisory
-  locks of its endpoint while it calls it. A lock dies with its session, so a killed
-  worker leaks none.
+  locks of its endpoint while it calls it (jobs.events.endpoints: held by the process
+  while its threads keep it busy). A lock dies with its session, so a killed worker
+  leaks none.
 - The breaker (`jobs_webhook.circuit_*`): JOBS_WEBHOOK_CIRCUIT_FAILURES failed attempts
   in a row (no answer in time, a connection error, 5xx or 429) open it for
   JOBS_WEBHOOK_CIRCUIT_OPEN_SECONDS, doubled for each further failure up to
@@ -25,7 +26,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import DatabaseError, InterfaceError, connection
+from django.db import connection
 from django.utils import timezone
 
 from jobs import metrics
@@ -35,11 +36,6 @@ from jobs.models import CircuitState, Webhook
 
 log = logging.getLogger(__name__)
 
-# Advisory lock namespace of endpoint slots ('whk' + slot number in the low byte); the
-# second key is the webhook id. Distinct from the worker sessions' space ('jobs').
-ENDPOINT_LOCK_SPACE = 0x77686B00
-MAX_ENDPOINT_CONCURRENCY = 255
-UNBOUNDED = -1  # the slot of an attempt when endpoints are not bounded
 # A delivery parked for a busy endpoint or an ongoing probe looks again this soon.
 BUSY_WAIT = (0.5, 1.5)
 # A probe's deadline: its attempt's, plus room for its bookkeeping.
@@ -51,8 +47,6 @@ HELD = f"""EXISTS (SELECT 1 FROM jobs_job j WHERE j.id = %(job)s AND j.lease_ver
 
 _CLOSED, _OPEN = CircuitState.CLOSED.value, CircuitState.OPEN.value
 _HALF = CircuitState.HALF_OPEN.value
-_TAKE_SLOT_SQL = "SELECT pg_try_advisory_lock(%s, (%s::bigint %% 2147483648)::int)"
-_GIVE_SLOT_SQL = "SELECT pg_advisory_unlock(%s, (%s::bigint %% 2147483648)::int)"
 # The first attempt after the open period takes the probe; the others see it taken.
 _ADMIT_SQL = f"""
 WITH probe AS (
@@ -61,10 +55,11 @@ WITH probe AS (
   WHERE w.id = %(webhook)s AND w.circuit_state <> '{_CLOSED}' AND w.circuit_open_until <= now()
     AND {HELD}
   RETURNING w.id)
-SELECT 'probe', 0.0 FROM probe
+SELECT 'probe', 0.0, 0 FROM probe
 UNION ALL
 SELECT w.circuit_state,
-       greatest(0, extract(epoch FROM w.circuit_open_until - now()))::float8
+       greatest(0, extract(epoch FROM w.circuit_open_until - now()))::float8,
+       w.circuit_failures
 FROM jobs_webhook w WHERE w.id = %(webhook)s AND NOT EXISTS (SELECT 1 FROM probe)
 """
 _FAILED_SQL = f"""
@@ -97,34 +92,8 @@ class Verdict:
     probe: bool = False
     wait: float = 0.0
     reason: str = ""
-
-
-def take_slot(webhook_id: int) -> int | None:
-    """One of the endpoint's slots (held until `give_slot`), or None when all are taken.
-    JOBS_WEBHOOK_ENDPOINT_CONCURRENCY 0: no bound (UNBOUNDED, nothing held)."""
-    limit = min(settings.JOBS_WEBHOOK_ENDPOINT_CONCURRENCY, MAX_ENDPOINT_CONCURRENCY)
-    if limit <= 0:
-        return UNBOUNDED
-    with connection.cursor() as cur:
-        for slot in random.sample(range(limit), limit):
-            cur.execute(_TAKE_SLOT_SQL, [ENDPOINT_LOCK_SPACE + slot, webhook_id])
-            if cur.fetchone()[0]:
-                return slot
-    return None
-
-
-def give_slot(webhook_id: int, slot: int) -> None:
-    """Unlock; if the session is in trouble, end it (which unlocks too) rather than hide
-    the attempt's own outcome behind this error."""
-    if slot == UNBOUNDED:
-        return
-    try:
-        with connection.cursor() as cur:
-            cur.execute(_GIVE_SLOT_SQL, [ENDPOINT_LOCK_SPACE + slot, webhook_id])
-    except (DatabaseError, InterfaceError) as exc:
-        log.warning("could not give back webhook %s's slot, closing the session: %s",
-                    webhook_id, exc)  # fmt: skip
-        connection.close()
+    # Closed with no failure counted: an answer has nothing to reset (no write).
+    clean: bool = False
 
 
 def busy_wait() -> float:
@@ -139,9 +108,11 @@ def admit(webhook_id: int, fence: dict[str, Any]) -> Verdict:
     with connection.cursor() as cur:
         cur.execute(_ADMIT_SQL, {**fence, "webhook": webhook_id, "probe": probe})
         row = cur.fetchone()
-    if row is None or row[0] == _CLOSED:
+    if row is None:
         return Verdict(True)
-    state, wait = row
+    state, wait, failures = row
+    if state == _CLOSED:
+        return Verdict(True, clean=failures == 0)
     if state == "probe":
         metrics.WEBHOOK_CIRCUIT.labels(_HALF).inc()
         return Verdict(True, probe=True)

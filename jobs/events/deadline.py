@@ -9,6 +9,8 @@ included (the duplicate outlives the plain socket that TLS wraps and detaches).
 
 from __future__ import annotations
 
+import heapq
+import os
 import socket
 import threading
 import time
@@ -29,22 +31,21 @@ class Deadline:
         self._at = time.monotonic() + seconds
         self._lock = threading.Lock()
         self._watched: list[socket.socket] = []
+        self._shared: list[socket.socket] = []  # a kept-alive connection's: shut, not closed
         self._expired = False
-        self._timer = threading.Timer(max(0.0, seconds), self._expire)
-        self._timer.daemon = True
-        self._timer.name = "webhook-deadline"
 
     def __enter__(self) -> Deadline:
         self._at = time.monotonic() + self.seconds
-        self._timer.start()
+        _CLOCK.add(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._timer.cancel()
+        _CLOCK.remove(self)
         with self._lock:  # not while _expire shuts one down: its fd could be reused
             for dup in self._watched:
                 dup.close()
             self._watched = []
+            self._shared = []
 
     @property
     def expired(self) -> bool:
@@ -60,10 +61,18 @@ class Deadline:
             if self._expired:
                 _shut(dup)
 
+    def watch_shared(self, dup: socket.socket) -> None:
+        """Shut `dup` (a kept-alive connection's own duplicate, which outlives this
+        exchange) down at the deadline; it is not closed here."""
+        with self._lock:
+            self._shared.append(dup)
+            if self._expired:
+                _shut(dup)
+
     def _expire(self) -> None:
         with self._lock:
             self._expired = True
-            for dup in self._watched:
+            for dup in (*self._watched, *self._shared):
                 _shut(dup)
 
     def connection_class(self, base: type) -> type:
@@ -77,6 +86,53 @@ class Deadline:
                 return sock
 
         return Watched
+
+
+class _Clock:
+    """One thread for every deadline of the process (not a timer thread per attempt):
+    it sleeps until the earliest one and expires those due."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int, Deadline]] = []
+        self._live: set[int] = set()
+        self._thread: threading.Thread | None = None
+
+    def add(self, deadline: Deadline) -> None:
+        with self._cond:
+            heapq.heappush(self._heap, (deadline._at, id(deadline), deadline))
+            self._live.add(id(deadline))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="webhook-deadlines",
+                                                daemon=True)  # fmt: skip
+                self._thread.start()
+            self._cond.notify()
+
+    def remove(self, deadline: Deadline) -> None:
+        with self._cond:
+            self._live.discard(id(deadline))
+
+    def _run(self) -> None:
+        while True:
+            due: list[Deadline] = []
+            with self._cond:
+                while self._heap and id(self._heap[0][2]) not in self._live:
+                    heapq.heappop(self._heap)  # ended in time
+                now = time.monotonic()
+                while self._heap and self._heap[0][0] <= now:
+                    _, key, deadline = heapq.heappop(self._heap)
+                    if key in self._live:
+                        self._live.discard(key)
+                        due.append(deadline)
+                if not due:
+                    self._cond.wait(self._heap[0][0] - now if self._heap else None)
+            for deadline in due:
+                deadline._expire()
+
+
+_CLOCK = _Clock()
+# A forked child starts with no deadline of its parent's (nor its thread).
+os.register_at_fork(after_in_child=_CLOCK.__init__)
 
 
 def _shut(sock: socket.socket) -> None:

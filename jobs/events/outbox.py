@@ -481,11 +481,19 @@ class Dispatcher:
             connection.close()
 
 
+# Events per tick of the reaper's dispatchers: a drain writes thousands of history rows
+# a second, and each tick's statements cost about the same for 500 rows or 2,000.
+DISPATCH_BATCH = 2000
+
+
 def dispatchers() -> list[Dispatcher]:
-    """The dispatchers a runreaper runs, each in a thread: webhooks and the stream in one;
-    the Kafka sink, when configured, in its own, so a broker that is slow or away never
-    slows the other subscribers' ticks."""
-    found = [Dispatcher()]
+    """The dispatchers a runreaper runs, each in a thread of its own: the webhooks, the
+    stream (with Redis) and the Kafka sink (when configured), so none waits for another's
+    tick (a broker that is slow or away, a fan-out of many deliveries) and each keeps up
+    with a drain on its own (issue 41)."""
+    found = [Dispatcher([WebhookFanout()], batch=DISPATCH_BATCH)]
+    if settings.REDIS_URL:
+        found.append(Dispatcher([StreamPublisher()], batch=DISPATCH_BATCH))
     if kafka.configured():  # the domain events of publish() too, behind a cursor of their own
         found.append(Dispatcher([kafka.KafkaSink()], batch=kafka.BATCH, sources=SOURCES))
     return found

@@ -29,7 +29,7 @@ from django.db import connection
 from jobs import metrics
 from jobs.conf import settings
 from jobs.durable import Suspend
-from jobs.events import circuit, signing, ssrf
+from jobs.events import circuit, endpoints, signing, ssrf
 from jobs.events.deadline import Deadline, DeadlineExceeded
 from jobs.lifecycle import Status, WaitReason
 from jobs.tasks import JobContext, PermanentError, RetryableError, task
@@ -109,53 +109,72 @@ def _timeout(remaining: float) -> urllib3.Timeout:
 
 
 def post(
-    url: str, address: str, headers: dict[str, str], body: str, seconds: float | None = None
+    url: str,
+    address: str,
+    headers: dict[str, str],
+    body: str,
+    seconds: float | None = None,
+    slot: endpoints.Slot | None = None,
 ) -> tuple[int, bytes, dict]:
     """POST to `address` (checked by ssrf.resolve) with the URL's host name for Host and
     TLS: no second DNS lookup between the check and the call. Raises DeadlineExceeded
-    unless the whole exchange ends within `seconds` [JOBS_WEBHOOK_TIMEOUT]."""
+    unless the whole exchange ends within `seconds` [JOBS_WEBHOOK_TIMEOUT]. On `slot`'s
+    kept-alive connection when given (a new connection closed after, otherwise)."""
     seconds = settings.JOBS_WEBHOOK_TIMEOUT if seconds is None else seconds
-    with Deadline(seconds) as deadline:
-        try:
-            answer = _post(url, address, headers, body, deadline)
-        except (urllib3.exceptions.HTTPError, http.client.HTTPException, OSError):
-            if not deadline.expired:
-                raise
-            answer = None
-        if answer is None or deadline.expired:
-            raise DeadlineExceeded(f"no complete answer within {seconds:g} s") from None
-        return answer
+    own = slot is None
+    slot = endpoints.Slot(0, -1, None) if slot is None else slot
+    try:
+        with Deadline(seconds) as deadline:
+            slot.deadline[0] = deadline
+            try:
+                answer = _post(url, address, headers, body, deadline, slot)
+            except (urllib3.exceptions.HTTPError, http.client.HTTPException, OSError):
+                slot.close_connections()
+                if not deadline.expired:
+                    raise
+                answer = None
+            if answer is None or deadline.expired:
+                slot.close_connections()
+                raise DeadlineExceeded(f"no complete answer within {seconds:g} s") from None
+            return answer
+    finally:
+        slot.deadline[0] = None
+        if own:
+            slot.close_connections()
 
 
 def _post(
-    url: str, address: str, headers: dict[str, str], body: str, deadline: Deadline
+    url: str,
+    address: str,
+    headers: dict[str, str],
+    body: str,
+    deadline: Deadline,
+    slot: endpoints.Slot,
 ) -> tuple[int, bytes, dict]:
     scheme, host, port, path = ssrf.split(url)
     name = f"[{host}]" if ":" in host else host
     default_port = 443 if scheme == "https" else 80
     headers = {**headers, "content-type": "application/json", "user-agent": "jobservice-webhooks",
                "host": name if port == default_port else f"{name}:{port}"}  # fmt: skip
-    if scheme == "https":
-        pool: urllib3.HTTPConnectionPool = urllib3.HTTPSConnectionPool(
-            address, port, server_hostname=host, assert_hostname=host, maxsize=1, retries=False,
-            cert_reqs="CERT_REQUIRED", ca_certs=settings.JOBS_WEBHOOK_CA_BUNDLE or None,
-        )  # fmt: skip
-    else:
-        pool = urllib3.HTTPConnectionPool(address, port, maxsize=1, retries=False)
-    pool.ConnectionCls = deadline.connection_class(pool.ConnectionCls)
+    pool = slot.pool(scheme, address, port, host)
+    response = pool.urlopen(
+        "POST", path, body=body.encode(), headers=headers,
+        timeout=_timeout(deadline.remaining()),
+        redirect=False, retries=False, preload_content=False,
+    )  # fmt: skip
+    kept = False
     try:
-        response = pool.urlopen(
-            "POST", path, body=body.encode(), headers=headers,
-            timeout=_timeout(deadline.remaining()),
-            redirect=False, retries=False, preload_content=False,
-        )  # fmt: skip
-        try:
-            head = response.read(settings.JOBS_WEBHOOK_MAX_RESPONSE_BYTES)
-            return response.status, head, dict(response.headers)
-        finally:
-            response.release_conn()
+        head = response.read(settings.JOBS_WEBHOOK_MAX_RESPONSE_BYTES)
+        # The connection is kept only when the answer was read to its end: what is
+        # left of a longer one is not read (nor waited for).
+        kept = not response.read(1) if response.length_remaining != 0 else True
+        return response.status, head, dict(response.headers)
     finally:
-        pool.close()
+        if kept:
+            response.release_conn()
+        else:
+            response.close()
+            slot.close_connections()
 
 
 def _outcome(outcome: str) -> None:
@@ -186,7 +205,7 @@ def deliver(payload: dict, ctx: JobContext) -> dict:
                                 "error": str(exc)[:500]})  # fmt: skip
         _outcome("refused")
         raise PermanentError(f"not called: {exc}") from None
-    slot = circuit.take_slot(webhook_id)
+    slot = endpoints.SLOTS.take(webhook_id)
     if slot is None:
         _park(ctx, webhook_id, circuit.busy_wait(), "the endpoint's slots are busy")
     try:
@@ -194,9 +213,9 @@ def deliver(payload: dict, ctx: JobContext) -> dict:
         if not verdict.go:
             _park(ctx, webhook_id, verdict.wait, f"circuit {verdict.reason}")
         return _attempt(ctx, fence, delivery_id, webhook_id, url, addresses[0], salt,
-                        event_id, event_at, body)  # fmt: skip
+                        event_id, event_at, body, slot, verdict)  # fmt: skip
     finally:
-        circuit.give_slot(webhook_id, slot)
+        slot.give()
 
 
 def _park(ctx: JobContext, webhook_id: int, seconds: float, why: str) -> NoReturn:
@@ -210,27 +229,34 @@ def _park(ctx: JobContext, webhook_id: int, seconds: float, why: str) -> NoRetur
 
 
 def _attempt(ctx: JobContext, fence: dict, delivery_id: int, webhook_id: int, url: str,
-             address: str, salt: str, event_id: int, event_at, body: str) -> dict:  # fmt: skip
-    """One call, its bookkeeping and the circuit's verdict on the endpoint."""
+             address: str, salt: str, event_id: int, event_at, body: str,
+             slot: endpoints.Taken, verdict: circuit.Verdict) -> dict:  # fmt: skip
+    """One call, the circuit's verdict on the endpoint, and its bookkeeping. The slot
+    goes back once the verdict is written (the next call sees this one's failure
+    counted), before the rest of the bookkeeping. An answer to a circuit that was
+    closed with no failure counted writes nothing (and reads nothing more): a failure
+    counted meanwhile by a concurrent call is reset by the next answer instead."""
     headers = signing.sign(salt, signing.message_id(event_id), datetime.now(UTC), body)
     started = time.monotonic()
     try:
-        code, head, headers_in = post(url, address, headers, body)
+        code, head, headers_in = post(url, address, headers, body, slot=slot.slot)
     except urllib3.exceptions.HTTPError as exc:
+        circuit.failed(webhook_id, fence)
+        slot.give(time.monotonic() - started)
         error = f"{exc.__class__.__name__}: {exc}"[:500]
         _execute(_ATTEMPT_SQL, {**fence, "delivery": delivery_id, "code": None, "error": error})
-        circuit.failed(webhook_id, fence)
         _outcome("timeout" if isinstance(exc, urllib3.exceptions.TimeoutError) else "error")
         raise RetryableError(f"webhook {webhook_id}: {error}") from None
     seconds = time.monotonic() - started
-    error = "" if 200 <= code < 300 else head.decode("utf-8", "replace")[:500]
-    _execute(_ATTEMPT_SQL, {**fence, "delivery": delivery_id, "code": code, "error": error})
     if code >= 500 or code == 429:
         circuit.failed(webhook_id, fence)
-    elif circuit.answered(webhook_id, fence):
+    elif not verdict.clean and circuit.answered(webhook_id, fence):
         log.info("webhook %s answered %s: circuit closed", webhook_id, code,
                  extra={"job_id": ctx.job_id, "lease_version": ctx.lease_version,
                         "worker_id": ctx.worker_id})  # fmt: skip
+    slot.give(seconds)
+    error = "" if 200 <= code < 300 else head.decode("utf-8", "replace")[:500]
+    _execute(_ATTEMPT_SQL, {**fence, "delivery": delivery_id, "code": code, "error": error})
     if 200 <= code < 300:
         _outcome("delivered")
         if event_at is not None:

@@ -1,0 +1,297 @@
+"""Webhook deliveries against a real receiver on 127.0.0.1, and the outbox beside a drain.
+
+`webhook-throughput`: n jobs finish while two default runworkers and a runreaper run,
+each event is POSTed to one webhook; the receiver answers 200 at once (deliveries/s and
+the lag after the last job's end), then 500 to 30 % of the calls with Retry-After 1
+(every event delivered, in seq order per job, one webhook-id per event; the time to the
+last). `drain-sinks`: a drain with a webhook, the Redis stream and the Kafka sink on, and
+how long after the last job's end each sink has the last event.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from bench.measure import backend_pids, cpu_seconds, sql
+from bench.scenarios import Context, counts_by_status, reset, scenario, wait_terminal
+from harness import wait_until
+
+WEBHOOK_ENV = {"JOBS_WEBHOOK_ALLOW_PRIVATE": "1"}
+
+
+class Receiver:
+    """HTTP/1.1 (kept-alive connections) on 127.0.0.1; `fail` is the share of calls
+    answered 500 with Retry-After 1. Notes each call: webhook-id, job, seq, time, code."""
+
+    def __init__(self, fail: float = 0.0, seed: int = 41) -> None:
+        self.fail = fail
+        self.random = random.Random(seed)
+        self.lock = threading.Lock()
+        self.calls: list[tuple[str, int, int, float, int]] = []
+        self.bodies: dict[str, set[str]] = defaultdict(set)
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            # The head and the body are two writes: with Nagle's algorithm the body
+            # waits for the sender's delayed ACK (40 ms) on a kept-alive connection.
+            disable_nagle_algorithm = True
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers["content-length"]))
+                data = json.loads(body)["data"]
+                msg_id = self.headers["webhook-id"]
+                with receiver.lock:
+                    code = 500 if receiver.random.random() < receiver.fail else 200
+                    receiver.calls.append((msg_id, data["id"], data["seq"], time.time(), code))
+                    receiver.bodies[msg_id].add(body.decode())
+                self.send_response(code)
+                if code == 500:
+                    self.send_header("Retry-After", "1")
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"ok")
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def delivered(self) -> dict[str, float]:
+        """webhook-id → time of its first 200."""
+        with self.lock:
+            out: dict[str, float] = {}
+            for msg_id, _, _, at, code in self.calls:
+                if code == 200 and msg_id not in out:
+                    out[msg_id] = at
+            return out
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _webhook(url: str, events: list[str]) -> int:
+    from jobs.events import signing
+    from jobs.models import Client, Webhook
+
+    client, _ = Client.objects.get_or_create(
+        name="bench-webhooks", defaults={"token_hash": "b" * 64}
+    )
+    Webhook.objects.filter(client=client).delete()
+    Webhook.objects.create(client=client, url=url, events=events,
+                           secret_salt=signing.new_salt())  # fmt: skip
+    return client.pk
+
+
+def _submit(client_id: int, n: int) -> list[int]:
+    from django.db import transaction
+
+    from jobs import services
+
+    ids: list[int] = []
+    with transaction.atomic():
+        for start in range(0, n, 1000):
+            items = [services.NewJob("echo", {}) for _ in range(min(1000, n - start))]
+            ids += [s.job_id for s in services.submit_many(items, client_id=client_id)]
+    return ids
+
+
+def _expected(job_ids: list[int], events: list[str]) -> dict[str, tuple[int, int]]:
+    """webhook-id → (job, seq) of every event of these jobs the webhook takes."""
+    from jobs.events import signing
+
+    rows = sql("SELECT id, job_id, seq, to_status FROM jobs_jobevent WHERE kind = 'transition' "
+               "AND job_id = ANY(%s)", [job_ids])  # fmt: skip
+    return {signing.message_id(i): (j, s) for i, j, s, to in rows
+            if "*" in events or signing.event_type(to) in events}  # fmt: skip
+
+
+def _run(ctx: Context, code, n: int, fail: float, events: list[str]) -> dict:
+    reset(ctx)
+    sql("DELETE FROM jobs_webhookdelivery")
+    receiver = Receiver(fail)
+    try:
+        client_id = _webhook(receiver.url, events)
+        reaper = ctx.procs.start("runreaper", root=code.root, **WEBHOOK_ENV)
+        workers = [ctx.procs.worker(root=code.root, ready=True, **WEBHOOK_ENV) for _ in range(2)]
+        pids = [p.pid for p in workers], [reaper.pid]
+        cpu_before = cpu_seconds(pids[0]), cpu_seconds(pids[1]), cpu_seconds(backend_pids())
+        started = time.time()
+        job_ids = _submit(client_id, n)
+        wait_terminal(n, timeout=max(120, n / 50))
+        expected = _expected(job_ids, events)
+        deadline = max(300.0, len(expected) / 20)
+        wait_until(lambda: len(expected.keys() - receiver.delivered().keys()) == 0, deadline,
+                   f"{len(expected)} events delivered", interval=0.2)  # fmt: skip
+        delivered = receiver.delivered()
+        cpu = (cpu_seconds(pids[0]) - cpu_before[0], cpu_seconds(pids[1]) - cpu_before[1],
+               cpu_seconds(backend_pids()) - cpu_before[2])  # fmt: skip
+        per = [f"{name} {c / len(expected) * 1e6:.0f} us"
+               for name, c in zip(("workers", "reaper", "postgres"), cpu, strict=True)]  # fmt: skip
+        cpu_note = "CPU per event (jobs and deliveries): " + ", ".join(per)
+        for p in [*workers, reaper]:
+            p.stop()
+        last_job = sql("SELECT extract(epoch FROM max(finished_at)) FROM jobs_job "
+                       "WHERE id = ANY(%s)", [job_ids])[0][0]  # fmt: skip
+        with receiver.lock:
+            calls = list(receiver.calls)
+            ids_ok = all(len(b) == 1 for b in receiver.bodies.values())
+        # In order per job: each job's 200s arrive in seq order (a retry repeats only
+        # the delivery it retries, never one after it).
+        seqs: dict[int, list[int]] = defaultdict(list)
+        for _, job, seq, _, code_ in calls:
+            if code_ == 200:
+                seqs[job].append(seq)
+        in_order = all(s == sorted(s) for s in seqs.values())
+        first, last = min(delivered.values()), max(delivered[m] for m in expected)
+        return {
+            "events": len(expected),
+            "calls": len(calls),
+            "failed_calls": sum(1 for c in calls if c[4] != 200),
+            "first_to_last_s": last - first,
+            "submit_to_last_s": last - started,
+            "lag_after_last_job_s": last - float(last_job),
+            "in_order": in_order,
+            "one_id_per_event": ids_ok and set(delivered) >= set(expected),
+            "statuses": counts_by_status(),
+            "rate": len(expected) / max(last - first, 1e-6),
+            "note": cpu_note,
+        }
+    finally:
+        receiver.close()
+
+
+@scenario("webhook-throughput")
+def webhook_throughput(ctx: Context) -> Iterator[dict]:
+    """Deliveries per second to one fast receiver, then to one failing 30 % of calls."""
+    n = ctx.args.jobs or (300 if ctx.quick else 10000)
+    receivers = ctx.args.webhook_receiver or ["fast", "failing"]
+    for code in ctx.codes():
+        if "fast" not in receivers:
+            continue
+        r = _run(ctx, code, n, 0.0, ["job.done"])
+        yield {
+            "scenario": "webhook-throughput",
+            "code": code.label,
+            "figure": f"{r['events']} job.done deliveries to one receiver answering 200 at once "
+            "(2 default runworkers, defaults)",
+            "value": r["rate"],
+            "unit": "deliveries/s",
+            "target": ">= 1,000 deliveries/s",
+            "summary": f"first -> last delivery {r['first_to_last_s']:.2f}s, last delivery "
+            f"{r['lag_after_last_job_s']:.2f}s after the last job's end, {r['calls']} calls, "
+            f"in order {r['in_order']}, one id per event {r['one_id_per_event']}; {r['note']}",
+            "details": r,
+        }
+    for code in ctx.codes():
+        if "failing" not in receivers:
+            continue
+        jobs = math.ceil(n / 3)  # queued, processing, done: three events a job
+        r = _run(ctx, code, jobs, 0.3, ["*"])
+        yield {
+            "scenario": "webhook-throughput",
+            "code": code.label,
+            "figure": f"{r['events']} events of {jobs} jobs to one receiver answering 500 "
+            "(Retry-After 1) to 30 % of calls",
+            "value": r["lag_after_last_job_s"],
+            "unit": "s after the last job's end",
+            "summary": f"{r['calls']} calls ({r['failed_calls']} answered 500), all delivered, "
+            f"in order per job {r['in_order']}, one id per event {r['one_id_per_event']}, "
+            f"submission -> last delivery {r['submit_to_last_s']:.2f}s, "
+            f"{r['rate']:.0f} deliveries/s",
+            "details": r,
+        }
+
+
+def _cursor(name: str) -> int:
+    rows = sql("SELECT last_id FROM jobs_outboxcursor WHERE name = %s", [name])
+    return rows[0][0] if rows else 0
+
+
+@scenario("drain-sinks")
+def drain_sinks(ctx: Context) -> Iterator[dict]:
+    """A drain of n no-op jobs by two runworkers (--concurrency 128) beside a runreaper
+    with a webhook (job.done, a receiver answering 200 at once), the Redis stream and the
+    Kafka sink on: the drain rate, and when each subscriber's cursor passed the last
+    event (and the receiver had the last delivery) after the last job's end."""
+    from harness import KafkaBroker
+    from jobs.events import signing
+
+    n = ctx.args.jobs or (300 if ctx.quick else 10000)
+    concurrency = ctx.args.concurrency or 128
+    broker = KafkaBroker(ctx.logdir / "tansu-sinks.log").start()
+    try:
+        for i, code in enumerate(ctx.codes()):
+            topic = f"bench.sinks.{i}"
+            broker.create_topic(topic, partitions=12)
+            reset(ctx)
+            sql("DELETE FROM jobs_webhookdelivery")
+            sql("DELETE FROM jobs_outboxcursor WHERE name LIKE 'kafka%%'")
+            placed = ctx.procs.start("outbox", "start", "kafka", "--from", "now", root=code.root)
+            if placed.wait(60) != 0:
+                raise RuntimeError(f"outbox start kafka failed:\n{placed.output()}")
+            receiver = Receiver()
+            try:
+                client_id = _webhook(receiver.url, ["job.done"])
+                env = {**WEBHOOK_ENV, "JOBS_KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,
+                       "JOBS_KAFKA_TOPIC": topic,
+                       "JOBS_KAFKA_CONFIG": '{"linger.ms": 5}'}  # fmt: skip
+                reaper = ctx.procs.start("runreaper", root=code.root, **env)
+                workers = [ctx.procs.worker("--concurrency", str(concurrency), root=code.root,
+                                            ready=True, **env) for _ in range(2)]  # fmt: skip
+                job_ids = _submit(client_id, n)
+                wait_terminal(n, timeout=max(60, n / 200))
+                first_claim, last_finish = sql(
+                    "SELECT extract(epoch FROM min(at)), (SELECT extract(epoch FROM "
+                    "max(finished_at)) FROM jobs_job WHERE id = ANY(%s)) FROM jobs_jobevent "
+                    "WHERE to_status = 'processing' AND job_id = ANY(%s)", [job_ids, job_ids]
+                )[0]  # fmt: skip
+                last = sql("SELECT max(id) FROM jobs_jobevent WHERE job_id = ANY(%s)",
+                           [job_ids])[0][0]  # fmt: skip
+                passed: dict[str, float] = {}
+                expected = {signing.message_id(i) for (i,) in sql(
+                    "SELECT id FROM jobs_jobevent WHERE job_id = ANY(%s) AND "
+                    "to_status = 'done'", [job_ids])}  # fmt: skip
+
+                def caught_up(passed=passed, last=last, expected=expected,
+                              receiver=receiver) -> bool:  # fmt: skip
+                    for name in ("webhooks", "stream", "kafka"):
+                        if name not in passed and _cursor(name) >= last:
+                            passed[name] = time.time()
+                    if "receiver" not in passed and expected <= receiver.delivered().keys():
+                        passed["receiver"] = max(receiver.delivered()[m] for m in expected)
+                    return len(passed) == 4
+
+                wait_until(caught_up, max(300, n / 20), "every sink caught up", interval=0.05)
+                for p in [*workers, reaper]:
+                    p.stop()
+            finally:
+                receiver.close()
+            after = {k: v - float(last_finish) for k, v in passed.items()}
+            drain_s = float(last_finish) - float(first_claim)
+            yield {
+                "scenario": "drain-sinks",
+                "code": code.label,
+                "figure": f"drain {n} no-op jobs (2 runworkers, --concurrency {concurrency}) "
+                "with a webhook, the Redis stream and the Kafka sink: the last event's lag",
+                "value": max(after[k] for k in ("webhooks", "stream", "kafka")),
+                "unit": "s after the last job's end (slowest outbox subscriber)",
+                "target": "<= 2 s for each sink",
+                "summary": f"drain {n / drain_s:,.0f} jobs/s; last event passed by "
+                + ", ".join(f"{k} {v:.2f}s" for k, v in sorted(after.items()))
+                + " after the last job's end (receiver: its last delivery)",
+                "details": {"jobs": n, "drain_s": drain_s, "after_last_job_s": after},
+            }
+    finally:
+        broker.stop()

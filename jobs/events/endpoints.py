@@ -1,0 +1,364 @@
+"""An endpoint's slots as this process holds them, each with a kept-alive connection.
+
+The bound (JOBS_WEBHOOK_ENDPOINT_CONCURRENCY calls at once per endpoint, across every
+process) is still a PostgreSQL session advisory lock per slot. What changes (issue 41)
+is who holds it: a slot is held by the process, on a session of its own, for as long as
+its delivery threads keep it busy, not taken and given back by each attempt on the
+thread's session. A delivery that finds its endpoint's slots busy *in this process*
+waits for one (a fast endpoint frees one within milliseconds) instead of parking for a
+second; it parks as before when the wait would be long (a slow endpoint: it holds no
+thread) or when other processes hold every slot. A slot free for LINGER_SECONDS is given
+back, so an idle process holds none; a killed process's slots free themselves with
+its sessions.
+
+Each slot keeps its HTTP connections (one per address it was sent to, the address
+ssrf.check gave): consecutive deliveries to a fast receiver reuse the TCP (and TLS)
+connection. Each attempt's Deadline still shuts the connection down when its time is
+spent (jobs.events.deadline), a reused connection included.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+
+import psycopg
+import urllib3
+
+from jobs.conf import settings
+from jobs.events.deadline import Deadline
+
+log = logging.getLogger(__name__)
+
+# Advisory lock namespace of endpoint slots ('whk' + slot number in the low byte); the
+# second key is the webhook id. Distinct from the worker sessions' space ('jobs').
+ENDPOINT_LOCK_SPACE = 0x77686B00
+MAX_ENDPOINT_CONCURRENCY = 255
+# A delivery waits for a slot its process holds when the wait it expects (the
+# endpoint's recent call time × the deliveries ahead of it) is at most this; longer, it
+# parks. So a slow endpoint's deliveries hold no thread, a fast one's never park.
+WAIT_LIMIT = 0.25
+# A slot nobody here used for this long goes back (its advisory lock released).
+LINGER_SECONDS = 0.2
+# Lock sessions kept open for the next slot taken (each costs a connect otherwise).
+SPARE_SESSIONS = 4
+
+# Delivery workers alive now: an endpoint's slots are shared out between them.
+_DELIVERY_WORKERS_SQL = """
+SELECT count(*) FROM jobs_worker
+WHERE %s = ANY(queues) AND heartbeat_at > now() - %s * interval '1 second'
+"""
+SHARE_REFRESH_SECONDS = 5.0
+_TAKE_SQL = "SELECT pg_try_advisory_lock(%s, (%s::bigint %% 2147483648)::int)"
+_GIVE_SQL = "SELECT pg_advisory_unlock(%s, (%s::bigint %% 2147483648)::int)"
+
+
+class _Shutter:
+    """A duplicate of a kept-alive connection's socket, through which the deadline of
+    whichever attempt uses the connection shuts it down (TLS wraps and detaches the
+    plain socket; the duplicate stays)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.dup = sock.dup()
+
+    def close(self) -> None:
+        self.dup.close()
+
+
+def _connection_class(base: type, current: list[Deadline | None]) -> type:
+    """`base` whose sockets are watched by the deadline in `current[0]` of the attempt
+    using it: a new connection when made, a kept-alive one at each request."""
+
+    class KeptAlive(base):  # type: ignore[misc, valid-type]
+        _shutter: _Shutter | None = None
+
+        def _new_conn(self) -> socket.socket:
+            sock = super()._new_conn()
+            if self._shutter is not None:
+                self._shutter.close()
+            self._shutter = _Shutter(sock)
+            if current[0] is not None:
+                current[0].watch_shared(self._shutter.dup)
+            return sock
+
+        def request(self, *args, **kwargs):
+            if self._shutter is not None and self.sock is not None and current[0] is not None:
+                current[0].watch_shared(self._shutter.dup)
+            return super().request(*args, **kwargs)
+
+        def close(self) -> None:
+            try:
+                super().close()
+            finally:
+                if self._shutter is not None:
+                    self._shutter.close()
+                    self._shutter = None
+
+    return KeptAlive
+
+
+@dataclass(eq=False)
+class Slot:
+    """One of an endpoint's slots, held by this process (`session` holds its lock;
+    None: endpoints are not bounded)."""
+
+    webhook_id: int
+    number: int
+    session: psycopg.Connection | None
+    pools: dict[tuple, urllib3.HTTPConnectionPool] = field(default_factory=dict)
+    deadline: list[Deadline | None] = field(default_factory=lambda: [None])
+    freed_at: float = 0.0
+
+    def pool(self, scheme: str, address: str, port: int, host: str) -> urllib3.HTTPConnectionPool:
+        """The kept-alive connection to `address` (checked by ssrf) for `host`'s URL."""
+        key = (scheme, address, port, host, settings.JOBS_WEBHOOK_CA_BUNDLE)
+        pool = self.pools.get(key)
+        if pool is None:
+            if len(self.pools) >= 4:  # a name that resolves elsewhere now: drop the old
+                self.close_connections()
+            if scheme == "https":
+                pool = urllib3.HTTPSConnectionPool(
+                    address, port, server_hostname=host, assert_hostname=host, maxsize=1,
+                    retries=False, cert_reqs="CERT_REQUIRED",
+                    ca_certs=settings.JOBS_WEBHOOK_CA_BUNDLE or None,
+                )  # fmt: skip
+            else:
+                pool = urllib3.HTTPConnectionPool(address, port, maxsize=1, retries=False)
+            pool.ConnectionCls = _connection_class(pool.ConnectionCls, self.deadline)
+            self.pools[key] = pool
+        return pool
+
+    def close_connections(self) -> None:
+        for pool in self.pools.values():
+            pool.close()
+        self.pools.clear()
+
+
+@dataclass(eq=False)
+class Taken:
+    """One use of a slot: given back once, however many times `give` is called (a
+    slot given back may already be another thread's)."""
+
+    slot: Slot
+    slots: Slots
+    given: bool = False
+
+    def give(self, seconds: float | None = None) -> None:
+        """Back after a call that took `seconds` (None: no call)."""
+        if not self.given:
+            self.given = True
+            self.slots._give(self.slot, seconds)
+
+
+@dataclass(eq=False)
+class _Endpoint:
+    held: list[Slot] = field(default_factory=list)
+    free: list[Slot] = field(default_factory=list)
+    taking: int = 0  # threads trying for one more slot in the database now
+    waiters: int = 0
+    call_seconds: float = 0.0  # moving average of a call's duration here
+
+
+class Slots:
+    """This process's endpoint slots. `take` → Taken or None (park); its `give` after
+    the call."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._freed = threading.Condition(self._lock)
+        self._endpoints: dict[int, _Endpoint] = {}
+        self._spare: list[psycopg.Connection] = []
+        self._linger: threading.Thread | None = None
+        self._workers = 1  # delivery worker processes alive (SHARE_REFRESH_SECONDS old)
+        self._workers_at = -SHARE_REFRESH_SECONDS
+
+    @staticmethod
+    def limit() -> int:
+        return min(settings.JOBS_WEBHOOK_ENDPOINT_CONCURRENCY, MAX_ENDPOINT_CONCURRENCY)
+
+    def take(self, webhook_id: int) -> Taken | None:
+        """A slot of the endpoint for one call, or None when every slot is busy for
+        longer than WAIT_LIMIT (held by other processes, or by slow calls here)."""
+        limit = self.limit()
+        if limit <= 0:
+            return Taken(Slot(webhook_id, -1, None), self)
+        until = time.monotonic() + WAIT_LIMIT
+        with self._lock:
+            endpoint = self._endpoints.setdefault(webhook_id, _Endpoint())
+        while True:
+            with self._lock:
+                if endpoint.free:
+                    return self._use(endpoint.free.pop())
+                mine = {s.number for s in endpoint.held}
+                more = len(mine) + endpoint.taking < limit
+                if more:
+                    endpoint.taking += 1
+            if more:
+                slot = None
+                try:
+                    slot = self._lock_one(webhook_id, [n for n in range(limit) if n not in mine])
+                finally:
+                    with self._lock:
+                        endpoint.taking -= 1
+                        if slot is not None:
+                            endpoint.held.append(slot)
+                if slot is not None:
+                    self._start_linger()
+                    return self._use(slot)
+            with self._lock:
+                if endpoint.free:
+                    return self._use(endpoint.free.pop())
+                if not endpoint.held:
+                    return None  # other processes hold every slot
+                expected = endpoint.call_seconds * (endpoint.waiters + 1) / len(endpoint.held)
+                left = until - time.monotonic()
+                if expected > WAIT_LIMIT or left <= 0:
+                    return None
+                endpoint.waiters += 1
+                try:
+                    self._freed.wait(left)
+                finally:
+                    endpoint.waiters -= 1
+
+    def _use(self, slot: Slot) -> Taken:
+        return Taken(slot, self)
+
+    def _give(self, slot: Slot, seconds: float | None) -> None:
+        if slot.session is None:
+            slot.close_connections()
+            return
+        with self._lock:
+            endpoint = self._endpoints[slot.webhook_id]
+            if seconds is not None:
+                before = endpoint.call_seconds or seconds
+                endpoint.call_seconds = 0.8 * before + 0.2 * seconds
+            slot.freed_at = time.monotonic()
+            # Beyond this process's share of the endpoint's slots: back at once, so
+            # another delivery process busy with the endpoint gets it.
+            beyond = len(endpoint.held) > self._share()
+            if beyond:
+                endpoint.held.remove(slot)
+            else:
+                endpoint.free.append(slot)
+                self._freed.notify_all()
+        if beyond:
+            self._unlock(slot)
+
+    def _share(self) -> int:
+        """This process's share of an endpoint's slots: the limit over the delivery
+        workers alive (at least one). Held under self._lock."""
+        return max(1, -(-self.limit() // max(1, self._workers)))
+
+    def _count_workers(self, session: psycopg.Connection) -> None:
+        if time.monotonic() - self._workers_at < SHARE_REFRESH_SECONDS:
+            return
+        from jobs.events.signing import WEBHOOK_QUEUE
+
+        stale = max(5.0, 3 * settings.JOBS_PRESENCE_SECONDS)
+        row = session.execute(_DELIVERY_WORKERS_SQL, [WEBHOOK_QUEUE, stale]).fetchone()
+        with self._lock:
+            self._workers, self._workers_at = max(1, row[0]), time.monotonic()
+
+    def _lock_one(self, webhook_id: int, numbers: list[int]) -> Slot | None:
+        session = self._session()
+        if session is None:
+            return None
+        try:
+            self._count_workers(session)
+            for number in random.sample(numbers, len(numbers)):
+                row = session.execute(_TAKE_SQL, [ENDPOINT_LOCK_SPACE + number, webhook_id])
+                if row.fetchone()[0]:
+                    return Slot(webhook_id, number, session)
+        except psycopg.Error as exc:
+            log.warning("endpoint slot session failed: %s", exc)
+            session.close()
+            return None
+        self._spare_session(session)
+        return None
+
+    def _session(self) -> psycopg.Connection | None:
+        with self._lock:
+            if self._spare:
+                return self._spare.pop()
+        from jobs.presence import direct_connection_params
+
+        try:
+            return psycopg.connect(**direct_connection_params(), autocommit=True)
+        except psycopg.Error as exc:
+            log.warning("could not open an endpoint slot session: %s", exc)
+            return None
+
+    def _spare_session(self, session: psycopg.Connection) -> None:
+        with self._lock:
+            if len(self._spare) < SPARE_SESSIONS and not session.closed:
+                self._spare.append(session)
+                return
+        session.close()
+
+    def _start_linger(self) -> None:
+        with self._lock:
+            if self._linger is not None:
+                return
+            self._linger = threading.Thread(target=self._linger_loop, name="endpoint-slots",
+                                            daemon=True)  # fmt: skip
+        self._linger.start()
+
+    def _linger_loop(self) -> None:
+        while True:
+            time.sleep(LINGER_SECONDS / 2)
+            self.release_idle(LINGER_SECONDS)
+
+    def release_idle(self, linger: float = 0.0) -> int:
+        """Give back the slots free for `linger` seconds; how many."""
+        now = time.monotonic()
+        idle: list[Slot] = []
+        with self._lock:
+            for endpoint in self._endpoints.values():
+                for slot in [s for s in endpoint.free if now - s.freed_at >= linger]:
+                    endpoint.free.remove(slot)
+                    endpoint.held.remove(slot)
+                    idle.append(slot)
+        for slot in idle:
+            self._unlock(slot)
+        return len(idle)
+
+    def _unlock(self, slot: Slot) -> None:
+        """Release a slot no longer held here (its lock, its connections)."""
+        slot.close_connections()
+        try:
+            slot.session.execute(_GIVE_SQL, [ENDPOINT_LOCK_SPACE + slot.number,
+                                             slot.webhook_id])  # fmt: skip
+        except psycopg.Error as exc:
+            log.warning("could not give back webhook %s's slot, closing its session: %s",
+                        slot.webhook_id, exc)  # fmt: skip
+            slot.session.close()
+            return
+        self._spare_session(slot.session)
+
+    def close(self) -> None:
+        """Give back every free slot and close the spare sessions (a stopping worker;
+        a slot in use goes back when its session ends with the process)."""
+        self.release_idle()
+        with self._lock:
+            spare, self._spare = self._spare, []
+        for session in spare:
+            session.close()
+
+    def forget_after_fork(self) -> None:
+        """In a forked child: the parent's sessions and slots are the parent's (its
+        locks); the child starts with none and never closes those."""
+        self._lock = threading.Lock()
+        self._freed = threading.Condition(self._lock)
+        self._endpoints = {}
+        self._spare = []
+        self._linger = None
+        self._workers_at = -SHARE_REFRESH_SECONDS
+
+
+SLOTS = Slots()
+os.register_at_fork(after_in_child=SLOTS.forget_after_fork)
