@@ -59,6 +59,11 @@ _FINISH_RETURNING = (
     f"extract(epoch FROM j.finished_at - {due_sql('j')})"
 )
 _UNOWN = "owned_by = NULL, claimed_at = NULL, heartbeat_at = NULL"
+# A claim, a start mark and a heartbeat are recoverable facts (D246): their transaction
+# commits without waiting for the WAL flush, as SET LOCAL synchronous_commit = off would,
+# inside the statement (no extra round trip). An InitPlan, so evaluated once, before the
+# first row is written; it lasts to the end of the statement's transaction only.
+_RECOVERABLE = "(SELECT set_config('synchronous_commit', 'off', true)) = 'off'"
 
 
 @dataclass(frozen=True, slots=True)
@@ -571,7 +576,7 @@ UPDATE {T} j SET status = '{Status.PROCESSING}', lease_version = j.lease_version
        started_at = CASE WHEN j.id = ANY(ARRAY(SELECT id FROM c LIMIT %(start)s))
                     THEN statement_timestamp() END,
        updated_by = %(actor)s
-WHERE j.id = ANY(ARRAY(SELECT id FROM c)) AND {lifecycle.hot_sql("j")}
+WHERE j.id = ANY(ARRAY(SELECT id FROM c)) AND {lifecycle.hot_sql("j")} AND {_RECOVERABLE}
 RETURNING j.id, j.lease_version, j.task, j.payload, j.queue, j.retry_count,
           j.max_retries, j.created_at, j.priority, j.run_at,
           coalesce(j.error LIKE '%%{NOT_STARTED}', false) AS rerun, j.timeout
@@ -774,7 +779,7 @@ UPDATE {T} j SET status = '{Status.PROCESSING}', lease_version = j.lease_version
                       SELECT id FROM {chosen} ORDER BY ord LIMIT %(start)s))
                     THEN statement_timestamp() END,
        updated_by = %(actor)s
-WHERE j.id = ANY(ARRAY(SELECT id FROM {chosen})) AND {lifecycle.hot_sql("j")}
+WHERE j.id = ANY(ARRAY(SELECT id FROM {chosen})) AND {lifecycle.hot_sql("j")} AND {_RECOVERABLE}
 RETURNING j.id, j.lease_version, j.task, j.payload, j.queue, j.retry_count,
           j.max_retries, j.created_at, j.priority,
           coalesce(j.error LIKE '%%{NOT_STARTED}', false) AS rerun, j.timeout
@@ -1034,7 +1039,7 @@ UPDATE {T} j SET heartbeat_at = now(),
                        ELSE f.progress::jsonb || jsonb_build_object('updated_at', now()) END
 FROM unnest(%(ids)s::bigint[], %(lvs)s::bigint[], %(owners)s::text[], %(progress)s::text[])
      AS f(id, lv, owner, progress)
-WHERE j.id = ANY(%(ids)s::bigint[]) AND {_FENCE}
+WHERE j.id = ANY(%(ids)s::bigint[]) AND {_FENCE} AND {_RECOVERABLE}
 RETURNING j.id, j.lease_version, j.queue, j.cancel_requested_at IS NOT NULL
 """
 
@@ -1080,7 +1085,7 @@ _MARK_STARTED_SQL = f"""
 UPDATE {T} j SET heartbeat_at = now(),
        started_at = CASE WHEN j.cancel_requested_at IS NULL THEN statement_timestamp() END
 FROM unnest(%(ids)s::bigint[], %(lvs)s::bigint[], %(owners)s::text[]) AS f(id, lv, owner)
-WHERE j.id = ANY(%(ids)s::bigint[]) AND {_FENCE}
+WHERE j.id = ANY(%(ids)s::bigint[]) AND {_FENCE} AND {_RECOVERABLE}
 RETURNING j.id, j.lease_version, j.cancel_requested_at IS NOT NULL
 """
 
