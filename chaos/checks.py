@@ -228,19 +228,17 @@ def results_under_final_lease(conn: Any, accepted: Collection[int]) -> list[Viol
 def lease_never_decreases(conn: Any, accepted: Collection[int]) -> list[Violation]:
     """lease_version never decreases along a job's history, the row is at least at
     the last recorded lease, and the fence turned away only writes whose lease was
-    superseded (or whose job had already left processing under it, or is held at that
-    number by another worker: a claim lost in a database crash, D246)."""
+    superseded (or whose job had already left processing under it)."""
     name = "lease_never_decreases"
     out: list[Violation] = []
     final = dict(_rows(conn, "SELECT id, lease_version FROM jobs_job"))
     for job_id, events in _events(conn).items():
-        highest, state, holder = -1, None, None
+        highest, state = -1, None
         for _, kind, _, to_status, actor, lease in events:
             if kind == "fence_rejected":
                 # Legitimate only if the lease was superseded, or the job had already
                 # left processing under it (a repeated write after its own completion).
-                current = lease == highest and state == Status.PROCESSING and actor == holder
-                if lease > highest or current:
+                if lease > highest or (lease == highest and state == Status.PROCESSING):
                     out.append(
                         Violation(
                             name,
@@ -256,10 +254,6 @@ def lease_never_decreases(conn: Any, accepted: Collection[int]) -> list[Violatio
                         name, job_id, f"lease_version went {highest} → {lease} (to {to_status})"
                     )
                 )
-            if to_status != Status.PROCESSING:
-                holder = None
-            elif lease > highest or state != Status.PROCESSING:  # a claim, not a cancel request
-                holder = actor
             highest, state = max(highest, lease), to_status
         row_lease = final.get(job_id)
         if row_lease is not None and row_lease < highest:

@@ -59,10 +59,11 @@ _FINISH_RETURNING = (
     f"extract(epoch FROM j.finished_at - {due_sql('j')})"
 )
 _UNOWN = "owned_by = NULL, claimed_at = NULL, heartbeat_at = NULL"
-# A claim, a start mark and a heartbeat are recoverable facts (D246): their transaction
-# commits without waiting for the WAL flush, as SET LOCAL synchronous_commit = off would,
-# inside the statement (no extra round trip). An InitPlan, so evaluated once, before the
-# first row is written; it lasts to the end of the statement's transaction only.
+# A start mark and a heartbeat are recoverable facts that write no history (D246): their
+# transaction commits without waiting for the WAL flush, as SET LOCAL synchronous_commit
+# = off would, inside the statement (no extra round trip). An InitPlan, so evaluated once,
+# before the first row is written; it lasts to the end of the statement's transaction.
+# A claim stays durable: its history row is an outbox event (D247).
 _RECOVERABLE = "(SELECT set_config('synchronous_commit', 'off', true)) = 'off'"
 
 
@@ -576,7 +577,7 @@ UPDATE {T} j SET status = '{Status.PROCESSING}', lease_version = j.lease_version
        started_at = CASE WHEN j.id = ANY(ARRAY(SELECT id FROM c LIMIT %(start)s))
                     THEN statement_timestamp() END,
        updated_by = %(actor)s
-WHERE j.id = ANY(ARRAY(SELECT id FROM c)) AND {lifecycle.hot_sql("j")} AND {_RECOVERABLE}
+WHERE j.id = ANY(ARRAY(SELECT id FROM c)) AND {lifecycle.hot_sql("j")}
 RETURNING j.id, j.lease_version, j.task, j.payload, j.queue, j.retry_count,
           j.max_retries, j.created_at, j.priority, j.run_at,
           coalesce(j.error LIKE '%%{NOT_STARTED}', false) AS rerun, j.timeout
@@ -779,7 +780,7 @@ UPDATE {T} j SET status = '{Status.PROCESSING}', lease_version = j.lease_version
                       SELECT id FROM {chosen} ORDER BY ord LIMIT %(start)s))
                     THEN statement_timestamp() END,
        updated_by = %(actor)s
-WHERE j.id = ANY(ARRAY(SELECT id FROM {chosen})) AND {lifecycle.hot_sql("j")} AND {_RECOVERABLE}
+WHERE j.id = ANY(ARRAY(SELECT id FROM {chosen})) AND {lifecycle.hot_sql("j")}
 RETURNING j.id, j.lease_version, j.task, j.payload, j.queue, j.retry_count,
           j.max_retries, j.created_at, j.priority,
           coalesce(j.error LIKE '%%{NOT_STARTED}', false) AS rerun, j.timeout

@@ -1,13 +1,12 @@
-"""Claims, start marks and heartbeats commit without waiting for the WAL flush (D246),
-proved against a PostgreSQL server of the module's own stopped with
-`pg_ctl stop -m immediate` (harness.pgserver).
+"""Start marks and heartbeats commit without waiting for the WAL flush (D246), proved
+against a PostgreSQL server of the module's own stopped with `pg_ctl stop -m immediate`
+(harness.pgserver).
 
-The first test holds the WAL writer so a claim surely lies unflushed when the server
-stops: the claim is lost, the job is queued again at its old lease_version, and every
-write of the worker that held the lost lease is fenced off, even once another worker's
-claim brings the row back to the same lease_version. The second stops the server in the
-middle of a real drain (two runworker processes) and judges the end with the fault
-suite's invariants: nothing lost, nothing done twice, no result under a stale lease.
+The first test holds the WAL writer so a start mark and a heartbeat surely lie unflushed
+when the server stops: both are lost, the durable claim is not, and the attempt completes
+under its lease. The second stops the server in the middle of a real drain (two
+runworker processes) and judges the end with the fault suite's invariants: nothing lost,
+nothing done twice, no result under a stale lease, each handler's effect once.
 """
 
 from __future__ import annotations
@@ -40,16 +39,8 @@ class Stack:
         assert out.returncode == 0, out.stdout + out.stderr
         return json.loads(out.stdout.strip().splitlines()[-1])
 
-    def row(self, job_id: int) -> tuple:
-        with psycopg.connect(self.url, autocommit=True) as conn:
-            return conn.execute(
-                "SELECT status, lease_version, owned_by FROM jobs_job WHERE id = %s", [job_id]
-            ).fetchone()
-
-    def crash(self, hold_wal_writer: bool = False) -> None:
+    def crash(self) -> None:
         """Stop PostgreSQL with `pg_ctl stop -m immediate` and start it again."""
-        if hold_wal_writer:
-            self.server.hold_wal_writer()
         self.server.stop_immediate()
         self.server.start()
 
@@ -77,60 +68,46 @@ def stack(tmp_path_factory):
         server.close()
 
 
-_LEASE = """
-from jobs import services
-def lease(job_id, lv, worker):
-    return services.Lease(job_id, lv, worker, 'echo', {}, 'default', 0, 3, None)
-"""
+def _row(stack: Stack, job_id: int) -> tuple:
+    with psycopg.connect(stack.url, autocommit=True) as conn:
+        return conn.execute(
+            "SELECT status, lease_version, owned_by, started_at IS NOT NULL, progress IS NOT NULL"
+            " FROM jobs_job WHERE id = %s",
+            [job_id],
+        ).fetchone()
 
 
-def test_a_lost_claim_leaves_the_job_queued_and_fences_off_its_worker(stack):
-    ids = stack.python(
-        "import json; from jobs import services; "
-        "print(json.dumps([services.submit('echo', {})[0].pk for _ in range(2)]))"
-    )
-    done, lost = ids
-    # The WAL writer held: nothing flushes WAL but a synchronous commit. A claim whose
-    # completion commits is flushed by it (WAL is one sequence); the last claim is not.
-    stack.server.hold_wal_writer()
+def test_a_lost_start_mark_and_heartbeat_leave_the_lease_held(stack):
+    """The claim commits durably; the start mark and the heartbeat after it do not wait
+    for the flush, so with the WAL writer held they die with the server, and the attempt
+    still completes under its lease."""
     claimed = stack.python(
-        _LEASE
-        + f"""
-import json
-a = services.claim_ids('w-old', [{done}])[0]
-assert {done} in services.complete([(a, {{'ok': 1}})])
-b = services.claim_ids('w-old', [{lost}])[0]
-assert services.heartbeat([b]) and services.mark_started([b])
-print(json.dumps({{'lv': b.lease_version}}))
-"""
+        "import json; from jobs import services; "
+        "job = services.submit('echo', {})[0]; "
+        "lease = services.claim_ids('w-1', [job.pk], start=0)[0]; "
+        "print(json.dumps([job.pk, lease.lease_version]))"
     )
-    assert stack.row(lost) == ("processing", claimed["lv"], "w-old")
+    job_id, lv = claimed
+    assert _row(stack, job_id) == ("processing", lv, "w-1", False, False)
+    stack.server.hold_wal_writer()  # nothing flushes WAL but a synchronous commit
+    stack.python(
+        "from jobs import services; "
+        f"lease = services.Lease({job_id}, {lv}, 'w-1', 'echo', {{}}, 'default', 0, 3, None); "
+        "assert services.mark_started([lease]); "
+        "assert services.heartbeat([lease], [{'step': 1}]); print('[]')"
+    )
+    assert _row(stack, job_id) == ("processing", lv, "w-1", True, True)  # visible at once
     stack.crash()
 
-    assert stack.row(done)[0] == "done"  # a durable completion keeps its claim
-    assert stack.row(lost) == ("queued", claimed["lv"] - 1, None)  # the claim is lost
-    after = stack.python(
-        _LEASE
-        + f"""
-import json
-old = lease({lost}, {claimed["lv"]}, 'w-old')
-out = {{'early': [services.complete([(old, 1)]) != {{}}, bool(services.heartbeat([old])),
-                  bool(services.mark_started([old]))]}}
-new = services.claim_ids('w-new', [{lost}])[0]
-out['new_lv'] = new.lease_version
-# The new claim brought the row back to the lost claim's lease_version: only the
-# owner tells the stale lease from the live one.
-out['late'] = [services.complete([(old, 1)]) != {{}}, bool(services.heartbeat([old])),
-               bool(services.mark_started([old]))]
-services.record_fence_rejections([old], 'complete')
-out['live'] = {lost} in services.complete([(new, {{'by': 'w-new'}})])
-print(json.dumps(out))
-"""
+    assert _row(stack, job_id) == ("processing", lv, "w-1", False, False)  # both lost
+    landed = stack.python(
+        "import json; from jobs import services; "
+        f"lease = services.Lease({job_id}, {lv}, 'w-1', 'echo', {{}}, 'default', 0, 3, None); "
+        "print(json.dumps(list(services.complete([(lease, {'ok': 1})]))))"
     )
-    assert after == {"early": [False] * 3, "new_lv": claimed["lv"], "late": [False] * 3,
-                     "live": True}  # fmt: skip
-    assert stack.row(lost) == ("done", claimed["lv"], None)
-    assert stack.violations(ids) == {}
+    assert landed == [job_id]
+    assert _row(stack, job_id)[:3] == ("done", lv, None)
+    assert stack.violations([job_id]) == {}
 
 
 def test_an_immediate_stop_mid_drain_loses_nothing_and_runs_nothing_twice(stack):

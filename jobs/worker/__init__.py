@@ -355,20 +355,6 @@ class Worker(Execution, Prefetch, WriteBack, Heartbeats, Watch, Shutdown):
             self.stopping.wait(wait)
             return None
 
-    def _in_flight_already(self, leases: list[Lease]) -> set[tuple[int, int]]:
-        """The claimed leases this worker already holds in flight: not started again (D247).
-
-        Only a claim lost in a database crash makes one: the job went back to queued at
-        its old lease_version and this worker claimed it again, to the same number and
-        owner. The attempt in flight holds that very authority and its outcome lands
-        under the new claim, so the handler is not called a second time."""
-        again = {_key(lease) for lease in leases if _key(lease) in self._inflight}
-        for lease in leases:
-            if _key(lease) in again:
-                log.warning("claimed again after a lost claim: the attempt in flight keeps it",
-                            extra=lease.log_fields())  # fmt: skip
-        return again
-
     def _redis_down(self) -> bool:
         return time.monotonic() < self._redis_down_until
 
@@ -386,11 +372,7 @@ class Worker(Execution, Prefetch, WriteBack, Heartbeats, Watch, Shutdown):
         """Hand a claimed batch to the handler threads (one lock round for the batch);
         the first `marked` were marked started by their claim."""
         claimed = []
-        with self._lock:
-            again = self._in_flight_already(leases)
         for n, lease in enumerate(leases):
-            if again and _key(lease) in again:
-                continue
             ctx = durable.context(lease)  # a JobContext with steps and waits (issue 17)
             claimed.append(InFlight(lease, ctx, waiting=True, marked=n < marked))
         seq = self._seq
