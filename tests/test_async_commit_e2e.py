@@ -25,6 +25,8 @@ from harness.pgserver import PostgresServer, available
 pytestmark = pytest.mark.slow
 
 DRAIN_JOBS = 2000
+# 20 ms each: two default workers (4 threads each) take ~5 s, so the stop lands mid-drain.
+WORK = {"seconds": 0.02}
 
 
 class Stack:
@@ -113,7 +115,7 @@ def test_a_lost_start_mark_and_heartbeat_leave_the_lease_held(stack):
 def test_an_immediate_stop_mid_drain_loses_nothing_and_runs_nothing_twice(stack):
     accepted = stack.python(
         "import json; from jobs import services; "
-        f"jobs = services.submit_many([services.NewJob('demo.record', {{}})] * {DRAIN_JOBS}); "
+        f"jobs = services.submit_many([services.NewJob('demo.record', {WORK})] * {DRAIN_JOBS}); "
         "print(json.dumps([s.job_id for s in jobs]))"
     )
     assert len(accepted) == DRAIN_JOBS
