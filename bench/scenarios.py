@@ -739,6 +739,14 @@ def http_single(ctx: Context) -> Iterator[dict]:
     yield from _http(ctx, "http-single", http_load.single)
 
 
+@scenario("peer-pgqueuer-enqueue")
+def peer_pgqueuer_enqueue(ctx: Context) -> Iterator[dict]:
+    """The peer beside http-single: pgqueuer's in-process enqueue (bench.peer_pgqueuer)."""
+    from bench import peer_pgqueuer
+
+    yield from peer_pgqueuer.enqueue(ctx)
+
+
 @scenario("http-single-wrk")
 def http_single_wrk(ctx: Context) -> Iterator[dict]:
     yield from _http(ctx, "http-single-wrk", http_load.single_wrk)

@@ -10,31 +10,20 @@ their data.
 from __future__ import annotations
 
 import os
-import pwd
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path
 
 import psycopg
 
+from harness import pgserver
+from harness.pgserver import BIN, USER
 from harness.procs import free_port, wait_until
-
-BIN = Path(os.environ.get("PG_BIN", "/usr/lib/postgresql/15/bin"))
-USER = "postgres"
 
 
 def available() -> str | None:
     """None when a pair can be made here, else why not."""
-    for tool in ("initdb", "pg_ctl", "pg_basebackup"):
-        if not (BIN / tool).exists():
-            return f"{BIN / tool} is missing (PostgreSQL server binaries; PG_BIN names them)"
-    if os.geteuid() == 0:
-        try:
-            pwd.getpwnam(USER)
-        except KeyError:
-            return "PostgreSQL refuses root and there is no user postgres to run it as"
-    return None
+    return pgserver.available("pg_basebackup")
 
 
 class PostgresPair:
@@ -42,15 +31,10 @@ class PostgresPair:
         self.dir = Path(tempfile.mkdtemp(prefix="pgpair-"))
         self.primary_port = free_port()
         self.replica_port = free_port()
-        self.user = USER if os.geteuid() == 0 else pwd.getpwuid(os.geteuid()).pw_name
+        self.user = pgserver.os_user()
 
     def _run(self, *argv: str | Path) -> None:
-        kwargs = {"user": USER} if os.geteuid() == 0 else {}
-        out = subprocess.run(
-            [str(a) for a in argv], capture_output=True, text=True, timeout=120, **kwargs
-        )
-        if out.returncode:
-            raise RuntimeError(f"{argv[0]} failed: {out.stdout}{out.stderr}")
+        pgserver.run_pg(*argv)
 
     def url(self, database: str = "postgres", replica: bool = False) -> str:
         port = self.replica_port if replica else self.primary_port

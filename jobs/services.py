@@ -59,6 +59,12 @@ _FINISH_RETURNING = (
     f"extract(epoch FROM j.finished_at - {due_sql('j')})"
 )
 _UNOWN = "owned_by = NULL, claimed_at = NULL, heartbeat_at = NULL"
+# A start mark and a heartbeat are recoverable facts that write no history (D246): their
+# transaction commits without waiting for the WAL flush, as SET LOCAL synchronous_commit
+# = off would, inside the statement (no extra round trip). An InitPlan, so evaluated once,
+# before the first row is written; it lasts to the end of the statement's transaction.
+# A claim stays durable: its history row is an outbox event (D247).
+_RECOVERABLE = "(SELECT set_config('synchronous_commit', 'off', true)) = 'off'"
 
 
 @dataclass(frozen=True, slots=True)
@@ -1034,7 +1040,7 @@ UPDATE {T} j SET heartbeat_at = now(),
                        ELSE f.progress::jsonb || jsonb_build_object('updated_at', now()) END
 FROM unnest(%(ids)s::bigint[], %(lvs)s::bigint[], %(owners)s::text[], %(progress)s::text[])
      AS f(id, lv, owner, progress)
-WHERE j.id = ANY(%(ids)s::bigint[]) AND {_FENCE}
+WHERE j.id = ANY(%(ids)s::bigint[]) AND {_FENCE} AND {_RECOVERABLE}
 RETURNING j.id, j.lease_version, j.queue, j.cancel_requested_at IS NOT NULL
 """
 
@@ -1080,7 +1086,7 @@ _MARK_STARTED_SQL = f"""
 UPDATE {T} j SET heartbeat_at = now(),
        started_at = CASE WHEN j.cancel_requested_at IS NULL THEN statement_timestamp() END
 FROM unnest(%(ids)s::bigint[], %(lvs)s::bigint[], %(owners)s::text[]) AS f(id, lv, owner)
-WHERE j.id = ANY(%(ids)s::bigint[]) AND {_FENCE}
+WHERE j.id = ANY(%(ids)s::bigint[]) AND {_FENCE} AND {_RECOVERABLE}
 RETURNING j.id, j.lease_version, j.cancel_requested_at IS NOT NULL
 """
 
