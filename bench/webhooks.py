@@ -17,11 +17,12 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 from bench.measure import backend_pids, cpu_seconds, sql
 from bench.scenarios import Context, counts_by_status, reset, scenario, wait_terminal
 from harness import wait_until
+from harness.receiver import serve_on_loopback
 
 WEBHOOK_ENV = {"JOBS_WEBHOOK_ALLOW_PRIVATE": "1"}
 
@@ -62,10 +63,7 @@ class Receiver:
             def log_message(self, *args):
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.server, self.url = serve_on_loopback(Handler)
 
     def delivered(self) -> dict[str, float]:
         """webhook-id → time of its first 200."""
