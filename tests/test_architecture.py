@@ -72,6 +72,9 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("pipeline and presence", ["jobs.submission", "jobs.presence", "jobs.queuecontrol",
                                "jobs.events", "jobs.events.streams", "jobs.events.kafka",
                                "jobs.events.circuit", "jobs.starts"]),
+    # An endpoint's slots as a delivery process holds them (D240): it shares them out by
+    # the live delivery workers (jobs.presence).
+    ("endpoint slots", ["jobs.events.endpoints"]),
     # Schedules held to the submission rules of the jobs they make.
     ("schedule definitions", ["jobs.schedules.define"]),
     # Durable jobs (steps, waits) and workflows: built on the services and the pipeline.
