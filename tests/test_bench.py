@@ -13,7 +13,8 @@ import sys
 
 import pytest
 
-from bench import scenarios
+# The modules that register scenarios when imported, as bench/__main__.py imports them.
+from bench import fillfactor, scaling, scenarios, table_growth, webhooks  # noqa: F401
 from tests.harness import ROOT
 
 pytestmark = pytest.mark.slow
