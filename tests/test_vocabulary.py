@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from jobs import lifecycle, services
-from jobs.admin import actions as jobs_admin
+from jobs import staff as jobs_admin
 from jobs.lifecycle import MOVES, STATUSES, Status, is_legal
 from jobs.models import Job
 from tests.factories import JobFactory

@@ -20,16 +20,7 @@ from jobs import selectors, staff
 from jobs.admin.display import budget_text, error_detail_html
 
 # The specs and their runner live in jobs.staff, shared with `manage.py jobs`.
-from jobs.staff import (  # noqa: F401 (re-exported for the admin's modules)
-    CANCEL,
-    CANCEL_RUNNING,
-    REPAIR,
-    RETRY,
-    REVOKE,
-    STAFF_ACTIONS,
-    StaffAction,
-    tally,
-)
+from jobs.staff import StaffAction
 
 
 def staff_actor(request: HttpRequest) -> str:

@@ -29,7 +29,7 @@ from django.utils.translation import gettext_lazy, ngettext_lazy
 
 from jobs import selectors, services
 from jobs.admin import dashboard
-from jobs.admin.actions import STAFF_ACTIONS, log_changed, make_action, tally
+from jobs.admin.actions import log_changed, make_action
 from jobs.admin.archive import archived_message
 from jobs.admin.display import (
     budget_text,
@@ -53,6 +53,7 @@ from jobs.conf import settings
 from jobs.lifecycle import TERMINAL, Status
 from jobs.models import Client, Job, JobEvent
 from jobs.selectors import progress_of
+from jobs.staff import STAFF_ACTIONS, tally
 
 # States that hold few rows: a list narrowed to one of them may sort by any column.
 NARROW_STATES = frozenset(Status) - {Status.DONE}

@@ -13,8 +13,9 @@ from django.http import HttpRequest
 from django.utils.translation import gettext_lazy, ngettext_lazy
 
 from jobs import queuecontrol, queues
-from jobs.admin.actions import log_changed, staff_actor, tally
+from jobs.admin.actions import log_changed, staff_actor
 from jobs.models import Queue
+from jobs.staff import tally
 
 
 class QueueAdmin(admin.ModelAdmin):

@@ -16,11 +16,12 @@ from django.utils.formats import date_format
 from django.utils.translation import gettext, gettext_lazy, ngettext_lazy
 
 from jobs import services
-from jobs.admin.actions import log_changed, staff_actor, tally
+from jobs.admin.actions import log_changed, staff_actor
 from jobs.admin.readonly import ListsFromReplica, WrittenByServices
 from jobs.events import circuit, signing
 from jobs.lifecycle import Status
 from jobs.models import CircuitState, Webhook, WebhookDelivery
+from jobs.staff import tally
 
 DELIVERY_STATUS = {Status.DONE: "delivered", Status.FAILED: "failed (dead letter)"}
 
