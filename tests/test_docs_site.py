@@ -28,7 +28,9 @@ def build(tmp: Path, docs: Path | None = None) -> subprocess.CompletedProcess:
         config = docs.parent / "mkdocs.yml"
         config.write_text(text)
         (docs.parent / "README.md").write_text((ROOT / "README.md").read_text())
-    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    # The reference describes the deployment as `make docs` sees it, not the suite's settings.
+    env = {k: v for k, v in os.environ.items()
+           if k != "DJANGO_SETTINGS_MODULE" and not k.startswith("JOBS_")}  # fmt: skip
     return subprocess.run(
         [str(MKDOCS), "build", "--strict", "--config-file", str(config), "--site-dir",
          str(tmp / "site")],
