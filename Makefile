@@ -94,6 +94,7 @@ test: install browser tools
 
 ## docs: the documentation site from docs/ (mkdocs.yml) into site/, offline, with its search
 ## index; strict: a broken link or anchor, or a page missing from the navigation, fails it.
+## `python -m http.server -d site` serves it (search needs a served site, never the network);
 ## `.venv/bin/mkdocs serve` shows it on http://127.0.0.1:8000 while you edit.
 docs: install
 	$(VENV)/bin/mkdocs build --strict --site-dir site

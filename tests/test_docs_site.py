@@ -85,6 +85,10 @@ def test_the_site_builds_with_search_and_the_api_reference(site):
     assert {"decisions/index.html", "performance/index.html", "api/reference.html"} <= locations
     # Every decision is found by its number.
     assert any(doc["title"].startswith("D77.") for doc in index["docs"])
+    # Nothing is fetched from the network: no script, style sheet or font from another host.
+    remote = re.compile(r'<(?:script|link)[^>]*(?:src|href)="(?:https?:)?//[^"]*"')
+    for page in site.rglob("*.html"):
+        assert not remote.findall(page.read_text()), page
 
 
 def test_a_broken_link_an_anchor_or_a_page_outside_the_nav_fails_the_build(tmp_path):
