@@ -178,6 +178,9 @@ class Job(models.Model):
     # handler (sleep, a signal wait on `wait_key`) or blocked on workflow parents.
     wait_reason = models.CharField(max_length=20, null=True, blank=True, choices=WaitReason.choices)
     wait_key = models.CharField(max_length=200, null=True, blank=True)
+    # The W3C trace context of its submission (jobs.tracing, D300): `traceparent`, then
+    # `tracestate` after a newline; bounded, NULL when submitted outside a trace.
+    trace_context = models.CharField(max_length=600, null=True, blank=True, editable=False)
     # The partition (D155): 'infinity' (pgtypes.HOT) while live and recently finished,
     # then the start of its created_at's period, set by the mover (jobs.partitions).
     period = models.DateField(
