@@ -41,7 +41,10 @@ def configure_tracing(environ: Mapping[str, str] = os.environ) -> bool:
         from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
     except ImportError:
         raise _missing("otel", "opentelemetry-sdk") from None
-    provider = TracerProvider(resource=Resource.create({"service.name": SERVICE_NAME}))
+    resource = Resource.create()  # OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES
+    if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
+        resource = resource.merge(Resource({"service.name": SERVICE_NAME}))
+    provider = TracerProvider(resource=resource)
     for name in environ.get("OTEL_TRACES_EXPORTER", "otlp").split(","):
         name = name.strip()
         exporter: Any
