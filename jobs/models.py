@@ -531,6 +531,9 @@ class Schedule(models.Model):
     concurrency_key = models.CharField(max_length=200, null=True, blank=True)
     # The attempt timeout of the jobs it makes (seconds); NULL: the task's or the default.
     timeout = models.FloatField(null=True, blank=True)
+    # The trace it was created in, as a link for the jobs it fires (jobs.observability,
+    # D306): "~" then traceparent[\ntracestate]; NULL outside a trace.
+    trace_context = models.CharField(max_length=600, null=True, blank=True, editable=False)
     enabled = models.BooleanField(default=True)
     catch_up = models.CharField(max_length=10, choices=CatchUp.choices, default=CatchUp.SKIP)
     overlap = models.CharField(max_length=10, choices=Overlap.choices, default=Overlap.ALLOW)

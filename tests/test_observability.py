@@ -17,9 +17,10 @@ from opentelemetry.trace import SpanKind, StatusCode
 import tests.observability_tasks  # noqa: F401 - registers the tasks
 from harness.telemetry import SentryReceiver
 from jobs import submission
-from jobs.models import Job
+from jobs.models import Job, Schedule
 from jobs.observability import hooks, tracing
 from jobs.observability.logs import JobContextFilter
+from jobs.schedules import define, firing
 from jobs.testing import run_jobs
 from tests.harness import wait_until
 
@@ -94,6 +95,26 @@ def test_a_job_submitted_in_a_span_is_one_trace_to_its_retry_and_step(spans):
     # The step ran once, in the first attempt; the second read its checkpoint.
     (step,) = named(spans, "step charge")
     assert step.parent.span_id == first.context.span_id
+
+
+def test_a_schedules_jobs_are_traces_of_their_own_linked_to_its_creation(spans):
+    """A firing months later is not a child of the request that made the schedule: the
+    conventions' link to the creation context (D306)."""
+    with tracing.tracer().start_as_current_span("POST /api/v1/schedules/") as request:
+        schedule = define.create(
+            {"name": "nightly", "interval_seconds": 60, "task": "echo", "payload": {}},
+            client=None, origin=Schedule.Origin.ADMIN,
+        )  # fmt: skip
+    fired = firing.run_now(schedule.pk, "staff:test")
+    run_jobs()
+    (span,) = named(spans, "process default")
+    assert span.parent is None
+    created = request.get_span_context()
+    assert [(link.context.trace_id, link.context.span_id) for link in span.links] == [
+        (created.trace_id, created.span_id)
+    ]
+    assert span.attributes["messaging.message.id"] == str(fired.job_id)
+    assert hooks.record_headers(Job.objects.get(pk=fired.job_id).trace_context) == []
 
 
 def test_a_stale_write_is_an_event_on_the_attempts_span_and_reports_nothing(spans, sentry):

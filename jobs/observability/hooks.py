@@ -59,6 +59,12 @@ def current_context() -> str | None:
     return tracing.current()
 
 
+def link_context() -> str | None:
+    """The trace context a schedule keeps for the jobs it fires: a link, not a parent
+    (D306), so each firing is a trace of its own."""
+    return tracing.as_link(tracing.current())
+
+
 # --- attempts -----------------------------------------------------------------------
 
 
@@ -168,6 +174,6 @@ def http_call(method: str, url: str, headers: dict[str, str]) -> tracing.HttpCal
 
 def record_headers(stored: str | None) -> list[tuple[str, bytes]]:
     """Kafka record headers carrying a job's trace context on."""
-    if not stored:
+    if not stored or stored.startswith(tracing.LINK):
         return []
     return [(k, v.encode()) for k, v in tracing.decode(stored).items()]

@@ -24,7 +24,8 @@ except ImportError:  # the `otel` extra is not installed: tracing stays off
 SYSTEM = "jobservice"  # messaging.system: no value of the conventions' list fits
 SCHEMA_URL = "https://opentelemetry.io/schemas/1.44.0"
 MAX_TRACESTATE = 512  # W3C: 32 entries of at most 256 bytes; more is cut at an entry
-MAX_STORED = 600  # the column's bound (jobs_job.trace_context)
+MAX_STORED = 600  # the columns' bound: a traceparent (55) and a tracestate fit, with LINK
+LINK = "~"  # before a stored context: link the attempt to it, do not parent under it
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
 
 # The raw headers of the request being served, for a deployment without the SDK: the
@@ -70,6 +71,11 @@ def encode(carrier: Mapping[str, str]) -> str | None:
     if not state.isascii() or "\n" in state:
         state = ""
     return f"{parent}\n{state}" if state else parent
+
+
+def as_link(stored: str | None) -> str | None:
+    """A stored context the worker links to and does not parent under (schedules)."""
+    return LINK + stored if stored else None
 
 
 def decode(stored: str) -> dict[str, str]:
@@ -156,12 +162,17 @@ def process_span(
     """An attempt's span ("process <queue>"): a child of the submission's producer span
     (one job is one message) and linked to it, as the conventions ask of a consumer."""
     t = tracer()
+    linked_only = bool(stored) and stored.startswith(LINK)
+    if linked_only:
+        stored = stored[len(LINK) :]
     parent = propagate.extract(decode(stored)) if stored else None
     links = []
     if parent is not None:
         creation = trace.get_current_span(parent).get_span_context()
         if creation.is_valid:
             links.append(Link(creation, {"messaging.operation.type": "send"}))
+    if linked_only:
+        parent = None  # a schedule's firing: a trace of its own, linked to the creation
     attributes = _attributes(queue, "process", "process")
     attributes.update({
         "messaging.message.id": str(job_id),
