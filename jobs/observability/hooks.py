@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from jobs import selectors
+from jobs.lifecycle import Status
 from jobs.observability import errors, tracing
 from jobs.observability.context import running_job
 
@@ -123,11 +124,12 @@ def ended(lease: Lease, outcome: str, status: str | None = None, stale: bool = F
         record = _attempts.pop(_key(lease), None)
     if record is None:
         return
+    will_retry = status == Status.QUEUED and outcome == "fail"  # requeued for another attempt
     if record.span is not None:
-        tracing.settled(record.span, outcome, status, stale)
-    if record.exc is not None and not stale and status in ("queued", "failed"):
+        tracing.settled(record.span, outcome, status, will_retry, stale)
+    if record.exc is not None and not stale and status in (Status.QUEUED, Status.FAILED):
         if errors.active():
-            errors.report(record.exc, tags(lease), will_retry=status == "queued")
+            errors.report(record.exc, tags(lease), will_retry=will_retry)
 
 
 def written(batch: list, done: dict, failed_rows: dict, stale: list) -> None:
@@ -142,7 +144,7 @@ def written(batch: list, done: dict, failed_rows: dict, stale: list) -> None:
         elif lease.job_id in failed_rows:
             ended(lease, str(o.kind), failed_rows[lease.job_id].status)
         elif lease.job_id in done:
-            ended(lease, str(o.kind), "done")
+            ended(lease, str(o.kind), Status.DONE)
         else:
             ended(lease, str(o.kind))
 

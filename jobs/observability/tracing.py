@@ -200,12 +200,12 @@ def failed(span: Any, exc: BaseException, error_type: str) -> None:
     span.set_status(StatusCode.ERROR, str(exc)[:200])
 
 
-def settled(span: Any, outcome: str, status: str | None, stale: bool) -> None:
+def settled(span: Any, outcome: str, status: str | None, retry: bool, stale: bool) -> None:
     """End an attempt's span once its write-back landed (or was fenced off)."""
     span.set_attribute("jobservice.outcome", outcome)
     if status is not None:
-        span.set_attribute("jobservice.status", status)
-        span.set_attribute("jobservice.retry", status == "queued" and outcome == "fail")
+        span.set_attribute("jobservice.status", str(status))
+        span.set_attribute("jobservice.retry", retry)
     span.set_attribute("jobservice.fence", "rejected" if stale else "held")
     if stale:
         span.add_event("jobservice.stale_write", {"jobservice.write": outcome})
