@@ -30,6 +30,7 @@ from django.db import DatabaseError, DataError, InterfaceError, connection
 from jobs import metrics, selectors, services, tasks
 from jobs.conf import settings
 from jobs.lifecycle import BLOCKED_RUN_AT, WaitReason
+from jobs.observability import hooks
 from jobs.services import Lease
 from jobs.tasks import JobContext, PermanentError
 
@@ -178,7 +179,8 @@ class DurableContext(JobContext):
         stored = self._stored()
         if name in stored:
             return stored[name]
-        return self._checkpoint(name, fn(*args, **kwargs))
+        with hooks.step(name):
+            return self._checkpoint(name, fn(*args, **kwargs))
 
     # --- waits -------------------------------------------------------------------------
 

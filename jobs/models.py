@@ -178,6 +178,9 @@ class Job(models.Model):
     # handler (sleep, a signal wait on `wait_key`) or blocked on workflow parents.
     wait_reason = models.CharField(max_length=20, null=True, blank=True, choices=WaitReason.choices)
     wait_key = models.CharField(max_length=200, null=True, blank=True)
+    # The W3C trace context of its submission (jobs.tracing, D300): `traceparent`, then
+    # `tracestate` after a newline; bounded, NULL when submitted outside a trace.
+    trace_context = models.CharField(max_length=600, null=True, blank=True, editable=False)
     # The partition (D155): 'infinity' (pgtypes.HOT) while live and recently finished,
     # then the start of its created_at's period, set by the mover (jobs.partitions).
     period = models.DateField(
@@ -528,6 +531,9 @@ class Schedule(models.Model):
     concurrency_key = models.CharField(max_length=200, null=True, blank=True)
     # The attempt timeout of the jobs it makes (seconds); NULL: the task's or the default.
     timeout = models.FloatField(null=True, blank=True)
+    # The trace it was created in, as a link for the jobs it fires (jobs.observability,
+    # D306): "~" then traceparent[\ntracestate]; NULL outside a trace.
+    trace_context = models.CharField(max_length=600, null=True, blank=True, editable=False)
     enabled = models.BooleanField(default=True)
     catch_up = models.CharField(max_length=10, choices=CatchUp.choices, default=CatchUp.SKIP)
     overlap = models.CharField(max_length=10, choices=Overlap.choices, default=Overlap.ALLOW)

@@ -486,6 +486,13 @@ def job_steps(job_id: int) -> tuple[dict[str, Any], Any]:
     return {r[0]: _json_value(r[1]) for r in rows}, rows[0][2]
 
 
+def trace_context(job_id: int) -> str | None:
+    """The trace context a job was submitted in (jobs.observability; read only while
+    tracing is on, so the claim stays as it was)."""
+    rows = _fetch(f"SELECT trace_context FROM {T} WHERE id = %s", [job_id])
+    return rows[0][0] if rows else None
+
+
 def job_signal(job_id: int, key: str) -> tuple[bool, Any]:
     """(delivered, payload) of the signal `key` of a job."""
     rows = _fetch(JOB_SIGNAL_SQL, [job_id, key])

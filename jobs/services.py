@@ -228,8 +228,8 @@ _JOB_FIELDS = [f.attname for f in Job._meta.concrete_fields]
 _INSERT_SQL = f"""
 INSERT INTO {T} (task, payload, queue, priority, run_at, max_retries, client_id,
                  idempotency_key, request_hash, updated_by, unique_key, concurrency_key,
-                 timeout, status, retry_count, lease_version)
-VALUES (%s, %s::jsonb, %s, %s, COALESCE(%s, now()), %s, %s, %s, %s, %s, %s, %s, %s,
+                 timeout, trace_context, status, retry_count, lease_version)
+VALUES (%s, %s::jsonb, %s, %s, COALESCE(%s, now()), %s, %s, %s, %s, %s, %s, %s, %s, %s,
         '{Status.QUEUED}', 0, 0)
 ON CONFLICT DO NOTHING
 RETURNING {", ".join(_JOB_FIELDS)}, run_at <= now()
@@ -301,6 +301,7 @@ def submit(
     payload_json: str | None = None,
     concurrency_key: str | None = None,
     timeout: float | None = None,
+    trace_context: str | None = None,
 ) -> tuple[Job, bool]:
     """Insert a queued job inside the caller's transaction (the outbox of seed 002).
 
@@ -330,6 +331,7 @@ def submit(
         unique_key,
         concurrency_key,
         timeout,
+        trace_context,
     ]
     for _ in range(_KEY_ROUNDS):
         if idempotency_key is None:
@@ -398,6 +400,7 @@ class NewJob:
     payload_json: str | None = None  # the payload already serialised (saves a second dumps)
     concurrency_key: str | None = None
     timeout: float | None = None  # seconds one attempt may run (jobs.watchdog)
+    trace_context: str | None = None  # W3C traceparent[\ntracestate] (jobs.tracing)
 
 
 @dataclass(frozen=True, slots=True)
@@ -418,15 +421,16 @@ WITH input AS MATERIALIZED (
   SELECT u.*, nextval(pg_get_serial_sequence('{T}', 'id')) AS id
   FROM unnest(%(tasks)s::text[], %(payloads)s::text[], %(queues)s::text[],
               %(priorities)s::int[], %(run_ats)s::timestamptz[], %(max_retries)s::int[],
-              %(keys)s::text[], %(hashes)s::text[], %(ckeys)s::text[], %(timeouts)s::float8[])
+              %(keys)s::text[], %(hashes)s::text[], %(ckeys)s::text[], %(timeouts)s::float8[],
+              %(traces)s::text[])
        WITH ORDINALITY AS u(task, payload, queue, priority, run_at, max_retries, key, hash,
-                            ckey, timeout, ord)
+                            ckey, timeout, trace, ord)
 ), ins AS (
   INSERT INTO {T} (id, task, payload, queue, priority, run_at, max_retries, client_id,
-                   idempotency_key, request_hash, updated_by, concurrency_key, timeout, status,
-                   retry_count, lease_version)
+                   idempotency_key, request_hash, updated_by, concurrency_key, timeout,
+                   trace_context, status, retry_count, lease_version)
   SELECT id, task, payload::jsonb, queue, priority, COALESCE(run_at, now()), max_retries,
-         %(client)s, key, hash, %(actor)s, ckey, timeout, '{Status.QUEUED}', 0, 0
+         %(client)s, key, hash, %(actor)s, ckey, timeout, trace, '{Status.QUEUED}', 0, 0
   FROM input ORDER BY ord
   ON CONFLICT DO NOTHING
   RETURNING id, created_at, run_at
@@ -444,7 +448,7 @@ FROM {T} WHERE client_id IS NOT DISTINCT FROM %s
 
 
 _MANY_ARRAYS = ("tasks", "payloads", "queues", "priorities", "run_ats", "max_retries",
-                "keys", "hashes", "ckeys", "timeouts")  # fmt: skip
+                "keys", "hashes", "ckeys", "timeouts", "traces")  # fmt: skip
 
 
 def _submit_many_rows(items: Sequence[NewJob], params: dict[str, Any]) -> list[tuple]:
@@ -506,6 +510,7 @@ def submit_many(
         "hashes": [i.request_hash for i in items],
         "ckeys": [i.concurrency_key for i in items],
         "timeouts": [i.timeout for i in items],
+        "traces": [i.trace_context for i in items],
         "client": client_id,
         "actor": actor,
     }
@@ -1993,11 +1998,11 @@ _WORKFLOW_IDS_SQL = (
 _WORKFLOW_JOBS_SQL = f"""
 INSERT INTO {T} (id, task, payload, queue, priority, run_at, max_retries, client_id,
                  updated_by, status, retry_count, lease_version, wait_reason, concurrency_key,
-                 timeout)
+                 timeout, trace_context)
 SELECT u.id, u.task, u.payload::jsonb, u.queue, u.priority,
        CASE WHEN u.blocked THEN %(blocked)s::timestamptz ELSE now() END,
        u.max_retries, %(client)s, %(actor)s, '{Status.QUEUED}', 0, 0,
-       CASE WHEN u.blocked THEN '{WaitReason.PARENTS}' END, u.ckey, u.timeout
+       CASE WHEN u.blocked THEN '{WaitReason.PARENTS}' END, u.ckey, u.timeout, %(trace)s
 FROM unnest(%(ids)s::bigint[], %(tasks)s::text[], %(payloads)s::text[], %(queues)s::text[],
             %(priorities)s::int[], %(max_retries)s::int[], %(blocked_flags)s::boolean[],
             %(ckeys)s::text[], %(timeouts)s::float8[])
@@ -2021,6 +2026,7 @@ def create_workflow(
     actor: str = "app",
     idempotency_key: str | None = None,
     request_hash: str | None = None,
+    trace_context: str | None = None,
 ) -> tuple[int, bool]:
     """Insert a checked workflow (jobs.workflows.build): every job, node and edge in one
     (nested) transaction. Each step is (id, parent ids, checked submission arguments).
@@ -2059,6 +2065,7 @@ def create_workflow(
                 "blocked_flags": [bool(after) for _, after, _ in steps],
                 "ckeys": [j.get("concurrency_key") for j in jobs],
                 "timeouts": [j.get("timeout") for j in jobs],
+                "trace": trace_context,
                 "blocked": BLOCKED_RUN_AT,
                 "client": client_id,
                 "actor": actor,

@@ -47,6 +47,7 @@ from jobs.exceptions import (  # noqa: F401  (re-exported: jobs.submission.Queue
 from jobs.lifecycle import Status
 from jobs.logconfig import job_log_fields
 from jobs.models import PRIORITY_MAX, PRIORITY_MIN, Client, Job
+from jobs.observability import hooks
 from jobs.services import Submitted
 
 log = logging.getLogger(__name__)
@@ -432,22 +433,25 @@ def submit_checked(item: dict[str, Any], client: Client | None) -> tuple[Job, bo
         if existing.request_hash != digest:
             raise IdempotencyConflict(existing) from None
         return existing, False
-    job, created = services.submit(
-        task,
-        payload,
-        queue=queue,
-        priority=item["priority"],
-        run_at=item["run_at"],
-        max_retries=item["max_retries"],
-        client_id=client.pk if client is not None else None,
-        idempotency_key=idempotency_key,
-        request_hash=digest,
-        actor=f"client:{client.name}" if client is not None else "app",
-        payload_json=item["payload_json"],
-        unique_key=item.get("unique_key"),
-        concurrency_key=item.get("concurrency_key"),
-        timeout=item.get("timeout"),
-    )
+    with hooks.sending(queue, task) as sent:  # the producer span (jobs.observability)
+        job, created = services.submit(
+            task,
+            payload,
+            queue=queue,
+            priority=item["priority"],
+            run_at=item["run_at"],
+            max_retries=item["max_retries"],
+            client_id=client.pk if client is not None else None,
+            idempotency_key=idempotency_key,
+            request_hash=digest,
+            actor=f"client:{client.name}" if client is not None else "app",
+            payload_json=item["payload_json"],
+            unique_key=item.get("unique_key"),
+            concurrency_key=item.get("concurrency_key"),
+            timeout=item.get("timeout"),
+            trace_context=sent.context,
+        )
+        sent.job(job.pk)
     if created:
         _count_accepted(queue, 1, client.pk if client is not None else None)
         log.debug(  # per job on the hot path: quiet unless LOG_LEVEL=DEBUG
@@ -781,6 +785,7 @@ def submit_many(raw_items: Sequence[Any], *, client: Client | None = None) -> li
     due = Counter(item["queue"] for item in items if due_soon(item["run_at"]))
     check_room(per_queue, lambda: _new_per_queue(items, client), client, due)
 
+    trace_context = hooks.current_context()  # each job's process span links to it
     new_jobs = [
         services.NewJob(
             i["task"],
@@ -794,6 +799,7 @@ def submit_many(raw_items: Sequence[Any], *, client: Client | None = None) -> li
             i["payload_json"],
             i["concurrency_key"],
             i["timeout"],
+            trace_context,
         )
         for i in items
     ]

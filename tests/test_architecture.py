@@ -35,7 +35,12 @@ LAYERS: list[tuple[str, list[str]]] = [
         "jobs.templatetags", "jobs.templatetags.*", "jobs.management",
         "jobs.management.commands", "jobs.schedules", "jobs.schedules.timing",
         "jobs.watchdog",
+        # The OpenTelemetry and Sentry calls, each guarded (jobs.observability).
+        "jobs.observability", "jobs.observability.context", "jobs.observability.tracing",
+        "jobs.observability.errors",
     ]),
+    # The logging filter that puts the trace and the running job on every line.
+    ("log fields", ["jobs.observability.logs"]),
     # @periodic: what a declaration runs, resolved through the task registry (D223).
     ("task declarations", ["jobs.schedules.periodic"]),
     # Talk to the outside world; transport is the only module that imports redis.
@@ -58,6 +63,9 @@ LAYERS: list[tuple[str, list[str]]] = [
     # Every write (one fenced compare-and-set each) and every read.
     # jobs.partitions: partitions ahead and the mover (D163), the reaper's.
     ("services and selectors", ["jobs.services", "jobs.selectors", "jobs.partitions"]),
+    # What the pipeline calls around submissions, attempts, steps and outgoing calls: the
+    # spans and error reports of jobs.observability (reads a job's trace context).
+    ("observability hooks", ["jobs.observability.hooks"]),
     # Staff repairs (admin actions and `manage.py jobs`) and the Python cancel, each a
     # service call with its audit.
     ("staff and caller controls", ["jobs.staff", "jobs.cancelling"]),
@@ -117,6 +125,9 @@ OWNED_IMPORTS = {
     "redis": {"jobs.transport"},
     "confluent_kafka": {"jobs.events.kafka"},
     "pyarrow": {"jobs.archive.files"},
+    # The deployment configures the SDK and the Sentry client (jobservice.observability).
+    "opentelemetry": {"jobs.observability.tracing", "jobservice.observability", "jobservice.wsgi"},
+    "sentry_sdk": {"jobs.observability.errors", "jobservice.observability"},
 }
 
 # What the packages around `jobs` must never import.

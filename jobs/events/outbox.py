@@ -101,7 +101,7 @@ SELECT e.id, e.job_id, e.at, e.from_status, e.to_status, e.lease_version, e.seq,
        j.client_id, j.task, j.queue, j.priority, j.status, j.payload, j.result, j.error,
        j.retry_count, j.max_retries, j.lease_version, j.idempotency_key, j.run_at,
        j.created_at, j.updated_at, j.finished_at, j.progress, j.cancel_requested_at,
-       d.id, d.webhook_id, d.source_job_id
+       d.id, d.webhook_id, d.source_job_id, j.trace_context
 FROM jobs_jobevent e
 LEFT JOIN jobs_job j ON j.id = e.job_id
 LEFT JOIN jobs_webhookdelivery d ON d.job_id = e.job_id
@@ -133,6 +133,7 @@ class OutboxEvent:
     body: str
     # Set when the job is itself a webhook delivery: (delivery id, webhook, source job).
     delivery: tuple[int, int, int] | None
+    trace: str | None = None  # the job's trace context (jobs.observability), carried on
 
     @property
     def key(self) -> str:
@@ -156,7 +157,7 @@ def _event(row: Sequence[Any]) -> OutboxEvent:
     return OutboxEvent(
         event_id, job_id, client_id, kind, seq, to_status, msg_id,
         json.dumps(body, separators=(",", ":")),
-        tuple(row[25:28]) if row[25] is not None else None,
+        tuple(row[25:28]) if row[25] is not None else None, row[28],
     )  # fmt: skip
 
 
@@ -269,6 +270,12 @@ _ATTACH_SQL = """
 UPDATE jobs_webhookdelivery d SET job_id = u.job_id
 FROM unnest(%s::bigint[], %s::bigint[]) AS u(id, job_id) WHERE d.id = u.id
 """
+# A delivery job goes on in its source job's trace (D303): its call's `traceparent`.
+_CARRY_TRACE_SQL = """
+UPDATE jobs_job j SET trace_context = s.trace_context
+FROM jobs_webhookdelivery d JOIN jobs_job s ON s.id = d.source_job_id
+WHERE d.id = ANY(%s) AND j.id = d.job_id AND s.trace_context IS NOT NULL
+"""
 
 
 def _pairs(chains) -> list[list[int]]:
@@ -350,6 +357,7 @@ class WebhookFanout:
                 actor="api:outbox",
             )  # fmt: skip
             cur.execute(_ATTACH_SQL, [ready, [s.job_id for s in submitted]])
+            cur.execute(_CARRY_TRACE_SQL, [ready])
             submission.count_accepted({signing.WEBHOOK_QUEUE: len(ready)})
         return len(ready)
 

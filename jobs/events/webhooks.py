@@ -32,6 +32,7 @@ from jobs.durable import Suspend
 from jobs.events import circuit, endpoints, signing, ssrf
 from jobs.events.deadline import Deadline, DeadlineExceeded
 from jobs.lifecycle import Status, WaitReason
+from jobs.observability import hooks
 from jobs.tasks import JobContext, PermanentError, RetryableError, task
 
 log = logging.getLogger(__name__)
@@ -239,7 +240,9 @@ def _attempt(ctx: JobContext, fence: dict, delivery_id: int, webhook_id: int, ur
     headers = signing.sign(salt, signing.message_id(event_id), datetime.now(UTC), body)
     started = time.monotonic()
     try:
-        code, head, headers_in = post(url, address, headers, body, slot=slot.slot)
+        with hooks.http_call("POST", url, headers) as call:
+            code, head, headers_in = post(url, address, headers, body, slot=slot.slot)
+            call.answered(code)
     except urllib3.exceptions.HTTPError as exc:
         circuit.failed(webhook_id, fence)
         slot.give(time.monotonic() - started)

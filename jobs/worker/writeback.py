@@ -21,6 +21,7 @@ from jobs.errors import (
     storable,
 )
 from jobs.lifecycle import TERMINAL
+from jobs.observability import hooks
 from jobs.runtime import Backoff
 from jobs.worker.attempts import (
     _ROW_DATA_ERRORS,
@@ -159,6 +160,7 @@ class WriteBack:
         stale_ops.update({item[0].job_id: "fail" for item in failed})
         for op in ("complete", "fail"):
             services.record_fence_rejections([s for s in stale if stale_ops[s.job_id] == op], op)
+        hooks.written(batch, ok_done, ok_fail, stale)
         self._count_finished(
             len(ok_done) + sum(1 for f in ok_fail.values() if f.status in TERMINAL)
         )
