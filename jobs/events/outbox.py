@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
 from collections import defaultdict
@@ -33,6 +34,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import orjson
+import psycopg
 from django.db import DatabaseError, InterfaceError, close_old_connections, connection, transaction
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -115,8 +118,28 @@ _JOB_FIELDS = ("task", "queue", "priority", "status", "payload", "result", "erro
                "cancel_requested_at")  # fmt: skip
 
 
+# What orjson may write differently from json.dumps(ensure_ascii=True), besides anything
+# outside printable ASCII (json escapes it as \uXXXX, DEL included): a float (the two
+# spell some apart: 1e-05 and 0.00001), whose token ends in a fraction or an exponent.
+# A match inside a string only costs the fallback.
+_FLOAT = re.compile(rb"[.eE][-+]?\d+[,}\]]")
+
+
 def _iso(value: Any) -> Any:
     return value.isoformat().replace("+00:00", "Z") if isinstance(value, datetime) else value
+
+
+def _dumps(body: dict[str, Any]) -> str:
+    """json.dumps(body, separators=(",", ":")) with datetimes as _iso, byte for byte:
+    by orjson (several times faster, the relay's main cost per event) where nothing in
+    its output can differ, else by json."""
+    try:
+        out = orjson.dumps(body, option=orjson.OPT_UTC_Z)
+    except (orjson.JSONEncodeError, TypeError):  # an integer past 64 bits, a deep nesting
+        out = None
+    if out is None or not out.isascii() or b"\x7f" in out or _FLOAT.search(out):
+        return json.dumps(body, separators=(",", ":"), default=_iso)
+    return out.decode()
 
 
 @dataclass(slots=True)
@@ -145,17 +168,14 @@ def _event(row: Sequence[Any]) -> OutboxEvent:
     client_id = row[7]
     job: dict[str, Any] = {"id": job_id}
     if row[8] is not None:  # None: the job was deleted by retention since
-        for name, value in zip(_JOB_FIELDS, row[8:25], strict=True):
-            job[name] = json.loads(value) if isinstance(value, str) and name in (
-                "payload", "result", "progress") else _iso(value)  # fmt: skip
+        job.update(zip(_JOB_FIELDS, row[8:25], strict=True))  # read binary: JSON parsed
     job.update({"from": from_status, "to": to_status, "lease_version": lease_version,
                 "seq": seq})  # fmt: skip
     kind = signing.event_type(to_status)
     msg_id = signing.message_id(event_id)
-    body = {"id": msg_id, "type": kind, "created_at": _iso(at), "data": job}
+    body = {"id": msg_id, "type": kind, "created_at": at, "data": job}
     return OutboxEvent(
-        event_id, job_id, client_id, kind, seq, to_status, msg_id,
-        json.dumps(body, separators=(",", ":")),
+        event_id, job_id, client_id, kind, seq, to_status, msg_id, _dumps(body),
         tuple(row[25:28]) if row[25] is not None else None,
     )  # fmt: skip
 
@@ -206,6 +226,9 @@ class Source:
     # Which cursors are this source's, and which of its rows count as lag.
     cursors_sql: str
     rows_sql: str
+    # Read in binary: timestamps by psycopg's C loaders, JSON parsed by psycopg (a JSON
+    # string too), a third of the read's CPU in text.
+    binary: bool = False
 
     @property
     def newest_sql(self) -> str:
@@ -218,7 +241,7 @@ class Source:
 
 HISTORY = Source("jobs_jobevent", "", _EVENTS_SQL, _event,
                  cursors_sql="c.name NOT LIKE '%%.domain'",
-                 rows_sql="e.kind = 'transition'")  # fmt: skip
+                 rows_sql="e.kind = 'transition'", binary=True)  # fmt: skip
 DOMAIN = Source("jobs_domainevent", ".domain", _DOMAIN_EVENTS_SQL, _domain_event,
                 cursors_sql="c.name LIKE '%%.domain'", rows_sql="true")  # fmt: skip
 SOURCES = (HISTORY, DOMAIN)
@@ -368,6 +391,16 @@ class WebhookFanout:
 # --- the dispatcher ----------------------------------------------------------------------
 
 
+def _read(cur, source: Source, params: list[Any]) -> list[tuple]:
+    """A batch of the source's rows, on the tick's connection and transaction."""
+    if not source.binary:
+        cur.execute(source.events_sql, params)
+        return cur.fetchall()
+    with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as raw:
+        raw.execute(source.events_sql, params, binary=True)
+        return raw.fetchall()
+
+
 class Dispatcher:
     """Hands every new history row to each subscriber, each behind its own cursor."""
 
@@ -418,8 +451,8 @@ class Dispatcher:
             upto = horizon_id if settled and horizon_id is not None else last_id
             events: list = []
             if upto > last_id:
-                cur.execute(source.events_sql, [last_id, upto, self.batch])
-                events = [source.event(r) for r in cur.fetchall()]
+                rows = _read(cur, source, [last_id, upto, self.batch])
+                events = [source.event(r) for r in rows]
             if events:
                 subscriber.handle(events)
             release_held = getattr(subscriber, "release_held", None)
