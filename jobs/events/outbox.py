@@ -28,6 +28,7 @@ import logging
 import re
 import threading
 import time
+from bisect import bisect_right
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -391,14 +392,66 @@ class WebhookFanout:
 # --- the dispatcher ----------------------------------------------------------------------
 
 
-def _read(cur, source: Source, params: list[Any]) -> list[tuple]:
-    """A batch of the source's rows, on the tick's connection and transaction."""
-    if not source.binary:
+def _read(cur, source: Source, after: int, upto: int, limit: int) -> list:
+    """The source's first `limit` events after `after` up to `upto`, built."""
+    params = [after, upto, limit]
+    if source.binary:
+        with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as raw:
+            raw.execute(source.events_sql, params, binary=True)
+            rows = raw.fetchall()
+    else:
         cur.execute(source.events_sql, params)
-        return cur.fetchall()
-    with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as raw:
-        raw.execute(source.events_sql, params, binary=True)
-        return raw.fetchall()
+        rows = cur.fetchall()
+    return [source.event(r) for r in rows]
+
+
+class _Built:
+    """The events a dispatcher of this process built last, for the others (issue 41):
+    the webhooks, the stream and the Kafka sink read the same rows, and reading and
+    building them was most of each one's CPU. It holds, per source, a window (lo, hi]
+    with every event in it: read at or below a settled horizon, where every id is
+    committed or gone for good, so the rows of a range never change. A dispatcher
+    further back or ahead reads the database as before. A body then shows the job as it
+    was when the first dispatcher read it, as any of them might have."""
+
+    def __init__(self, keep: int) -> None:
+        self.keep = keep
+        self._lock = threading.Lock()
+        self._windows: dict[str, tuple[int, int, list]] = {}
+        self.hits = 0  # events served from a window (tests)
+
+    def read(self, cur, source: Source, after: int, upto: int, limit: int) -> list:
+        """What `_read` answers, from the window where it holds them."""
+        with self._lock:
+            lo, hi, built = self._windows.get(source.table, (0, 0, []))
+        cached: list = []
+        if lo <= after < hi:
+            ids = [e.id for e in built]
+            start, end = bisect_right(ids, after), bisect_right(ids, min(upto, hi))
+            cached = built[start : min(end, start + limit)]
+            if len(cached) == limit or hi >= upto:
+                self.hits += len(cached)
+                return cached
+            after = hi
+        self.hits += len(cached)
+        fresh = _read(cur, source, after, upto, limit - len(cached))
+        # Every event after `after` up to here is in `fresh`.
+        reached = fresh[-1].id if len(fresh) == limit - len(cached) else upto
+        self._add(source.table, after, reached, fresh)
+        return cached + fresh
+
+    def _add(self, table: str, after: int, reached: int, fresh: list) -> None:
+        with self._lock:
+            lo, hi, built = self._windows.get(table, (0, 0, []))
+            if after == hi:  # the window goes on
+                built = built + fresh
+            elif reached > hi:  # ahead of it, or none yet: a new one
+                lo, built = after, list(fresh)
+            else:
+                return
+            if len(built) > self.keep:
+                lo, built = built[-self.keep - 1].id, built[-self.keep :]
+            self._windows[table] = (lo, reached, built)
 
 
 class Dispatcher:
@@ -406,7 +459,8 @@ class Dispatcher:
 
     def __init__(self, subscribers: Sequence | None = None, batch: int = 500,
                  interval: float | None = None,
-                 sources: Sequence[Source] = (HISTORY,)) -> None:  # fmt: skip
+                 sources: Sequence[Source] = (HISTORY,),
+                 built: _Built | None = None) -> None:  # fmt: skip
         if subscribers is None:
             subscribers = [WebhookFanout()]
             if settings.REDIS_URL:
@@ -415,6 +469,8 @@ class Dispatcher:
         self.batch = batch
         self.interval = settings.JOBS_OUTBOX_INTERVAL if interval is None else interval
         self.sources = tuple(sources)
+        # Shared with the process's other dispatchers by dispatchers(); else its own.
+        self.built = _Built(keep=2 * batch) if built is None else built
         self._not_started_logged: dict[str, float] = {}
 
     def tick(self) -> int:
@@ -451,8 +507,7 @@ class Dispatcher:
             upto = horizon_id if settled and horizon_id is not None else last_id
             events: list = []
             if upto > last_id:
-                rows = _read(cur, source, [last_id, upto, self.batch])
-                events = [source.event(r) for r in rows]
+                events = self.built.read(cur, source, last_id, upto, self.batch)
             if events:
                 subscriber.handle(events)
             release_held = getattr(subscriber, "release_held", None)
@@ -524,11 +579,13 @@ def dispatchers() -> list[Dispatcher]:
     stream (with Redis) and the Kafka sink (when configured), so none waits for another's
     tick (a broker that is slow or away, a fan-out of many deliveries) and each keeps up
     with a drain on its own (issue 41)."""
-    found = [Dispatcher([WebhookFanout()], batch=DISPATCH_BATCH)]
+    built = _Built(keep=2 * DISPATCH_BATCH)  # read and built once for the three
+    found = [Dispatcher([WebhookFanout()], batch=DISPATCH_BATCH, built=built)]
     if settings.REDIS_URL:
-        found.append(Dispatcher([StreamPublisher()], batch=DISPATCH_BATCH))
+        found.append(Dispatcher([StreamPublisher()], batch=DISPATCH_BATCH, built=built))
     if kafka.configured():  # the domain events of publish() too, behind a cursor of their own
-        found.append(Dispatcher([kafka.KafkaSink()], batch=kafka.BATCH, sources=SOURCES))
+        found.append(Dispatcher([kafka.KafkaSink()], batch=kafka.BATCH, sources=SOURCES,
+                                built=built))  # fmt: skip
     return found
 
 
