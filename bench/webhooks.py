@@ -289,6 +289,8 @@ def drain_sinks(ctx: Context) -> Iterator[dict]:
                 "summary": f"drain {n / drain_s:,.0f} jobs/s; last event passed by "
                 + ", ".join(f"{k} {v:.2f}s" for k, v in sorted(after.items()))
                 + " after the last job's end (receiver: its last delivery)",
+                "brief": f"drain {n / drain_s:,.0f} jobs/s; after the last job: "
+                + ", ".join(f"{k} {after[k]:.2f} s" for k in ("webhooks", "stream", "kafka")),
                 "details": {"jobs": n, "drain_s": drain_s, "after_last_job_s": after},
             }
     finally:
