@@ -72,8 +72,8 @@ def run(jobs: int, workers: int, processes_of: Callable[[], Any]) -> dict[str, A
     (batch_id, _), rows, create_s = measured(lambda: batches.create(items, callback))
     procs = processes_of()
     started = time.monotonic()
-    for n in range(workers):
-        procs.worker("--concurrency", "8", "--worker-id", f"bench-batch-{n}")
+    for _ in range(workers):
+        procs.worker("--concurrency", "8")
     procs.reaper()
     try:
         while True:
