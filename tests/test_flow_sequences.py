@@ -155,3 +155,23 @@ def test_a_staff_retry_of_an_old_failure_waits_its_turn_at_the_end():
     )
     _run(ids[1])
     assert _claimable(ids) == [ids[0]]
+
+
+def test_the_commands_show_resume_and_skip_and_queue_list_counts(capsys):
+    from django.core.management import CommandError, call_command
+
+    ids = _submit("cmd", 3)
+    _run(ids[0], error="boom")
+    call_command("sequence", "show", "cmd")
+    out = capsys.readouterr().out
+    assert "sequence cmd: halted, 2 waiting" in out and f"halted job: {ids[0]}" in out
+    call_command("queue", "list")
+    assert "sequences\t0 running\t1 halted (cmd)" in capsys.readouterr().out
+    call_command("sequence", "skip", "cmd")
+    assert f"active job: {ids[1]}" in capsys.readouterr().out
+    with pytest.raises(CommandError, match="is not halted"):
+        call_command("sequence", "resume", "cmd")
+    with pytest.raises(CommandError, match="no sequence"):
+        call_command("sequence", "show", "nope")
+    with pytest.raises(CommandError, match="unknown client"):
+        call_command("sequence", "show", "cmd", "--client", "nobody")

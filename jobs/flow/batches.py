@@ -238,6 +238,11 @@ class Batch:
         )[0]
 
 
+def open_count() -> int:
+    """Batches whose jobs have not all ended (`queue list`)."""
+    return BatchRow.objects.filter(finished_at__isnull=True).count()
+
+
 def progress(batch_id: int, client: Client | None = None, *, staff: bool = False) -> dict | None:
     """A batch's progress, or None (not found, or another client's)."""
     rows = BatchRow.objects.filter(pk=batch_id)
