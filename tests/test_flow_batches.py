@@ -144,3 +144,21 @@ def test_bookkeeping_is_linear_in_the_batch(capsys):
     with capsys.disabled():
         print(f"\nbatch of {n}: create {create_s:.3f} s, end half {end_s:.3f} s, "
               f"end the rest {last_s:.3f} s (database time)")  # fmt: skip
+
+
+def test_a_batch_of_django_tasks_with_a_django_task_callback():
+    from tests.tasks_app import tasks as app
+
+    batch = batches.Batch("sums", on_complete=batches.task_callback(app.echo))
+    for n in range(3):
+        batch.add(app.add, args=[n], kwargs={"b": 1})
+    batch_id = batch.submit()
+    ids = _members(batch_id)
+    assert Job.objects.get(pk=ids[0]).task == "tests.tasks_app.tasks.add"
+    assert Job.objects.get(pk=ids[2]).payload == {"args": [2], "kwargs": {"b": 1}}
+    _end(ids)
+    made = Job.objects.get(pk=Batch.objects.get(pk=batch_id).callback_job_ids[0])
+    assert made.task == "tests.tasks_app.tasks.echo" and made.priority == 10
+    assert made.payload["kwargs"]["batch"]["succeeded"] == 3  # the task gets batch=
+    with pytest.raises(InvalidSubmission):
+        batches.Batch("empty").submit()

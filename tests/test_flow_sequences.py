@@ -175,3 +175,18 @@ def test_the_commands_show_resume_and_skip_and_queue_list_counts(capsys):
         call_command("sequence", "show", "nope")
     with pytest.raises(CommandError, match="unknown client"):
         call_command("sequence", "show", "cmd", "--client", "nobody")
+
+
+def test_the_mover_moving_a_finished_sequence_job_changes_no_turn():
+    from jobs import partitions
+
+    ids = _submit("moved", 3)
+    _run(ids[0])
+    before = Job.objects.get(pk=ids[0]).run_at
+    while partitions.move_batch(hot_seconds=0):
+        pass
+    moved = Job.objects.get(pk=ids[0])
+    assert (moved.status, moved.run_at, moved.wait_reason) == ("done", before, None)
+    assert Sequence.objects.get(key="moved").active_job_id == ids[1]
+    assert not SequenceWait.objects.filter(job_id=ids[0]).exists()
+    assert _claimable(ids) == [ids[1]]

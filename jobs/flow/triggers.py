@@ -7,8 +7,9 @@ worker's fenced writes, the reaper, cancels, staff retries, raw SQL) runs throug
 so no caller has to remember a sequence or a batch.
 
 Sequences (one job of a key at a time, in submission order):
-- `jobs_job_sequence_enter` (BEFORE INSERT, and BEFORE UPDATE when a terminal job is
-  made live again, per row, only for rows with a sequence_key): takes the key's
+- `jobs_job_sequence_enter` (BEFORE INSERT of a live job, and BEFORE UPDATE when a
+  terminal job is made live again, per row, only for rows with a sequence_key; the
+  mover's row movement inserts finished jobs, which it leaves alone): takes the key's
   jobs_sequence row lock (an upsert, so concurrent submissions queue behind each other
   and positions follow the order they got the lock). The job runs at once when the
   sequence is idle; else it waits with run_at BLOCKED_RUN_AT and wait_reason
@@ -89,6 +90,9 @@ CREATE OR REPLACE FUNCTION {T}_sequence_enter() RETURNS trigger LANGUAGE plpgsql
 DECLARE
   s record;
 BEGIN
+  IF NEW.status IN ({_TERMINAL}) THEN  -- a finished job the mover moves between partitions
+    RETURN NEW;
+  END IF;
   INSERT INTO jobs_sequence AS q (owner, key, last_position, created_at, updated_at)
   VALUES (COALESCE(NEW.client_id, 0), NEW.sequence_key, 0, now(), now())
   ON CONFLICT (owner, key) DO UPDATE SET updated_at = now()
@@ -263,7 +267,8 @@ def triggers_sql() -> str:
         + _trigger_once(
             f"{T}_sequence_enter",
             f"""CREATE TRIGGER {T}_sequence_enter BEFORE INSERT ON {T} FOR EACH ROW
-      WHEN (NEW.sequence_key IS NOT NULL) EXECUTE FUNCTION {T}_sequence_enter()""",
+      WHEN (NEW.sequence_key IS NOT NULL AND NEW.status NOT IN ({_TERMINAL}))
+      EXECUTE FUNCTION {T}_sequence_enter()""",
         )
         + _trigger_once(
             f"{T}_sequence_revive",

@@ -864,6 +864,9 @@ CREATE OR REPLACE FUNCTION jobs_job_sequence_enter() RETURNS trigger LANGUAGE pl
 DECLARE
   s record;
 BEGIN
+  IF NEW.status IN ('done', 'failed') THEN  -- a finished job the mover moves between partitions
+    RETURN NEW;
+  END IF;
   INSERT INTO jobs_sequence AS q (owner, key, last_position, created_at, updated_at)
   VALUES (COALESCE(NEW.client_id, 0), NEW.sequence_key, 0, now(), now())
   ON CONFLICT (owner, key) DO UPDATE SET updated_at = now()
@@ -1009,7 +1012,8 @@ DO $do$ BEGIN
   IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = 'jobs_job'::regclass
                  AND tgname = 'jobs_job_sequence_enter') THEN
     CREATE TRIGGER jobs_job_sequence_enter BEFORE INSERT ON jobs_job FOR EACH ROW
-      WHEN (NEW.sequence_key IS NOT NULL) EXECUTE FUNCTION jobs_job_sequence_enter();
+      WHEN (NEW.sequence_key IS NOT NULL AND NEW.status NOT IN ('done', 'failed'))
+      EXECUTE FUNCTION jobs_job_sequence_enter();
   END IF;
 END $do$;
 DO $do$ BEGIN
