@@ -307,6 +307,7 @@ class LoadGenerator:
                 self.record(int(step["job_id"]), f"{req.kind}:{step['id']}", "api")
             return
         if status in (200, 201) and req.path == BATCH_PATH and isinstance(body, dict):
+            self.stats["accepted_sequences"] += 1
             for job in body.get("jobs", []):
                 self.record(int(job["id"]), req.kind, "api")
             return
