@@ -94,10 +94,45 @@ def run(jobs: int, workers: int, processes_of: Callable[[], Any]) -> dict[str, A
     }  # fmt: skip
 
 
+def overhead(jobs: int, rounds: int) -> dict[str, float]:
+    """What the flow triggers cost jobs that use neither sequences nor batches: database
+    seconds to claim and complete `jobs` plain jobs (write-backs of 100), with the
+    triggers and without them (dropped, then installed again). Median of `rounds`."""
+    import statistics
+
+    from django.db import connection
+
+    from jobs import services
+    from jobs.migrations import _triggers as frozen
+
+    def one() -> float:
+        made = services.submit_many([services.NewJob("echo", {}) for _ in range(jobs)])
+        ids = [m.job_id for m in made]
+
+        def work() -> None:
+            for start in range(0, len(ids), 100):
+                leases = services.claim_ids("bench-overhead", ids[start : start + 100])
+                services.complete([(lease, None) for lease in leases])
+
+        return measured(work)[2]
+
+    out: dict[str, list[float]] = {"with triggers": [], "without": []}
+    for _ in range(rounds):
+        for label, sql in (("without", frozen.DROP_FLOW_TRIGGERS_0029),
+                           ("with triggers", frozen.FLOW_TRIGGERS_0029)):  # fmt: skip
+            with connection.cursor() as cur:
+                cur.execute(sql)
+            out[label].append(one())
+    return {label: statistics.median(v) for label, v in out.items()}
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.flow_batch", description=__doc__)
     p.add_argument("--jobs", type=int, default=100_000)
     p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--overhead", type=int, default=0, metavar="N",
+                   help="Instead: N plain jobs claimed and completed with and without the "
+                   "flow triggers (their cost to jobs that use neither).")  # fmt: skip
     args = p.parse_args(argv)
 
     from bench.env import processes, scratch_database, setup_django
@@ -108,6 +143,11 @@ def main(argv: list[str] | None = None) -> None:
     logdir = Path(tempfile.mkdtemp(prefix="flow-batch-"))
     try:
         setup_django(db.url(), redis.url, JOBS_MAX_QUEUE_DEPTH=str(args.jobs * 2))
+        if args.overhead:
+            for label, seconds in overhead(args.overhead, 3).items():
+                print(f"{args.overhead:,} plain jobs claimed and completed, {label}: "
+                      f"{seconds:.3f} s database time (median of 3)")  # fmt: skip
+            return
         out = run(args.jobs, args.workers, lambda: processes(db.url(), redis.url, logdir))
         created = out["rows"]
         print(f"batch of {args.jobs:,} no-op jobs, {args.workers} workers:")
