@@ -102,13 +102,17 @@ class SequenceAdmin(_ReadOnly):
 
 
 class BatchAdmin(_ReadOnly):
-    list_display = ("id", "name", "client", "total", "pending", "succeeded", "failed",
+    list_display = ("id", "name", "client", "total", "pending", "succeeded", "failures",
                     "progress", "created", "finished")  # fmt: skip
     search_fields = ("=id", "name")
     ordering = ("-id",)
-    fields = ("name", "client", "total", "pending", "succeeded", "failed", "progress",
+    fields = ("name", "client", "total", "pending", "succeeded", "failures", "progress",
               "callback_kinds", "callback_jobs", "created", "finished")  # fmt: skip
     readonly_fields = fields
+
+    @admin.display(description=gettext_lazy("failed jobs"))
+    def failures(self, obj: Batch) -> int:
+        return obj.failed
 
     @admin.display(description=gettext_lazy("progress"))
     def progress(self, obj: Batch) -> str:

@@ -125,6 +125,22 @@ $$;
 """
 
 
+# What a callback's payload gets under "batch": each key and its SQL.
+SUMMARY = {
+    "id": "bt.id",
+    "name": "bt.name",
+    "total": "bt.total",
+    "succeeded": "bt.succeeded",
+    "failed": "bt.failed",
+    "failed_ids": "COALESCE((SELECT jsonb_agg(job_id ORDER BY job_id)\n"
+    "                            FROM jobs_batchfailure WHERE batch_id = b), '[]'::jsonb)",
+}
+
+
+def _summary_sql() -> str:
+    return ",\n    ".join(f"'{key}', {value}" for key, value in SUMMARY.items())
+
+
 def batch_sql() -> str:
     kinds = ", ".join(f"'{k}'" for k in CALLBACKS)
     return f"""
@@ -138,10 +154,7 @@ DECLARE
 BEGIN
   SELECT * INTO bt FROM jobs_batch WHERE id = b;
   summary := jsonb_build_object(
-    'id', bt.id, 'name', bt.name, 'total', bt.total, 'succeeded', bt.succeeded,
-    'failed', bt.failed,
-    'failed_ids', COALESCE((SELECT jsonb_agg(job_id ORDER BY job_id)
-                            FROM jobs_batchfailure WHERE batch_id = b), '[]'::jsonb));
+    {_summary_sql()});
   FOR cb IN
     SELECT k.kind, bt.callbacks -> k.kind AS spec
     FROM unnest(ARRAY[{kinds}]) WITH ORDINALITY AS k(kind, ord)

@@ -909,7 +909,10 @@ DECLARE
 BEGIN
   SELECT * INTO bt FROM jobs_batch WHERE id = b;
   summary := jsonb_build_object(
-    'id', bt.id, 'name', bt.name, 'total', bt.total, 'succeeded', bt.succeeded,
+    'id', bt.id,
+    'name', bt.name,
+    'total', bt.total,
+    'succeeded', bt.succeeded,
     'failed', bt.failed,
     'failed_ids', COALESCE((SELECT jsonb_agg(job_id ORDER BY job_id)
                             FROM jobs_batchfailure WHERE batch_id = b), '[]'::jsonb));
