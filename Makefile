@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-12)
 
 .PHONY: run test lint install tools migrate browser chaos chaos-long bench crash-bench webhooks \
-	table-health table-growth fillfactor archive-bench fuzz schedules-long workflow-bench workflow-linear \
+	table-health table-growth fillfactor archive-bench fuzz schedules-long workflow-bench workflow-linear flow-batch \
 	stop-db reset-db clean \
 	fresh-project test-matrix
 
@@ -135,6 +135,11 @@ workflow-bench: install
 WORKFLOW_LINEAR_ARGS ?= --repeat 3 --previous
 workflow-linear: install
 	$(PY) -m bench.workflow_linear $(WORKFLOW_LINEAR_ARGS)
+## flow-batch: one batch of FLOW_BATCH_JOBS no-op jobs (the issue's 100,000) with a callback:
+## rows written, run time, callbacks made (exactly one) and their delay after the last job.
+FLOW_BATCH_JOBS ?= 100000
+flow-batch: install
+	$(PY) -m bench.flow_batch --jobs $(FLOW_BATCH_JOBS)
 ## webhooks: the webhook end-to-end runs (flaky receiver; kill -9 and a Redis restart with the
 ## stream's consumer group) with WEBHOOK_JOBS jobs: the issue's 1,000 by default, `make test` 200.
 WEBHOOK_JOBS ?= 1000

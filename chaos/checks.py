@@ -490,6 +490,39 @@ def partitions_whole(conn: Any, accepted: Collection[int]) -> list[Violation]:
     return out
 
 
+def sequences_serial(conn: Any, accepted: Collection[int]) -> list[Violation]:
+    """No two attempts of jobs with one sequence_key overlap, and the jobs of a key
+    start in the order they were submitted (id order within the one request that
+    submits a chaos key's jobs): every attempt of a job ends before the next job's
+    first claim (jobs.flow)."""
+    name = "sequences_serial"
+    out: list[Violation] = []
+    spans: dict[tuple, list[tuple]] = defaultdict(list)
+    for owner, key, job_id, claimed, ended in _rows(
+        conn,
+        """WITH claims AS (
+             SELECT e.job_id, e.id AS event_id, e.at FROM jobs_jobevent e
+             WHERE e.kind = 'transition' AND e.to_status = %s)
+           SELECT COALESCE(j.client_id, 0), j.sequence_key, c.job_id, c.at,
+                  (SELECT min(x.at) FROM jobs_jobevent x WHERE x.job_id = c.job_id
+                   AND x.kind = 'transition' AND x.from_status = %s AND x.id > c.event_id)
+           FROM claims c JOIN jobs_job j ON j.id = c.job_id
+           WHERE j.sequence_key IS NOT NULL""",
+        [Status.PROCESSING.value, Status.PROCESSING.value],
+    ):
+        spans[(owner, key)].append((claimed, ended, job_id))
+    for (_, key), attempts in sorted(spans.items(), key=lambda kv: str(kv[0])):
+        attempts.sort(key=lambda a: (a[0], a[2]))
+        for (_, end, job), (nxt_start, _, nxt) in zip(attempts, attempts[1:], strict=False):
+            if end is None or nxt_start < end:
+                out.append(Violation(name, nxt, f"sequence {key}: job {nxt} claimed at "
+                                     f"{nxt_start} while job {job} ran (ended {end})"))  # fmt: skip
+            if nxt < job:
+                out.append(Violation(name, nxt, f"sequence {key}: job {nxt} ran after job "
+                                     f"{job}, submitted later"))  # fmt: skip
+    return out
+
+
 # --- running them -------------------------------------------------------------------------------
 
 Check = Callable[[Any, Collection[int]], list[Violation]]
@@ -505,6 +538,7 @@ CHECKS: dict[str, Check] = {
     "steps_under_held_lease": steps_under_held_lease,
     "children_after_parents": children_after_parents,
     "partitions_whole": partitions_whole,
+    "sequences_serial": sequences_serial,
 }
 
 

@@ -25,6 +25,8 @@ from chaos.profiles import POOL_QUEUE, Profile
 
 JOBS_PATH = "/api/v1/jobs/"
 WORKFLOWS_PATH = "/api/v1/workflows/"
+BATCH_PATH = "/api/v1/jobs/batch/"
+SEQUENCE_JOBS = 4  # jobs per sequence key, submitted in one batch (their order is its order)
 
 
 @dataclass
@@ -88,6 +90,13 @@ def make_request(kind: str, seq: int, rng: random.Random, profile: Profile, tag:
         on_failure = rng.choice(["fail_dependents", "continue"])
         body = {"name": f"chaos-{seq}", "steps": steps, "on_failure": on_failure}
         return Request(seq, kind, body, key, path=WORKFLOWS_PATH)
+    if kind == "sequence":  # one key's jobs, strictly one at a time in order (jobs.flow)
+        jobs = [
+            {"task": "demo.record", "payload": {"seconds": round(rng.uniform(0.05, 0.3), 2)},
+             "sequence_key": key, "max_retries": 10, "idempotency_key": f"{key}-{i}"}
+            for i in range(SEQUENCE_JOBS)
+        ]  # fmt: skip
+        return Request(seq, kind, {"jobs": jobs}, key, path=BATCH_PATH)
     if kind not in bodies:
         raise ValueError(f"unknown workload kind {kind!r}")
     return Request(
@@ -296,6 +305,11 @@ class LoadGenerator:
             self.stats["accepted_workflows"] += 1
             for step in body.get("steps", []):
                 self.record(int(step["job_id"]), f"{req.kind}:{step['id']}", "api")
+            return
+        if status in (200, 201) and req.path == BATCH_PATH and isinstance(body, dict):
+            self.stats["accepted_sequences"] += 1
+            for job in body.get("jobs", []):
+                self.record(int(job["id"]), req.kind, "api")
             return
         if status in (200, 201) and isinstance(body, dict) and "id" in body:
             job_id = int(body["id"])

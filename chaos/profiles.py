@@ -42,6 +42,7 @@ DEFAULT_MIX: tuple[tuple[float, str], ...] = (
     (4, "steps"),  # chaos.steps: checkpointed steps (jobs.durable) under kills and freezes
     (2, "workflow"),  # a 4-job diamond workflow (POST /workflows/), either on_failure
     (2, "nap"),  # chaos.nap: a durable sleep parks the job between two steps
+    (2, "sequence"),  # 4 demo.record jobs of one sequence_key: one at a time, in order
 )
 
 

@@ -139,6 +139,8 @@ class WaitReason(models.TextChoices):
     SLEEP = "sleep"
     SIGNAL = "signal"
     PARENTS = "parents"
+    SEQUENCE = "sequence"  # an earlier job of its sequence has not ended (jobs.flow)
+    SEQUENCE_HALTED = "sequence_halted"  # an earlier job of its sequence failed
 
 
 # run_at of a job that waits with no deadline (parents, a signal without timeout):

@@ -151,6 +151,7 @@ def request_hash(
     unique_key: str | None = None,
     concurrency_key: str | None = None,
     timeout: float | None = None,
+    sequence_key: str | None = None,
 ) -> str:
     """SHA-256 of the normalised request, canonical JSON: what an idempotent replay must match.
     A unique_key, concurrency_key or timeout counts only when given, so hashes of requests
@@ -169,6 +170,8 @@ def request_hash(
         doc["concurrency_key"] = concurrency_key
     if timeout is not None:
         doc["timeout"] = timeout
+    if sequence_key is not None:
+        doc["sequence_key"] = sequence_key
     canonical = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
@@ -329,6 +332,7 @@ def submit(
     unique_key: str | None = None,
     concurrency_key: str | None = None,
     timeout: float | None = None,
+    sequence_key: str | None = None,
 ) -> tuple[Job, bool]:
     """Validate and enqueue a job inside the caller's transaction.
 
@@ -337,7 +341,8 @@ def submit(
     request under the same key raises IdempotencyConflict. With `unique_key`,
     while a job of the same client with that key is queued, enqueue_failed or
     processing, that job is returned (created=False, `job.duplicate` True). A
-    `concurrency_key` counts against its queue's `key_concurrency`. Raises UnknownTask,
+    `concurrency_key` counts against its queue's `key_concurrency`; jobs with one
+    `sequence_key` run one at a time in submission order (jobs.flow). Raises UnknownTask,
     InvalidSubmission, PayloadTooLarge or QueueFull and writes nothing when the
     submission is refused. The Redis push runs when the caller's transaction
     commits; if it fails the job is parked as enqueue_failed (the reaper
@@ -357,6 +362,7 @@ def submit(
             unique_key=unique_key,
             concurrency_key=concurrency_key,
             timeout=timeout,
+            sequence_key=sequence_key,
         )
     except SubmissionError as exc:
         metrics.SUBMISSIONS_REJECTED.labels(metric_queue, exc.code).inc()
@@ -377,6 +383,7 @@ def _submit(
     unique_key: str | None = None,
     concurrency_key: str | None = None,
     timeout: float | None = None,
+    sequence_key: str | None = None,
 ) -> tuple[Job, bool]:
     run_at, max_retries, digest, payload_json, timeout = _validate(
         task,
@@ -389,6 +396,7 @@ def _submit(
         unique_key,
         concurrency_key,
         timeout,
+        sequence_key,
         for_client=client is not None,
     )
     return submit_checked(
@@ -405,6 +413,7 @@ def _submit(
             "unique_key": unique_key,
             "concurrency_key": concurrency_key,
             "timeout": timeout,
+            "sequence_key": sequence_key,
         },
         client,
     )
@@ -450,6 +459,7 @@ def submit_checked(item: dict[str, Any], client: Client | None) -> tuple[Job, bo
             concurrency_key=item.get("concurrency_key"),
             timeout=item.get("timeout"),
             trace_context=sent.context,
+            sequence_key=item.get("sequence_key"),
         )
         sent.job(job.pk)
     if created:
@@ -515,6 +525,7 @@ def _validate(
     unique_key: Any = None,
     concurrency_key: Any = None,
     timeout: Any = None,
+    sequence_key: Any = None,
     *,
     for_client: bool = False,
 ) -> tuple[datetime | None, int, str | None, str, float | None]:
@@ -560,11 +571,13 @@ def _validate(
         "idempotency_key": "invalid_idempotency_key",
         "unique_key": "invalid_unique_key",
         "concurrency_key": "invalid_concurrency_key",
+        "sequence_key": "invalid_sequence_key",
     }
     for field, key in (
         ("idempotency_key", idempotency_key),
         ("unique_key", unique_key),
         ("concurrency_key", concurrency_key),
+        ("sequence_key", sequence_key),
     ):
         if key is not None and (not isinstance(key, str) or not IDEMPOTENCY_KEY_RE.fullmatch(key)):
             shown = "idempotency key" if field == "idempotency_key" else field
@@ -592,6 +605,7 @@ def _validate(
             unique_key,
             concurrency_key,
             timeout,
+            sequence_key,
         )
     return run_at, max_retries, digest, payload_json, timeout
 
@@ -626,9 +640,9 @@ def _existing(client: Client | None, idempotency_key: str | None) -> Job | None:
 # --- requests as JSON (both API endpoints) -------------------------------------------
 
 JOB_FIELDS = ("task", "payload", "queue", "priority", "run_at", "max_retries", "timeout")
-REQUEST_FIELDS = (*JOB_FIELDS, "unique_key", "concurrency_key")
+REQUEST_FIELDS = (*JOB_FIELDS, "unique_key", "concurrency_key", "sequence_key")
 # Unique keys: single submissions only.
-BATCH_FIELDS = (*JOB_FIELDS, "idempotency_key", "concurrency_key")
+BATCH_FIELDS = (*JOB_FIELDS, "idempotency_key", "concurrency_key", "sequence_key")
 
 
 def _request_item(
@@ -663,6 +677,7 @@ def _request_item(
         "unique_key": raw.get("unique_key"),
         "concurrency_key": raw.get("concurrency_key"),
         "timeout": raw.get("timeout"),
+        "sequence_key": raw.get("sequence_key"),
     }
     if item["payload"] is None:
         errors.append(
@@ -748,7 +763,9 @@ def submit_batch_request(body: Any, *, client: Client | None = None) -> list[Sub
     return submit_many(body["jobs"], client=client)
 
 
-def submit_many(raw_items: Sequence[Any], *, client: Client | None = None) -> list[Submitted]:
+def submit_many(
+    raw_items: Sequence[Any], *, client: Client | None = None, batch_id: int | None = None
+) -> list[Submitted]:
     """Validate and enqueue up to MAX_BATCH jobs in one INSERT, all or nothing.
 
     Every job is held to the rules of `submit`; if any is refused, BatchInvalid
@@ -800,6 +817,7 @@ def submit_many(raw_items: Sequence[Any], *, client: Client | None = None) -> li
             i["concurrency_key"],
             i["timeout"],
             trace_context,
+            i["sequence_key"],
         )
         for i in items
     ]
@@ -808,6 +826,7 @@ def submit_many(raw_items: Sequence[Any], *, client: Client | None = None) -> li
             new_jobs,
             client_id=client.pk if client is not None else None,
             actor=f"client:{client.name}" if client is not None else "app",
+            batch_id=batch_id,  # jobs.flow.batches
         )
     except BatchIdempotencyConflict as exc:
         for n in exc.conflicts:

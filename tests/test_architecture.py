@@ -34,7 +34,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         "jobs.logconfig", "jobs.queues", "jobs.tasks", "jobs.tasks_compat", "jobs.dispatch",
         "jobs.templatetags", "jobs.templatetags.*", "jobs.management",
         "jobs.management.commands", "jobs.schedules", "jobs.schedules.timing",
-        "jobs.watchdog",
+        "jobs.watchdog", "jobs.flow",
         # The OpenTelemetry and Sentry calls, each guarded (jobs.observability).
         "jobs.observability", "jobs.observability.context", "jobs.observability.tracing",
         "jobs.observability.errors",
@@ -56,7 +56,7 @@ LAYERS: list[tuple[str, list[str]]] = [
                         "jobs.lending",
                         # Parquet files of archived periods: the only pyarrow import
                         "jobs.archive.files"]),
-    ("models", ["jobs.models", "jobs.graph"]),
+    ("models", ["jobs.models", "jobs.graph", "jobs.flow.triggers"]),
     # Caches of model rows that the writes keep honest (the API clients by token hash).
     # jobs.waiting: one Redis subscription per process wakes the callers waiting on a job.
     ("model caches", ["jobs.clientcache", "jobs.waiting"]),
@@ -68,7 +68,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("observability hooks", ["jobs.observability.hooks"]),
     # Staff repairs (admin actions and `manage.py jobs`) and the Python cancel, each a
     # service call with its audit.
-    ("staff and caller controls", ["jobs.staff", "jobs.cancelling"]),
+    ("staff and caller controls", ["jobs.staff", "jobs.cancelling", "jobs.flow.sequences"]),
     # Retention by partition, the PostgreSQL side: periods, DETACH, DROP, ATTACH.
     ("archive tables", ["jobs.archive.tables"]),
     # A schedule's slots: the scheduler_runs row and the job it makes, in one statement.
@@ -86,7 +86,8 @@ LAYERS: list[tuple[str, list[str]]] = [
     # Schedules held to the submission rules of the jobs they make.
     ("schedule definitions", ["jobs.schedules.define"]),
     # Durable jobs (steps, waits) and workflows: built on the services and the pipeline.
-    ("durable jobs and workflows", ["jobs.durable", "jobs.workflows", "jobs.signals"]),
+    ("durable jobs and workflows", ["jobs.durable", "jobs.workflows", "jobs.signals",
+                                    "jobs.flow.batches"]),
     # The worker's rooms (issue 27): what they share, then one concern each, as mixins
     # of jobs.worker.Worker.
     ("worker attempts", ["jobs.worker.attempts"]),

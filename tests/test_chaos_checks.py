@@ -539,3 +539,25 @@ def test_a_partition_left_detach_pending_is_reported():
     finally:
         assert partitions.attach_pending_detaches() == 1
     assert run(checks.partitions_whole) == []
+
+
+def _sequence(n: int = 3) -> list[int]:
+    return [services.submit("echo", {}, sequence_key="s")[0].pk for _ in range(n)]
+
+
+def test_a_sequence_run_one_at_a_time_in_order_passes():
+    ids = _sequence()
+    for job_id in ids:
+        services.complete([(services.claim(A, job_id), 1)])
+    assert run(checks.sequences_serial) == []
+
+
+def test_overlapping_or_reordered_jobs_of_a_sequence_are_reported():
+    ids = _sequence()
+    services.claim(A, ids[0])  # still runs
+    # The broken build: the third job made due at once, run before the second.
+    raw("UPDATE jobs_job SET run_at = now() WHERE id = %s", [ids[2]])
+    assert services.claim(B, ids[2]) is not None
+    found = run(checks.sequences_serial)
+    assert found and all(v.job_id == ids[2] for v in found)
+    assert any("while job" in v.detail for v in found)

@@ -59,6 +59,7 @@ QUICK = {
     "fuzz": ["FUZZ_EXAMPLES=2", "FUZZ_ARGS=-k positive"],
     "crash-bench": ["CRASH_KILLS=1"],
     "workflow-linear": ["WORKFLOW_LINEAR_ARGS=--repeat 1"],
+    "flow-batch": ["FLOW_BATCH_JOBS=300"],  # tests/test_flow_batches.py holds the rows
     "fillfactor": ["FILLFACTOR_JOBS=1000"],
 }
 # Targets that run tests of this suite at full size, by the variable those tests read.

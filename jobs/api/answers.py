@@ -67,6 +67,8 @@ def submitted(job: Job) -> dict[str, Any]:
         "cancel_too_late": job.status == Status.DONE and job.cancel_requested_at is not None,
         "unique_key": job.unique_key,
         "concurrency_key": job.concurrency_key,
+        "sequence_key": job.sequence_key,
+        "batch": job.batch_id,
         "schedule": job.schedule_id,
         "fire_time": _when(job.fire_time, tz),
         "wait_reason": selectors.wait_reason(job),

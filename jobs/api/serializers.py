@@ -88,6 +88,11 @@ class JobSubmitSerializer(serializers.Serializer):
         "Per client. In a queue with `key_concurrency: N`, at most N of your jobs "
         "with this key are processing at once; the others wait their turn, queued."
     )
+    sequence_key = _key_field(
+        "Per client. Jobs with this key run strictly one at a time, in the order they "
+        "were submitted, across all workers; a job that fails halts the sequence (later "
+        "ones wait with `wait_reason: sequence_halted`) until staff resume or skip it."
+    )
 
 
 class BatchItemSerializer(JobSubmitSerializer):
@@ -156,8 +161,17 @@ class JobSerializer(serializers.ModelSerializer):
         read_only=True,
         allow_null=True,
         help_text="Why a queued job is not running: sleep or signal (parked by its "
-        "handler), parents (a workflow step whose parents have not ended), queue_paused "
+        "handler), parents (a workflow step whose parents have not ended), sequence (an "
+        "earlier job of its sequence_key has not ended), sequence_halted (an earlier one "
+        "failed: staff resume or skip it), queue_paused "
         "(its queue is paused); null otherwise.",
+    )
+
+    batch = serializers.IntegerField(
+        source="batch_id",
+        read_only=True,
+        allow_null=True,
+        help_text="The batch this job belongs to (its id, GET /api/v1/batches/<id>/), or null.",
     )
 
     @extend_schema_field(ProgressSerializer(allow_null=True))
@@ -193,6 +207,8 @@ class JobSerializer(serializers.ModelSerializer):
             "cancel_too_late",
             "unique_key",
             "concurrency_key",
+            "sequence_key",
+            "batch",
             "schedule",
             "fire_time",
             "wait_reason",

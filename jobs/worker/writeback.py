@@ -20,6 +20,7 @@ from jobs.errors import (
     class_path,
     storable,
 )
+from jobs.flow import sequences
 from jobs.lifecycle import TERMINAL
 from jobs.observability import hooks
 from jobs.runtime import Backoff
@@ -165,7 +166,9 @@ class WriteBack:
             len(ok_done) + sum(1 for f in ok_fail.values() if f.status in TERMINAL)
         )
         # Workflow children these ends made due: pushed now, not at the next poll.
-        durable.after_ends([*ok_done, *(i for i, f in ok_fail.items() if f.status in TERMINAL)])
+        ended = [*ok_done, *(i for i, f in ok_fail.items() if f.status in TERMINAL)]
+        durable.after_ends(ended)
+        sequences.after_ends(ended)  # sequence jobs and batch callbacks, likewise
         for o in batch:
             if o.kind == OutcomeKind.RELEASE and o.lease.job_id in ok_rel:
                 log.info("released on shutdown", extra=o.lease.log_fields())

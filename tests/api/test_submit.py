@@ -36,6 +36,8 @@ JOB_FIELDS = {
     "cancel_too_late",
     "unique_key",
     "concurrency_key",
+    "sequence_key",
+    "batch",
     "schedule",
     "fire_time",
     "duplicate",

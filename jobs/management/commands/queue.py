@@ -7,6 +7,7 @@ import logging
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from jobs import queuecontrol, queues, selectors
+from jobs.flow import batches, sequences
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,12 @@ class Command(BaseCommand):
                 # What a job of a paused queue shows as its wait_reason, API and admin.
                 state = f"paused (jobs wait: {selectors.QUEUE_PAUSED})" if q.paused else "active"
                 self.stdout.write(f"{q.name}\t{state}\tprocessing {cap}\trate {rate}{tokens}")
+            # Controls per key of work (jobs.flow): what they hold back now.
+            seqs = sequences.counts()
+            halted = ", ".join(s.key for s in sequences.halted(5))
+            self.stdout.write(f"sequences\t{seqs['running']} running\t{seqs['halted']} halted"
+                              + (f" ({halted})" if halted else ""))  # fmt: skip
+            self.stdout.write(f"batches\t{batches.open_count()} open")
             return
         name = opts["name"]
         try:
