@@ -297,14 +297,17 @@ class QueueControl:
     weight: float | None
     fair: bool = False
     key_concurrency: int | None = None
+    key_rate_limit: int | None = None
+    key_rate_period: int | None = None
 
     @property
     def limited(self) -> bool:
-        """Claimed under the queue's row lock (a cap, a rate or a per-key cap)."""
+        """Claimed under the queue's row lock (a cap, a rate, a per-key cap or rate)."""
         return (
             self.concurrency is not None
             or self.rate_limit is not None
             or self.key_concurrency is not None
+            or self.key_rate_limit is not None
         )
 
 
@@ -316,7 +319,7 @@ def queue_controls() -> dict[str, QueueControl]:
     """Every jobs_queue row (a handful: one per declared queue), by name."""
     fields = (
         "name", "paused", "concurrency", "rate_limit", "rate_period", "weight", "fair",
-        "key_concurrency",
+        "key_concurrency", "key_rate_limit", "key_rate_period",
     )  # fmt: skip
     return {r[0]: QueueControl(*r) for r in Queue.objects.values_list(*fields)}
 
