@@ -331,7 +331,7 @@ QUEUE_STATE_SQL = f"""
 SELECT q.name, q.paused, q.concurrency, q.rate_limit, q.rate_period,
        (SELECT count(*) FROM unnest(q.rate_starts) s
          WHERE s > now() - q.rate_period * interval '1 second'),
-       coalesce(p.n, 0)
+       coalesce(p.n, 0), q.fair, q.key_concurrency, q.key_rate_limit, q.key_rate_period
 FROM {Queue._meta.db_table} q
 LEFT JOIN (SELECT queue, count(*) AS n FROM {T} WHERE status = '{Status.PROCESSING}'
            GROUP BY queue) p ON p.queue = q.name
@@ -349,6 +349,10 @@ class QueueState:
     rate_period: int | None
     recent_starts: int
     processing: int
+    fair: bool = False
+    key_concurrency: int | None = None
+    key_rate_limit: int | None = None
+    key_rate_period: int | None = None
 
     @property
     def rate_tokens(self) -> int | None:

@@ -244,3 +244,54 @@ def test_cancel_running_stops_the_running_job_and_cancels_the_queued_ones():
     running = Job.objects.get(pk=running.pk)
     assert running.status == "processing" and running.cancel_requested_at is not None
     assert Job.objects.get(pk=waiting.pk).status == "failed"
+
+
+# --- where staff see them ---------------------------------------------------------------
+
+
+def test_queue_list_shows_the_key_controls(settings, capsys):
+    from django.core.management import call_command
+
+    settings.JOBS_QUEUES = {
+        "default": {},
+        "crm": {"fair": True, "key_concurrency": 2, "key_rate": {"limit": 10, "period": 60}},
+    }
+    queuecontrol.sync()
+    call_command("queue", "list")
+    out = capsys.readouterr().out
+    assert "crm\tactive" in out
+    assert "fair, 2 processing per key, throttle 10/60s per key" in out
+    assert next(line for line in out.splitlines() if line.startswith("default")).count("\t") == 3
+
+
+def test_admin_shows_and_edits_the_throttle_and_refuses_half_of_it(client, settings):
+    from django.contrib.auth.models import User
+    from django.urls import reverse
+
+    settings.JOBS_QUEUES = {"default": {}, "crm": {"key_rate": {"limit": 10, "period": 60}}}
+    queuecontrol.sync()
+    client.force_login(User.objects.create_superuser("root", password="pw"))
+    listing = client.get(reverse("admin:jobs_queue_changelist"))
+    assert listing.status_code == 200 and b"10/60s per key" in listing.content
+    url = reverse("admin:jobs_queue_change", args=["crm"])
+    half = client.post(url, {"key_rate_limit": "5", "key_rate_period": ""})
+    assert half.status_code == 200 and b"queue_key_rate_complete" in half.content
+    saved = client.post(url, {"key_rate_limit": "5", "key_rate_period": "30"})
+    assert saved.status_code == 302
+    row = Queue.objects.get(name="crm")
+    assert (row.key_rate_limit, row.key_rate_period) == (5, 30)
+
+
+def test_django_tasks_take_flow_fields_through_the_flow_context():
+    from jobs.backends import flow
+    from tests.tasks_app import tasks as app
+
+    with flow(debounce_key="sum", debounce_seconds=30):
+        first = app.add.enqueue(1, b=1)
+        last = app.add.enqueue(2, b=2)
+    assert first.id == last.id
+    assert Job.objects.get(pk=int(first.id)).payload == {"args": [2], "kwargs": {"b": 2}}
+    with flow(concurrency_key="acct", key_strategy="skip_new"):
+        app.add.enqueue(1, b=1)
+        skipped = app.add.enqueue(1, b=1)
+    assert skipped.status == "FAILED"
