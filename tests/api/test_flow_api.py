@@ -95,3 +95,27 @@ def test_the_debounce_conflict_is_a_json_409(api):
                     "debounce_seconds": 30})  # fmt: skip
     assert r.status_code == 409, r.content
     assert r.json()["code"] == "debounce_conflict" and r.json()["job_id"]
+
+
+def test_the_schema_documents_the_flow_fields_with_their_bounds(anon):
+    from tests.api.test_schema import fetch_schema
+
+    schema = fetch_schema(anon)
+    parts = schema["components"]["schemas"]
+    submit = parts["JobSubmit"]["properties"]
+    assert submit["debounce_key"]["maxLength"] == 200
+    assert submit["debounce_seconds"]["maximum"] == 86400
+    assert submit["debounce_max_wait"]["maximum"] == 7 * 86400
+    strategy = submit["key_strategy"]
+    refs = [s.get("$ref") for s in strategy.get("oneOf", strategy.get("allOf", []))]
+    enum = next(parts[r.rsplit("/", 1)[1]]["enum"] for r in refs if r)
+    assert enum == ["queue", "cancel_running", "skip_new"]
+    rate = parts["KeyRate"]["properties"]
+    assert (rate["limit"]["minimum"], rate["limit"]["maximum"]) == (1, 1000)
+    assert (rate["period"]["minimum"], rate["period"]["maximum"]) == (1, 86400)
+    answer = parts["SubmittedJob"]["properties"]
+    assert answer["debounced"]["type"] == answer["skipped"]["type"] == "boolean"
+    batch = parts["BatchItem"]["properties"]
+    assert not {"debounce_key", "key_strategy", "rate_limit"} & set(batch)
+    post = schema["paths"]["/api/v1/jobs/"]["post"]["responses"]
+    assert {"200", "201", "400", "409", "429"} <= set(post)

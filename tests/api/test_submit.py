@@ -39,6 +39,8 @@ JOB_FIELDS = {
     "schedule",
     "fire_time",
     "duplicate",
+    "debounced",
+    "skipped",
     "wait_reason",
 }
 
