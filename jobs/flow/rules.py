@@ -22,12 +22,23 @@ QUEUE, CANCEL_RUNNING, SKIP_NEW = "queue", "cancel_running", "skip_new"
 STRATEGIES = (QUEUE, CANCEL_RUNNING, SKIP_NEW)
 
 
+# Each field's refusal code, named in full: a `codes` map is what the README's
+# table of error codes is checked against (tests/api/test_error_codes.py).
+codes = {
+    "debounce_key": "invalid_debounce_key",
+    "debounce_seconds": "invalid_debounce_seconds",
+    "debounce_max_wait": "invalid_debounce_max_wait",
+    "key_strategy": "invalid_key_strategy",
+    "rate_limit": "invalid_rate_limit",
+}
+
+
 def _seconds(name: str, value: Any, top: float) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= top:
         raise InvalidSubmission(
             f"{name} must be a number of seconds > 0 and at most {top:g}",
             field=name,
-            code=f"invalid_{name}",
+            code=codes[name],
         )
     return float(value)
 
@@ -59,9 +70,7 @@ def check(item: dict[str, Any]) -> None:
                 )
     for name in ("debounce_seconds", "debounce_max_wait"):
         if item[name] is not None and key is None:
-            raise InvalidSubmission(
-                f"{name} needs debounce_key", field=name, code=f"invalid_{name}"
-            )
+            raise InvalidSubmission(f"{name} needs debounce_key", field=name, code=codes[name])
     if item["debounce_seconds"] is not None:
         item["debounce_seconds"] = _seconds(
             "debounce_seconds", item["debounce_seconds"], DEBOUNCE_SECONDS_MAX
@@ -94,7 +103,7 @@ def check(item: dict[str, Any]) -> None:
             raise InvalidSubmission(
                 f"{name} applies to a concurrency_key: give one",
                 field=name,
-                code=f"invalid_{name}",
+                code=codes[name],
             )
 
 
