@@ -47,6 +47,7 @@ PERMANENT_ERRORS: dict[str, str] = {
     "PermanentError": "the handler raised PermanentError",
     "cancelled": "cancelled before it started",
     "dependency failed": "a workflow parent failed (on_failure=fail_dependents)",
+    "skipped": "its concurrency key was busy (key_strategy skip_new, jobs.flow)",
 }
 # How far a checkpoint's clock may pass the end of its lease: its statement may start
 # (now()) just after the statement that ends the lease started, and still commit first.

@@ -77,7 +77,16 @@ def make_request(kind: str, seq: int, rng: random.Random, profile: Profile, tag:
         "idempotent_replay": {"task": "echo", "payload": {"n": seq}},
         "steps": {"task": "chaos.steps", "payload": {"steps": 4, "seconds": brief / 2}},
         "nap": {"task": "chaos.nap", "payload": {"seconds": round(rng.uniform(0.5, 2), 2)}},
-    }
+        # Flow control per key (jobs.flow): a few debounce keys gather many submissions
+        # (no Idempotency-Key: a retry joins the same job); a busy key skips new jobs;
+        # a key's rate refuses past 3 a second (429 with Retry-After, retried).
+        "debounced": {"task": "demo.record", "payload": {"n": seq},
+                      "debounce_key": f"{tag}-d{seq % 7}", "debounce_seconds": 0.3},
+        "skip_new": {"task": "echo", "payload": {"n": seq},
+                     "concurrency_key": f"{tag}-k{seq % 3}", "key_strategy": "skip_new"},
+        "rate_limited": {"task": "echo", "payload": {"n": seq}, "concurrency_key": f"{tag}-r",
+                         "rate_limit": {"limit": 3, "period": 1}},
+    }  # fmt: skip
     if kind == "workflow":  # a diamond: a → (b, c) → d; b may fail for good
         steps = [
             {"id": "a", "task": "echo", "payload": {"n": seq}},
@@ -100,7 +109,12 @@ def make_request(kind: str, seq: int, rng: random.Random, profile: Profile, tag:
     if kind not in bodies:
         raise ValueError(f"unknown workload kind {kind!r}")
     return Request(
-        seq, kind, bodies[kind], key, cancel=kind == "cancelled", replay=kind == "idempotent_replay"
+        seq,
+        kind,
+        bodies[kind],
+        "" if "debounce_key" in bodies[kind] else key,
+        cancel=kind == "cancelled",
+        replay=kind == "idempotent_replay",
     )
 
 
@@ -275,7 +289,7 @@ class LoadGenerator:
             attempt += 1
             try:
                 status, headers, body = client.call(
-                    "POST", req.path, req.body, {"Idempotency-Key": req.key}
+                    "POST", req.path, req.body, {"Idempotency-Key": req.key} if req.key else {}
                 )
             except (OSError, http.client.HTTPException) as exc:
                 status, headers, body = None, {}, f"{exc.__class__.__name__}: {exc}"

@@ -43,6 +43,9 @@ DEFAULT_MIX: tuple[tuple[float, str], ...] = (
     (2, "workflow"),  # a 4-job diamond workflow (POST /workflows/), either on_failure
     (2, "nap"),  # chaos.nap: a durable sleep parks the job between two steps
     (2, "sequence"),  # 4 demo.record jobs of one sequence_key: one at a time, in order
+    (3, "debounced"),  # demo.record under 7 debounce keys: many submissions, few jobs
+    (2, "skip_new"),  # echo on 3 busy keys with key_strategy skip_new
+    (1, "rate_limited"),  # echo whose key's rate_limit refuses past 3 a second (429)
 )
 
 

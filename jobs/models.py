@@ -198,6 +198,10 @@ class Job(models.Model):
     objects = JobQuerySet.as_manager()
     # Set on the job `submit()` returns when a live job already held its unique_key.
     duplicate = False
+    # Set on the job a submission answers: it joined a debounced job (jobs.flow.debounce),
+    # or its key was busy and its key_strategy skipped it (jobs.flow.strategies).
+    debounced = False
+    skipped = False
 
     class Meta:
         db_table = "jobs_job"
@@ -448,6 +452,13 @@ class Queue(models.Model):
         blank=True,
         help_text="Most jobs with one concurrency key processing at once across all workers.",
     )
+    key_rate_limit = models.IntegerField(
+        null=True,
+        blank=True,
+        help_text="Most starts of one concurrency key per key rate period (throttle: the "
+        "others wait).",
+    )
+    key_rate_period = models.IntegerField(null=True, blank=True, help_text="Seconds.")
     rate_starts = ArrayField(models.DateTimeField(), default=list, blank=True)
     declared = models.JSONField(default=dict, blank=True)
     updated_at = models.DateTimeField(db_default=Now())
@@ -481,6 +492,18 @@ class Queue(models.Model):
                 name="queue_key_concurrency_positive",
                 condition=Q(key_concurrency__isnull=True) | Q(key_concurrency__gte=1),
             ),
+            models.CheckConstraint(
+                name="queue_key_rate_complete",
+                condition=Q(key_rate_limit__isnull=True, key_rate_period__isnull=True)
+                | Q(
+                    key_rate_limit__isnull=False,
+                    key_rate_period__isnull=False,
+                    key_rate_limit__gte=1,
+                    key_rate_limit__lte=1000,
+                    key_rate_period__gte=1,
+                    key_rate_period__lte=86400,
+                ),
+            ),
         ]
 
     def __str__(self) -> str:
@@ -489,7 +512,59 @@ class Queue(models.Model):
     @property
     def limited(self) -> bool:
         """Claims need the queue's lock: a cap or a rate to count against."""
-        return self.concurrency is not None or self.rate_limit is not None
+        return (
+            self.concurrency is not None
+            or self.rate_limit is not None
+            or self.key_concurrency is not None
+            or self.key_rate_limit is not None
+        )
+
+
+# --- flow control per key (jobs.flow, docs/queue-controls.md) ----------------------
+
+
+class KeyHit(models.Model):
+    """One start (`scope` "start": a queue's `key_rate`) or one accepted submission
+    (`scope` "submit": a submission's `rate_limit`) of a concurrency key, at the
+    database's time. Written in the transaction of the claim or submission it counts,
+    so a rollback uncounts it; rows older than their window are pruned as they go."""
+
+    scope = models.CharField(max_length=10)
+    queue = models.CharField(max_length=100)
+    client_key = models.BigIntegerField(help_text="The client's id; 0 for jobs from code.")
+    key = models.CharField(max_length=200)
+    at = models.DateTimeField()
+
+    class Meta:
+        db_table = "jobs_keyhit"
+        indexes = [
+            models.Index(
+                name="keyhit_window_idx", fields=["scope", "queue", "client_key", "key", "at"]
+            ),
+            models.Index(name="keyhit_prune_idx", fields=["scope", "queue", "at"]),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.scope} {self.queue}/{self.client_key}/{self.key} at {self.at}"
+
+
+class Debounce(models.Model):
+    """The job a debounce key gathers submissions into while it has not started:
+    its row is the lock concurrent submissions of the key take in turn."""
+
+    client_key = models.BigIntegerField(help_text="The client's id; 0 for jobs from code.")
+    key = models.CharField(max_length=200)
+    job_id = models.BigIntegerField(null=True, blank=True)
+    first_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "jobs_debounce"
+        constraints = [
+            models.UniqueConstraint(name="debounce_key_unique", fields=["client_key", "key"])
+        ]
+
+    def __str__(self) -> str:
+        return f"debounce {self.client_key}/{self.key} → job {self.job_id}"
 
 
 class CatchUp(models.TextChoices):

@@ -297,14 +297,17 @@ class QueueControl:
     weight: float | None
     fair: bool = False
     key_concurrency: int | None = None
+    key_rate_limit: int | None = None
+    key_rate_period: int | None = None
 
     @property
     def limited(self) -> bool:
-        """Claimed under the queue's row lock (a cap, a rate or a per-key cap)."""
+        """Claimed under the queue's row lock (a cap, a rate, a per-key cap or rate)."""
         return (
             self.concurrency is not None
             or self.rate_limit is not None
             or self.key_concurrency is not None
+            or self.key_rate_limit is not None
         )
 
 
@@ -316,7 +319,7 @@ def queue_controls() -> dict[str, QueueControl]:
     """Every jobs_queue row (a handful: one per declared queue), by name."""
     fields = (
         "name", "paused", "concurrency", "rate_limit", "rate_period", "weight", "fair",
-        "key_concurrency",
+        "key_concurrency", "key_rate_limit", "key_rate_period",
     )  # fmt: skip
     return {r[0]: QueueControl(*r) for r in Queue.objects.values_list(*fields)}
 
@@ -328,7 +331,7 @@ QUEUE_STATE_SQL = f"""
 SELECT q.name, q.paused, q.concurrency, q.rate_limit, q.rate_period,
        (SELECT count(*) FROM unnest(q.rate_starts) s
          WHERE s > now() - q.rate_period * interval '1 second'),
-       coalesce(p.n, 0)
+       coalesce(p.n, 0), q.fair, q.key_concurrency, q.key_rate_limit, q.key_rate_period
 FROM {Queue._meta.db_table} q
 LEFT JOIN (SELECT queue, count(*) AS n FROM {T} WHERE status = '{Status.PROCESSING}'
            GROUP BY queue) p ON p.queue = q.name
@@ -346,6 +349,10 @@ class QueueState:
     rate_period: int | None
     recent_starts: int
     processing: int
+    fair: bool = False
+    key_concurrency: int | None = None
+    key_rate_limit: int | None = None
+    key_rate_period: int | None = None
 
     @property
     def rate_tokens(self) -> int | None:

@@ -32,6 +32,7 @@ from jobs.exceptions import (
     IdempotencyConflict,
     WorkflowIdempotencyConflict,
 )
+from jobs.flow import keyrate
 from jobs.lifecycle import (
     BLOCKED_RUN_AT,
     CANCELLED,
@@ -604,7 +605,10 @@ FROM u ORDER BY priority DESC, run_at, id
 QT = Queue._meta.db_table
 # An open queue: no row in jobs_queue says paused or limited. Uncorrelated, so one
 # primary-key probe per statement (an InitPlan), evaluated before any job row is read.
-_LIMITED = "q.concurrency IS NOT NULL OR q.rate_limit IS NOT NULL OR q.key_concurrency IS NOT NULL"
+_LIMITED = (
+    "q.concurrency IS NOT NULL OR q.rate_limit IS NOT NULL OR q.key_concurrency IS NOT NULL"
+    " OR q.key_rate_limit IS NOT NULL"
+)
 _CONTROLLED = f"(q.paused OR q.fair OR {_LIMITED})"
 _QUEUE_OPEN = f"NOT EXISTS (SELECT FROM {QT} q WHERE q.name = %(queue)s AND {_CONTROLLED})"
 
@@ -769,12 +773,12 @@ _KEYED = f"""
   FROM c
 ), picked AS (
   SELECT id, k, ord FROM keyed
-  WHERE key IS NULL OR nth + (
+  WHERE key IS NULL OR ((%(key_cap)s::int IS NULL OR nth + (
     SELECT count(*) FROM {T} x
     WHERE x.status = '{Status.PROCESSING}' AND x.queue = %(queue)s
       AND x.concurrency_key = keyed.key
       AND x.client_id IS NOT DISTINCT FROM nullif(keyed.k, 0)
-  ) <= %(key_cap)s
+  ) <= %(key_cap)s::int){keyrate.PICK_SQL})
 )"""
 
 
@@ -867,24 +871,35 @@ def _claim_in_turns_under_queue_lock(
     key_cap: int | None,
     after: int,
     start: int | None,
-) -> tuple[list[tuple], bool]:
+    key_rate: tuple[int, int] | None = None,
+) -> tuple[list[tuple], float | None]:
     """The claim of a fair or keyed queue, inside claim_limited_under_queue_lock's
-    transaction. Returns the rows and whether a key at its cap held jobs back.
+    transaction. Returns the rows and, when keys at their cap or rate held jobs back,
+    the seconds until one may start again (else None).
 
     Under the queue's lock no other claim of the queue runs, so the processing rows
-    counted per key stay counted until this transaction commits. A batch that keys
-    at their cap cut short is claimed again, the full keys skipped, so the jobs of
-    other keys behind a full key's backlog still start.
+    and starts (jobs.flow.keyrate) counted per key stay counted until this
+    transaction commits. A batch that keys at their cap or rate cut short is claimed
+    again, the full keys skipped, so the jobs of other keys behind a full key's
+    backlog still start.
     """
-    sql = _CLAIM_TURNS_SQL[(fair, key_cap is not None)]
+    sql = _CLAIM_TURNS_SQL[(fair, key_cap is not None or key_rate is not None)]
     _rows(_GENERIC_PLAN_SQL, [])
     params: dict[str, Any] = {
         "queue": queue, "after": after, "worker": worker_id,
         "actor": worker_actor(worker_id), "key_cap": key_cap, "start": start,
+        **keyrate.NO_RATE,
     }  # fmt: skip
-    if key_cap is None:
-        return _hot_rows(sql, {**params, "limit": allowed}), False
-    full = {(r[0], r[1]) for r in _rows(_KEYS_FULL_SQL, params)}
+    if key_cap is None and key_rate is None:
+        return _hot_rows(sql, {**params, "limit": allowed}), None
+
+    def keys_full() -> tuple[set[tuple[int, str]], keyrate.Window | None]:
+        capped = {(r[0], r[1]) for r in _rows(_KEYS_FULL_SQL, params)} if key_cap else set()
+        window = None if key_rate is None else keyrate.start_window(queue, *key_rate)
+        return capped, window
+
+    capped, window = keys_full()
+    full = capped | (window.full if window is not None else set())
     out: list[tuple] = []
     for _ in range(KEYED_ROUNDS):
         want = allowed - len(out)
@@ -894,25 +909,33 @@ def _claim_in_turns_under_queue_lock(
             sql,
             {**params, "limit": want, "full_clients": [k for k, _ in full],
              "full_keys": [key for _, key in full],
-             "start": None if start is None else max(0, start - len(out))},
+             "start": None if start is None else max(0, start - len(out)),
+             **(window.params() if window is not None else {})},
         )  # fmt: skip
+        if window is not None and rows:
+            keyrate.record_starts([r[0] for r in rows], rows[-1][-1])
         out += rows
         if len(rows) == want:
             break
-        # Fewer than asked: either no due row is left, or keys reached their cap.
-        now_full = {(r[0], r[1]) for r in _rows(_KEYS_FULL_SQL, params)}
+        # Fewer than asked: either no due row is left, or keys reached their cap or rate.
+        capped, window = keys_full()
+        now_full = capped | (window.full if window is not None else set())
         if now_full <= full or not rows:
             full = now_full
             break
         full = now_full
-    return out, bool(full) and len(out) < allowed
+    if not full or len(out) >= allowed:
+        return out, None
+    waits = [CAP_RECHECK_SECONDS] if capped else []
+    due = window.next_due() if window is not None else None
+    return out, min([*waits, *([due] if due is not None else [])], default=CAP_RECHECK_SECONDS)
 
 
 # The queue's row lock serialises every claim of a limited queue (and its pause). The
 # statements after it begin once the previous holder committed: they read its claims.
 _QUEUE_LOCK_SQL = (
-    "SELECT paused, concurrency, rate_limit, rate_period, fair, key_concurrency"
-    f" FROM {QT} WHERE name = %s FOR UPDATE"
+    "SELECT paused, concurrency, rate_limit, rate_period, fair, key_concurrency,"
+    f" key_rate_limit, key_rate_period FROM {QT} WHERE name = %s FOR UPDATE"
 )
 _QUEUE_STATE_SQL = f"""
 SELECT statement_timestamp(), rate_starts,
@@ -964,7 +987,7 @@ def claim_limited_under_queue_lock(
         rows = _rows(_QUEUE_LOCK_SQL, [queue])
         if not rows:  # no controls row (not synced yet): an open queue
             return Gated(claim_next(worker_id, [queue], limit, start=start))
-        paused, cap, rate, period, fair, key_cap = rows[0]
+        paused, cap, rate, period, fair, key_cap, key_rate, key_period = rows[0]
         if paused:
             return Gated([], float("inf"))
         now, starts, running = _rows(_QUEUE_STATE_SQL, {"queue": queue})[0]
@@ -984,12 +1007,13 @@ def claim_limited_under_queue_lock(
         if allowed <= 0:
             return Gated([], blocked_for)
         last_client = after
-        if fair or key_cap is not None:
-            rows, keys_full = _claim_in_turns_under_queue_lock(
-                worker_id, queue, allowed, fair=fair, key_cap=key_cap, after=after, start=start
-            )
-            if keys_full:
-                blocked_for = max(blocked_for or 0.0, CAP_RECHECK_SECONDS)
+        if fair or key_cap is not None or key_rate is not None:
+            rows, keys_wait = _claim_in_turns_under_queue_lock(
+                worker_id, queue, allowed, fair=fair, key_cap=key_cap, after=after,
+                start=start, key_rate=None if key_rate is None else (key_rate, key_period),
+            )  # fmt: skip
+            if keys_wait is not None:
+                blocked_for = max(blocked_for or 0.0, keys_wait)
             last_client = rows[-1][_TURN_CLIENT] if fair and rows else after
         else:
             rows = _hot_rows(
@@ -1676,22 +1700,25 @@ def revoke(job_ids: Sequence[int], actor: str) -> list[int]:
 
 
 _CANCEL_SQL = f"""
-UPDATE {T} j SET status = '{Status.FAILED}', error = '{CANCELLED}', finished_at = now(),
+UPDATE {T} j SET status = '{Status.FAILED}', error = %(error)s, finished_at = now(),
        result = NULL, updated_by = %(actor)s
 WHERE id = ANY(%(ids)s) AND {lifecycle.CANCEL.where()}
       {{client_clause}}
 RETURNING {_FINISH_RETURNING}"""
 
 
-def cancel(job_ids: Sequence[int], actor: str, client_id: int | None = None) -> list[int]:
-    """queued / enqueue_failed → failed with error "cancelled": only jobs not started.
+def cancel(
+    job_ids: Sequence[int], actor: str, client_id: int | None = None, error: str = CANCELLED
+) -> list[int]:
+    """queued / enqueue_failed → failed with error "cancelled" (or `error`, which
+    says why the job never ran): only jobs not started.
 
     With `client_id`, only that client's jobs are touched.
     """
     client_clause = "AND client_id = %(client)s" if client_id is not None else ""
     rows = _rows(
         _CANCEL_SQL.replace("{client_clause}", client_clause),
-        {"actor": actor, "ids": list(job_ids), "client": client_id},
+        {"actor": actor, "ids": list(job_ids), "client": client_id, "error": error},
     )
     if actor_role(actor) == Role.STAFF:
         _count_on_commit(metrics.STAFF_ACTIONS.labels("cancel"), len(rows))

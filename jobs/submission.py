@@ -44,6 +44,8 @@ from jobs.exceptions import (  # noqa: F401  (re-exported: jobs.submission.Queue
     UnknownQueue,
     UnknownTask,
 )
+from jobs.flow import pipeline as flow
+from jobs.flow import rules as flow_rules
 from jobs.lifecycle import Status
 from jobs.logconfig import job_log_fields
 from jobs.models import PRIORITY_MAX, PRIORITY_MIN, Client, Job
@@ -333,6 +335,7 @@ def submit(
     concurrency_key: str | None = None,
     timeout: float | None = None,
     sequence_key: str | None = None,
+    **flow_fields: Any,
 ) -> tuple[Job, bool]:
     """Validate and enqueue a job inside the caller's transaction.
 
@@ -346,7 +349,8 @@ def submit(
     InvalidSubmission, PayloadTooLarge or QueueFull and writes nothing when the
     submission is refused. The Redis push runs when the caller's transaction
     commits; if it fails the job is parked as enqueue_failed (the reaper
-    repairs it), never lost.
+    repairs it), never lost. `flow_fields`: debounce_key, debounce_seconds,
+    debounce_max_wait, key_strategy, rate_limit (jobs.flow, docs/queue-controls.md).
     """
     metric_queue = _metric_queue(queue)
     try:
@@ -363,6 +367,7 @@ def submit(
             concurrency_key=concurrency_key,
             timeout=timeout,
             sequence_key=sequence_key,
+            flow_fields=flow_fields,
         )
     except SubmissionError as exc:
         metrics.SUBMISSIONS_REJECTED.labels(metric_queue, exc.code).inc()
@@ -384,7 +389,11 @@ def _submit(
     concurrency_key: str | None = None,
     timeout: float | None = None,
     sequence_key: str | None = None,
+    flow_fields: dict[str, Any] | None = None,
 ) -> tuple[Job, bool]:
+    unknown = sorted(set(flow_fields or {}) - set(flow_rules.FIELDS))
+    if unknown:
+        raise TypeError(f"submit() got unexpected keyword argument(s) {', '.join(unknown)}")
     run_at, max_retries, digest, payload_json, timeout = _validate(
         task,
         payload,
@@ -399,24 +408,24 @@ def _submit(
         sequence_key,
         for_client=client is not None,
     )
-    return submit_checked(
-        {
-            "task": task,
-            "payload": payload,
-            "queue": queue,
-            "priority": priority,
-            "run_at": run_at,
-            "max_retries": max_retries,
-            "idempotency_key": idempotency_key,
-            "request_hash": digest,
-            "payload_json": payload_json,
-            "unique_key": unique_key,
-            "concurrency_key": concurrency_key,
-            "timeout": timeout,
-            "sequence_key": sequence_key,
-        },
-        client,
-    )
+    item = {
+        "task": task,
+        "payload": payload,
+        "queue": queue,
+        "priority": priority,
+        "run_at": run_at,
+        "max_retries": max_retries,
+        "idempotency_key": idempotency_key,
+        "request_hash": digest,
+        "payload_json": payload_json,
+        "unique_key": unique_key,
+        "concurrency_key": concurrency_key,
+        "timeout": timeout,
+        "sequence_key": sequence_key,
+        **(flow_fields or {}),
+    }
+    flow_rules.check(item)
+    return submit_checked(item, client)
 
 
 def submit_checked(item: dict[str, Any], client: Client | None) -> tuple[Job, bool]:
@@ -442,25 +451,39 @@ def submit_checked(item: dict[str, Any], client: Client | None) -> tuple[Job, bo
         if existing.request_hash != digest:
             raise IdempotencyConflict(existing) from None
         return existing, False
+    actor = f"client:{client.name}" if client is not None else "app"
     with hooks.sending(queue, task) as sent:  # the producer span (jobs.observability)
-        job, created = services.submit(
-            task,
-            payload,
-            queue=queue,
-            priority=item["priority"],
-            run_at=item["run_at"],
-            max_retries=item["max_retries"],
-            client_id=client.pk if client is not None else None,
-            idempotency_key=idempotency_key,
-            request_hash=digest,
-            actor=f"client:{client.name}" if client is not None else "app",
-            payload_json=item["payload_json"],
-            unique_key=item.get("unique_key"),
-            concurrency_key=item.get("concurrency_key"),
-            timeout=item.get("timeout"),
-            trace_context=sent.context,
-            sequence_key=item.get("sequence_key"),
-        )
+
+        def insert(run_at: datetime | None = None) -> tuple[Job, bool]:
+            return services.submit(
+                task,
+                payload,
+                queue=queue,
+                priority=item["priority"],
+                run_at=item["run_at"] if run_at is None else run_at,
+                max_retries=item["max_retries"],
+                client_id=client.pk if client is not None else None,
+                idempotency_key=idempotency_key,
+                request_hash=digest,
+                actor=actor,
+                payload_json=item["payload_json"],
+                unique_key=item.get("unique_key"),
+                concurrency_key=item.get("concurrency_key"),
+                timeout=item.get("timeout"),
+                trace_context=sent.context,
+                sequence_key=item.get("sequence_key"),
+            )
+
+        if flow_rules.wanted(item):  # debounce, a key's rate or strategy: jobs.flow
+            job, created = flow.submit(
+                item,
+                client.pk if client is not None else 0,
+                actor,
+                insert,
+                lambda: _existing(client, idempotency_key) is not None,
+            )
+        else:
+            job, created = insert()
         sent.job(job.pk)
     if created:
         _count_accepted(queue, 1, client.pk if client is not None else None)
@@ -640,7 +663,7 @@ def _existing(client: Client | None, idempotency_key: str | None) -> Job | None:
 # --- requests as JSON (both API endpoints) -------------------------------------------
 
 JOB_FIELDS = ("task", "payload", "queue", "priority", "run_at", "max_retries", "timeout")
-REQUEST_FIELDS = (*JOB_FIELDS, "unique_key", "concurrency_key", "sequence_key")
+REQUEST_FIELDS = (*JOB_FIELDS, "unique_key", "concurrency_key", "sequence_key", *flow_rules.FIELDS)
 # Unique keys: single submissions only.
 BATCH_FIELDS = (*JOB_FIELDS, "idempotency_key", "concurrency_key", "sequence_key")
 
@@ -693,6 +716,9 @@ def _request_item(
             item["payload_json"],
             item["timeout"],
         ) = _validate(**item, for_client=for_client)
+        if allowed is REQUEST_FIELDS:
+            item |= {name: raw.get(name) for name in flow_rules.FIELDS}
+            flow_rules.check(item)
     except SubmissionError as exc:
         errors.append(exc)
     return ({}, errors) if errors else (item, [])

@@ -60,6 +60,8 @@ LAYERS: list[tuple[str, list[str]]] = [
     # Caches of model rows that the writes keep honest (the API clients by token hash).
     # jobs.waiting: one Redis subscription per process wakes the callers waiting on a job.
     ("model caches", ["jobs.clientcache", "jobs.waiting"]),
+    # Rates per concurrency key counted in jobs_keyhit: the claim's and the submission's.
+    ("per-key rates", ["jobs.flow.keyrate", "jobs.flow.rules"]),
     # Every write (one fenced compare-and-set each) and every read.
     # jobs.partitions: partitions ahead and the mover (D163), the reaper's.
     ("services and selectors", ["jobs.services", "jobs.selectors", "jobs.partitions"]),
@@ -73,6 +75,9 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("archive tables", ["jobs.archive.tables"]),
     # A schedule's slots: the scheduler_runs row and the job it makes, in one statement.
     ("schedule firing", ["jobs.schedules.firing"]),
+    # Flow control at submission: debounce, and what a new job does when its key is busy.
+    ("flow control at submission", ["jobs.flow.debounce", "jobs.flow.strategies"]),
+    ("flow pipeline", ["jobs.flow.pipeline"]),
     # Queue controls: the Queue rows synced from JOBS_QUEUES and a worker's view of them.
     # jobs.events: publish()/@subscriber; the Redis stream; the Kafka sink; endpoints'
     # slots and circuit breakers. jobs.starts: a worker's started marks (prefetched

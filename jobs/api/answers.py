@@ -73,4 +73,6 @@ def submitted(job: Job) -> dict[str, Any]:
         "fire_time": _when(job.fire_time, tz),
         "wait_reason": selectors.wait_reason(job),
         "duplicate": job.duplicate,
+        "debounced": job.debounced,
+        "skipped": job.skipped,
     }

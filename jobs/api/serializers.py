@@ -9,6 +9,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from jobs import queues, selectors, services, submission
+from jobs.flow import rules as flow_rules
 from jobs.lifecycle import STATUSES, Status
 from jobs.models import PRIORITY_MAX, PRIORITY_MIN, Job, JobEvent, Schedule
 from jobs.selectors import progress_of
@@ -31,6 +32,15 @@ class WaitReasonField(serializers.CharField):
 
     def to_representation(self, job: Job) -> str | None:
         return selectors.wait_reason(job)
+
+
+class KeyRateSerializer(serializers.Serializer):
+    """A rate per concurrency key: `limit` events in any window of `period` seconds."""
+
+    limit = serializers.IntegerField(min_value=1, max_value=queues.KEY_RATE_LIMIT_MAX)
+    period = serializers.IntegerField(
+        min_value=1, max_value=queues.KEY_RATE_PERIOD_MAX, help_text="Whole seconds."
+    )
 
 
 class JobSubmitSerializer(serializers.Serializer):
@@ -93,13 +103,60 @@ class JobSubmitSerializer(serializers.Serializer):
         "were submitted, across all workers; a job that fails halts the sequence (later "
         "ones wait with `wait_reason: sequence_halted`) until staff resume or skip it."
     )
+    # Flow control per key (jobs.flow, docs/queue-controls.md): single submissions only.
+    debounce_key = _key_field(
+        "Per client. Submissions with this key gather into one job that runs "
+        "`debounce_seconds` after the last of them, with the last payload; each is "
+        "answered with that job (200, `debounced: true`, once it exists). Not with "
+        "`run_at`, `unique_key` or an Idempotency-Key."
+    )
+    debounce_seconds = serializers.FloatField(
+        required=False,
+        allow_null=True,
+        default=None,
+        min_value=0,
+        max_value=flow_rules.DEBOUNCE_SECONDS_MAX,
+        help_text="Seconds (> 0) after the last submission of the `debounce_key` the job runs.",
+    )
+    debounce_max_wait = serializers.FloatField(
+        required=False,
+        allow_null=True,
+        default=None,
+        min_value=0,
+        max_value=flow_rules.DEBOUNCE_MAX_WAIT_MAX,
+        help_text="Seconds after the first submission the job runs at the latest, however "
+        "many follow (at least `debounce_seconds`).",
+    )
+    key_strategy = serializers.ChoiceField(
+        choices=flow_rules.STRATEGIES,
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="When the `concurrency_key` has a live job: `queue` (wait, the default), "
+        "`cancel_running` (stop the key's running job cooperatively and cancel its queued "
+        "ones; this one runs) or `skip_new` (this job ends at once, failed with a `skipped:` "
+        "error; answered with `skipped: true`).",
+    )
+    rate_limit = KeyRateSerializer(
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="Past `limit` accepted submissions of the `concurrency_key` in the last "
+        "`period` seconds, this one is refused: 429 `rate_limited` with Retry-After (the "
+        "seconds until one fits). Idempotent replays are answered, never counted.",
+    )
 
 
 class BatchItemSerializer(JobSubmitSerializer):
     """One job of a batch: the single body, with its own idempotency key (unique keys
-    are for single submissions)."""
+    and flow control are for single submissions)."""
 
     unique_key = None
+    debounce_key = None
+    debounce_seconds = None
+    debounce_max_wait = None
+    key_strategy = None
+    rate_limit = None
 
     idempotency_key = _key_field(
         "Per client, like the Idempotency-Key header of a single submission."
@@ -246,13 +303,28 @@ class SubmittedJobSerializer(JobSerializer):
     duplicate = serializers.SerializerMethodField(
         help_text="True: a live job of yours already held this `unique_key`; this is it."
     )
+    debounced = serializers.SerializerMethodField(
+        help_text="True: this submission joined the waiting job of its `debounce_key`."
+    )
+    skipped = serializers.SerializerMethodField(
+        help_text="True: the `concurrency_key` was busy and `key_strategy: skip_new` ended "
+        "this job at once."
+    )
 
     @extend_schema_field(OpenApiTypes.BOOL)
     def get_duplicate(self, job: Job) -> bool:
         return job.duplicate
 
+    @extend_schema_field(OpenApiTypes.BOOL)
+    def get_debounced(self, job: Job) -> bool:
+        return job.debounced
+
+    @extend_schema_field(OpenApiTypes.BOOL)
+    def get_skipped(self, job: Job) -> bool:
+        return job.skipped
+
     class Meta(JobSerializer.Meta):
-        fields = [*JobSerializer.Meta.fields, "duplicate"]
+        fields = [*JobSerializer.Meta.fields, "duplicate", "debounced", "skipped"]
         read_only_fields = fields
 
     _bound_fields = None

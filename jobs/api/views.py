@@ -190,8 +190,9 @@ def wait_seconds(raw: str | None) -> float:
 
 def as_stored(job: Job) -> Job:
     """A new job as its row now reads: one that is not queued had its push fail and was
-    parked (enqueue_failed) after the object was made, so it is read again."""
-    return job if job.status == Status.QUEUED else Job.objects.get(pk=job.pk)
+    parked (enqueue_failed) after the object was made, so it is read again. A job its
+    key_strategy skipped was read after it ended (jobs.flow.strategies)."""
+    return job if job.status == Status.QUEUED or job.skipped else Job.objects.get(pk=job.pk)
 
 
 def job_location(pk: int) -> str:

@@ -41,6 +41,8 @@ JOB_FIELDS = {
     "schedule",
     "fire_time",
     "duplicate",
+    "debounced",
+    "skipped",
     "wait_reason",
 }
 
