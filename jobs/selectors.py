@@ -621,6 +621,16 @@ def job_history(job_id: int) -> dict[str, int]:
     return {"steps": int(steps), "waits": int(waits), "bytes": int(size)}
 
 
+def open_wait_is_old(job: Job) -> bool:
+    """A job parked on a signal wait without a timeout, created longer than
+    JOBS_OPEN_WAIT_WARN_AGE ago (the database clock)."""
+    if job.status != Status.QUEUED or job.wait_reason != WaitReason.SIGNAL:
+        return False
+    if job.run_at is None or job.run_at.year < 9999:  # a timeout: a timer, not an open wait
+        return False
+    return job.created_at < db_now() - timedelta(seconds=float(settings.JOBS_OPEN_WAIT_WARN_AGE))
+
+
 IN_WORKFLOW_SQL = "SELECT EXISTS (SELECT 1 FROM jobs_workflownode WHERE job_id = %s)"
 
 

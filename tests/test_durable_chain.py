@@ -200,3 +200,29 @@ def test_the_order_check_can_be_turned_off_by_the_handler():
     ctx = durable.context(lease)
     ctx.check_replay = False
     assert ctx.step("s2", lambda: 0) == 2
+
+
+def test_the_history_gauges_read_the_largest_live_history_and_old_open_waits(settings):
+    from jobs.collectors import DurableHistoryCollector
+    from jobs.lifecycle import BLOCKED_RUN_AT, WaitReason
+
+    big, _ = services.submit("echo", {})
+    small, _ = services.submit("echo", {})
+    for job, n in ((big, 3), (small, 1)):
+        lease = services.claim("w-g", job.pk)
+        for i in range(n):
+            assert services.checkpoint_step(lease, f"s{i}", '"x"')
+        services.suspend(lease, reason=WaitReason.SIGNAL, key="k", until=BLOCKED_RUN_AT,
+                         checkpoint="~wait:k")  # fmt: skip
+
+    def read() -> dict[str, float]:
+        collector = DurableHistoryCollector(cache_seconds=0)
+        return {f.name: f.samples[0].value for f in collector.collect()}
+
+    gauges = read()
+    assert gauges["jobs_durable_history_steps_max"] == 4  # 3 steps and the wait
+    assert gauges["jobs_durable_history_bytes_max"] > 0
+    assert gauges["jobs_durable_history_limit"] == settings.JOBS_MAX_STEPS
+    assert gauges["jobs_durable_open_waits"] == 0
+    Job.objects.filter(pk=small.pk).update(created_at="2000-01-01T00:00:00Z")
+    assert read()["jobs_durable_open_waits"] == 1

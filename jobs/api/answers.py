@@ -70,5 +70,9 @@ def submitted(job: Job) -> dict[str, Any]:
         "schedule": job.schedule_id,
         "fire_time": _when(job.fire_time, tz),
         "wait_reason": selectors.wait_reason(job),
+        "chain_id": job.chain_id,
+        "run_number": job.run_number or 1,
+        "previous_run_ids": job.previous_run_ids,
+        "next_run_id": job.next_run_id,
         "duplicate": job.duplicate,
     }

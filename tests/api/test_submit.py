@@ -40,6 +40,10 @@ JOB_FIELDS = {
     "fire_time",
     "duplicate",
     "wait_reason",
+    "chain_id",
+    "run_number",
+    "previous_run_ids",
+    "next_run_id",
 }
 
 
