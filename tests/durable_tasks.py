@@ -92,10 +92,11 @@ def signal_after_step(payload: dict, ctx: Any) -> Any:
     return ctx.wait_for_signal("go", timeout=30)
 
 
-def _log_step(directory: str, i: int) -> int:
-    """One line per run of iteration i's step, in one append-only file."""
+def _log_step(directory: str, i: int, job_id: int, lease_version: int) -> int:
+    """One line per run of iteration i's step ("i job lease"), in one append-only file:
+    a run under a later lease than the committed one would be a committed step run twice."""
     with (Path(directory) / "loop-steps").open("a") as f:
-        f.write(f"{i}\n")
+        f.write(f"{i} {job_id} {lease_version}\n")
     return i
 
 
@@ -105,7 +106,7 @@ def loop(payload: dict, ctx: Any) -> dict:
     continue-as-new every payload["every"] iterations, carrying the count forward."""
     start = i = payload.get("i", 0)
     while i < payload["total"]:
-        ctx.step(f"it-{i}", _log_step, payload["dir"], i)
+        ctx.step(f"it-{i}", _log_step, payload["dir"], i, ctx.job_id, ctx.lease_version)
         ctx.sleep(payload.get("sleep", 0))
         i += 1
         if i - start >= payload["every"] and i < payload["total"]:
