@@ -75,6 +75,7 @@ def make_request(kind: str, seq: int, rng: random.Random, profile: Profile, tag:
         "idempotent_replay": {"task": "echo", "payload": {"n": seq}},
         "steps": {"task": "chaos.steps", "payload": {"steps": 4, "seconds": brief / 2}},
         "nap": {"task": "chaos.nap", "payload": {"seconds": round(rng.uniform(0.5, 2), 2)}},
+        "chain": {"task": "chaos.chain", "payload": {"per_run": 3, "runs": 3}, "max_retries": 5},
     }
     if kind == "workflow":  # a diamond: a → (b, c) → d; b may fail for good
         steps = [

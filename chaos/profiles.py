@@ -42,6 +42,7 @@ DEFAULT_MIX: tuple[tuple[float, str], ...] = (
     (4, "steps"),  # chaos.steps: checkpointed steps (jobs.durable) under kills and freezes
     (2, "workflow"),  # a 4-job diamond workflow (POST /workflows/), either on_failure
     (2, "nap"),  # chaos.nap: a durable sleep parks the job between two steps
+    (2, "chain"),  # chaos.chain: a durable loop that continues as new (3 runs)
 )
 
 

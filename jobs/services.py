@@ -1818,11 +1818,14 @@ _FENCE_ONE = (
     f" AND j.status = '{Status.PROCESSING}' AND {lifecycle.hot_sql('j')}"
 )
 
-# A checkpoint lands only while the lease holds: the fenced UPDATE (which also
-# extends the lease) and the INSERT are one statement, like a fenced completion.
+# A checkpoint lands only while the lease holds: the fence read FOR SHARE and the
+# INSERT are one statement, like a fenced completion. The share lock holds off every
+# write of the row (a requeue, a revoke) until the step commits, and no row version,
+# trigger call or WAL of the wide job row is written per step (D320); the heartbeat
+# keeps the lease.
 _STEP_SQL = f"""
 WITH f AS (
-  UPDATE {T} j SET heartbeat_at = now() WHERE {_FENCE_ONE} RETURNING j.id, j.lease_version),
+  SELECT j.id, j.lease_version FROM {T} j WHERE {_FENCE_ONE} FOR SHARE),
 ins AS (
   INSERT INTO {_STEP} (job_id, name, result, lease_version, worker_id, created_at)
   SELECT f.id, %(name)s, %(result)s::jsonb, f.lease_version, %(owner)s, statement_timestamp()

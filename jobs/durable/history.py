@@ -34,7 +34,12 @@ class Replay:
 
     def _stored(self) -> dict[str, Any]:
         if self._steps is None:
-            self._steps, self._loaded_at = self._read_steps()
+            if self.lease is not None and self.lease.lease_version == 1:
+                # The run's first lease: no attempt before it could checkpoint (every
+                # checkpoint is fenced by its lease), so there is nothing to read (D320).
+                self._steps, self._loaded_at = {}, None
+            else:
+                self._steps, self._loaded_at = self._read_steps()
             self._order = list(self._steps)
         return self._steps
 
