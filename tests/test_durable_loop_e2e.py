@@ -35,6 +35,7 @@ def _step_table_bytes() -> int:
         return cur.fetchone()[0]
 
 
+@pytest.mark.timeout(int(240 + TOTAL * 0.2))
 def test_a_long_loop_continues_as_new_under_kill_9(stack, tmp_path):
     env = {"JOBS_TASK_MODULES": TASKS, "JOBS_LEASE_SECONDS": "4", "JOBS_PRESENCE_SECONDS": "0.5"}
     payload = {"dir": str(tmp_path), "total": TOTAL, "every": EVERY}
@@ -117,3 +118,23 @@ def test_a_long_loop_continues_as_new_under_kill_9(stack, tmp_path):
     )
     if TOTAL // EVERY >= 10:  # bounded: far below what the whole loop wrote
         assert most_rows < TOTAL
+
+
+def test_a_process_pool_child_continues_as_new_and_the_next_run_gets_the_signal(stack):
+    """continue_as_new and its workflow check go through the child's channel to the
+    parent's connection, as every fenced write of a process-pool attempt does."""
+    env = {"JOBS_TASK_MODULES": TASKS}
+    first, _ = services.submit("durable.chained_signal", {})
+    stack.worker("--pool", "processes", "--concurrency", "1", **env)
+    wait_until(
+        lambda: Job.objects.filter(chain_id=first.pk, run_number=2, wait_reason="signal").exists(),
+        60,
+        "run 2 parked on its signal wait",
+    )
+    from jobs import signals
+
+    assert signals.signal_job(first.pk, "go", {"via": "run 1's id"}) is True
+    second = Job.objects.get(chain_id=first.pk, run_number=2)
+    wait_until(lambda: Job.objects.get(pk=second.pk).status == "done", 60, "run 2 done")
+    assert Job.objects.get(pk=second.pk).result == {"via": "run 1's id"}
+    assert Job.objects.get(pk=first.pk).result == {"continued_as_new": second.pk}
