@@ -138,7 +138,7 @@ DURABLE_LOOP_KILLS ?= 6
 durable-loop: install
 	DURABLE_LOOP_TOTAL=$(DURABLE_LOOP_TOTAL) DURABLE_LOOP_EVERY=$(DURABLE_LOOP_EVERY) \
 	  DURABLE_LOOP_KILLS=$(DURABLE_LOOP_KILLS) $(VENV)/bin/pytest -q -s -p no:cacheprovider \
-	  tests/test_durable_loop_e2e.py
+	  tests/test_durable_loop_e2e.py::test_a_long_loop_continues_as_new_under_kill_9
 ## workflow-linear: create, fail the root of and cancel 1,000-step workflows at the edge cap
 ## (two shapes), database time and rows touched, beside the dependents trigger of 0012.
 WORKFLOW_LINEAR_ARGS ?= --repeat 3 --previous
