@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-12)
 
-.PHONY: run test lint install tools migrate browser chaos chaos-long bench crash-bench webhooks \
+.PHONY: run test lint install tools migrate browser chaos chaos-long bench crash-bench webhooks durable-loop \
 	table-health table-growth fillfactor archive-bench fuzz schedules-long workflow-bench workflow-linear flow-batch \
 	stop-db reset-db clean \
 	fresh-project test-matrix
@@ -130,6 +130,15 @@ WORKFLOW_NODES ?= 1000
 workflow-bench: install
 	WORKFLOW_NODES=$(WORKFLOW_NODES) $(VENV)/bin/pytest -q -s -p no:cacheprovider \
 	  tests/test_workflow_scale_e2e.py
+## durable-loop: the issue-45 durable loop: DURABLE_LOOP_TOTAL iterations (default 10000; `make
+## test` runs 400) continuing as new every DURABLE_LOOP_EVERY (500), with kill -9 of workers.
+DURABLE_LOOP_TOTAL ?= 10000
+DURABLE_LOOP_EVERY ?= 500
+DURABLE_LOOP_KILLS ?= 6
+durable-loop: install
+	DURABLE_LOOP_TOTAL=$(DURABLE_LOOP_TOTAL) DURABLE_LOOP_EVERY=$(DURABLE_LOOP_EVERY) \
+	  DURABLE_LOOP_KILLS=$(DURABLE_LOOP_KILLS) $(VENV)/bin/pytest -q -s -p no:cacheprovider \
+	  tests/test_durable_loop_e2e.py::test_a_long_loop_continues_as_new_under_kill_9
 ## workflow-linear: create, fail the root of and cancel 1,000-step workflows at the edge cap
 ## (two shapes), database time and rows touched, beside the dependents trigger of 0012.
 WORKFLOW_LINEAR_ARGS ?= --repeat 3 --previous

@@ -118,8 +118,8 @@ def overhead(jobs: int, rounds: int) -> dict[str, float]:
 
     out: dict[str, list[float]] = {"with triggers": [], "without": []}
     for _ in range(rounds):
-        for label, sql in (("without", frozen.DROP_FLOW_TRIGGERS_0029),
-                           ("with triggers", frozen.FLOW_TRIGGERS_0029)):  # fmt: skip
+        for label, sql in (("without", frozen.DROP_FLOW_TRIGGERS_0027),
+                           ("with triggers", frozen.FLOW_TRIGGERS_0027)):  # fmt: skip
             with connection.cursor() as cur:
                 cur.execute(sql)
             out[label].append(one())

@@ -470,6 +470,37 @@ def children_after_parents(conn: Any, accepted: Collection[int]) -> list[Violati
     return out
 
 
+def chains_whole(conn: Any, accepted: Collection[int]) -> list[Violation]:
+    """Every durable job that continued as new (issue 45) is one chain: runs numbered
+    1..n without a gap or a double, each continued run done with a link to the next,
+    the links and previous_run_ids agreeing, and only its last run not continued."""
+    name = "chains_whole"
+    out: list[Violation] = []
+    chains: dict[int, list[tuple]] = {}
+    for row in _rows(
+        conn,
+        """SELECT chain_id, id, coalesce(run_number, 1), status, next_run_id, previous_run_ids
+           FROM jobs_job WHERE chain_id IS NOT NULL ORDER BY chain_id, run_number""",
+    ):
+        chains.setdefault(row[0], []).append(row[1:])
+    for chain_id, runs in chains.items():
+        numbers = [r[1] for r in runs]
+        if numbers != list(range(1, len(runs) + 1)) or runs[0][0] != chain_id:
+            out.append(Violation(name, chain_id, f"runs numbered {numbers}: lost or doubled"))
+            continue
+        for before, after in zip(runs, runs[1:], strict=False):
+            if before[2] != Status.DONE or before[3] != after[0]:
+                why = f"run {before[1]} is {before[2]} with next {before[3]}"
+                out.append(Violation(name, before[0], f"{why}, not done linked to {after[0]}"))
+            if (after[4] or [])[-1:] != [before[0]]:
+                out.append(Violation(name, after[0], f"previous_run_ids {after[4]} do not end "
+                                     f"with run {before[0]}"))  # fmt: skip
+        if runs[-1][3] is not None:
+            out.append(Violation(name, runs[-1][0], f"the last run links to {runs[-1][3]}, "
+                                 "which does not exist"))  # fmt: skip
+    return out
+
+
 def partitions_whole(conn: Any, accepted: Collection[int]) -> list[Violation]:
     """Every period table of jobs and history is attached: none left detach pending by an
     interrupted DETACH … CONCURRENTLY (the reaper attaches it again, D214), none detached
@@ -538,6 +569,7 @@ CHECKS: dict[str, Check] = {
     "crash_charges_started": crash_charges_started,
     "steps_under_held_lease": steps_under_held_lease,
     "children_after_parents": children_after_parents,
+    "chains_whole": chains_whole,
     "partitions_whole": partitions_whole,
     "sequences_serial": sequences_serial,
 }

@@ -86,6 +86,7 @@ def make_request(kind: str, seq: int, rng: random.Random, profile: Profile, tag:
                      "concurrency_key": f"{tag}-k{seq % 3}", "key_strategy": "skip_new"},
         "rate_limited": {"task": "echo", "payload": {"n": seq}, "concurrency_key": f"{tag}-r",
                          "rate_limit": {"limit": 3, "period": 1}},
+        "chain": {"task": "chaos.chain", "payload": {"per_run": 3, "runs": 3}, "max_retries": 5},
     }  # fmt: skip
     if kind == "workflow":  # a diamond: a → (b, c) → d; b may fail for good
         steps = [

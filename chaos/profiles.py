@@ -46,6 +46,7 @@ DEFAULT_MIX: tuple[tuple[float, str], ...] = (
     (3, "debounced"),  # demo.record under 7 debounce keys: many submissions, few jobs
     (2, "skip_new"),  # echo on 3 busy keys with key_strategy skip_new
     (1, "rate_limited"),  # echo whose key's rate_limit refuses past 3 a second (429)
+    (2, "chain"),  # chaos.chain: a durable loop that continues as new (3 runs)
 )
 
 

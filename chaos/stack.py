@@ -32,7 +32,7 @@ PREFIX = "chaos:"
 # public in a deployment.
 PUBLIC_TASKS = (
     "echo,sleep,fail,demo.record,demo.flaky,demo.permanent,"
-    "chaos.bad_result,chaos.hang,chaos.exit,chaos.die,chaos.steps,chaos.nap"
+    "chaos.bad_result,chaos.hang,chaos.exit,chaos.die,chaos.steps,chaos.nap,chaos.chain"
 )
 # Variables the harness sets itself; inherited values must not leak into the stack.
 _OWN = ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE", "BIND", "WEB_")

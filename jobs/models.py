@@ -186,6 +186,23 @@ class Job(models.Model):
     # The batch the job belongs to (jobs.flow.batches). No database foreign key, like
     # schedule: adding one would validate every row under lock.
     batch_id = models.BigIntegerField(null=True, blank=True)
+    # Continue-as-new (jobs.durable, D315): each run of a long-lived durable job is a job
+    # of its own; the runs share `chain_id` (the first run's id) and link to each other.
+    chain_id = models.BigIntegerField(
+        null=True, blank=True, help_text="The first run's id, on every run of a chain."
+    )
+    run_number = models.IntegerField(
+        null=True, blank=True, help_text="Its run in the chain (1 when empty)."
+    )
+    previous_run_ids = ArrayField(
+        models.BigIntegerField(),
+        null=True,
+        blank=True,
+        help_text="The ids of the earlier runs, oldest first (the last JOBS_CHAIN_IDS_KEPT).",
+    )
+    next_run_id = models.BigIntegerField(
+        null=True, blank=True, help_text="The run it continued as (it ended done)."
+    )
     # The partition (D155): 'infinity' (pgtypes.HOT) while live and recently finished,
     # then the start of its created_at's period, set by the mover (jobs.partitions).
     period = models.DateField(

@@ -25,11 +25,13 @@ from django.db.models.functions import Now
 from jobs import replica
 from jobs.conf import settings
 from jobs.lifecycle import (
+    BLOCKED_RUN_AT,
     CANCEL,
     CANCELLED,
     NON_TERMINAL,
     TERMINAL,
     Status,
+    WaitReason,
     due_sql,
     hot_sql,
     sql_list,
@@ -471,7 +473,8 @@ def wait_reason(job: Job) -> str | None:
 
 # --- durable jobs and workflows ------------------------------------------------------
 
-JOB_STEPS_SQL = "SELECT name, result, now() FROM jobs_jobstep WHERE job_id = %s"
+# In commit order (a replay checks the code asks for the same steps in the same order).
+JOB_STEPS_SQL = "SELECT name, result, now() FROM jobs_jobstep WHERE job_id = %s ORDER BY id"
 JOB_SIGNAL_SQL = "SELECT payload FROM jobs_jobsignal WHERE job_id = %s AND key = %s"
 PARENT_OUTCOMES_SQL = f"""
 SELECT wn.key, p.status, p.result, p.error
@@ -592,6 +595,62 @@ def waiting_by_reason() -> dict[str, int]:
     """Queued jobs that are not due because they wait (parked, blocked), by reason:
     read through the partial index job_waiting_idx."""
     return dict(_fetch(WAITING_SQL, []))
+
+
+# The largest history of a live durable run, and the parked signal waits with no
+# timeout on runs older than JOBS_OPEN_WAIT_WARN_AGE (D319): one statement per scrape.
+DURABLE_HISTORY_SQL = f"""
+SELECT (SELECT coalesce(max(n), 0) FROM (
+          SELECT count(*) AS n FROM jobs_jobstep s JOIN {T} j ON j.id = s.job_id
+          WHERE j.status IN ('{Status.QUEUED}', '{Status.PROCESSING}') AND {hot_sql("j")}
+          GROUP BY s.job_id) c),
+       (SELECT coalesce(max(b), 0) FROM (
+          SELECT sum(pg_column_size(s.result)) AS b FROM jobs_jobstep s
+          JOIN {T} j ON j.id = s.job_id
+          WHERE j.status IN ('{Status.QUEUED}', '{Status.PROCESSING}') AND {hot_sql("j")}
+          GROUP BY s.job_id) c),
+       (SELECT count(*) FROM {T} j
+        WHERE j.status = '{Status.QUEUED}' AND j.wait_reason = '{WaitReason.SIGNAL}'
+          AND j.run_at >= %(blocked)s AND j.created_at < now() - %(age)s * interval '1 second')"""
+
+
+def durable_history_state() -> tuple[int, int, int]:
+    """(most history rows of a live durable run, most stored bytes of one, signal waits
+    with no timeout on runs older than JOBS_OPEN_WAIT_WARN_AGE)."""
+    params = {"blocked": BLOCKED_RUN_AT, "age": float(settings.JOBS_OPEN_WAIT_WARN_AGE)}
+    steps, size, open_waits = _fetch(DURABLE_HISTORY_SQL, params)[0]
+    return int(steps), int(size), int(open_waits)
+
+
+JOB_HISTORY_SQL = """
+SELECT count(*) FILTER (WHERE left(name, 1) <> '~'),
+       count(*) FILTER (WHERE left(name, 1) = '~'), coalesce(sum(pg_column_size(result)), 0)
+FROM jobs_jobstep WHERE job_id = %s"""
+
+
+def job_history(job_id: int) -> dict[str, int]:
+    """A durable run's stored history: its steps, its waits (and patch markers) and the
+    bytes of their results."""
+    steps, waits, size = _fetch(JOB_HISTORY_SQL, [job_id])[0]
+    return {"steps": int(steps), "waits": int(waits), "bytes": int(size)}
+
+
+def open_wait_is_old(job: Job) -> bool:
+    """A job parked on a signal wait without a timeout, created longer than
+    JOBS_OPEN_WAIT_WARN_AGE ago (the database clock)."""
+    if job.status != Status.QUEUED or job.wait_reason != WaitReason.SIGNAL:
+        return False
+    if job.run_at is None or job.run_at.year < 9999:  # a timeout: a timer, not an open wait
+        return False
+    return job.created_at < db_now() - timedelta(seconds=float(settings.JOBS_OPEN_WAIT_WARN_AGE))
+
+
+IN_WORKFLOW_SQL = "SELECT EXISTS (SELECT 1 FROM jobs_workflownode WHERE job_id = %s)"
+
+
+def in_workflow(job_id: int) -> bool:
+    """Whether the job is a step of a workflow."""
+    return bool(_fetch(IN_WORKFLOW_SQL, [job_id])[0][0])
 
 
 WORKFLOWS_RUNNING_SQL = "SELECT EXISTS (SELECT 1 FROM jobs_workflow WHERE finished_at IS NULL)"

@@ -90,6 +90,13 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("endpoint slots", ["jobs.events.endpoints"]),
     # Schedules held to the submission rules of the jobs they make.
     ("schedule definitions", ["jobs.schedules.define"]),
+    # A durable job's parts (issue 45): what handlers raise; then replay and history,
+    # waits, continue-as-new and the after-end hooks, one concern each; then the
+    # context that mixes them.
+    ("durable errors", ["jobs.durable.errors"]),
+    ("durable parts", ["jobs.durable.history", "jobs.durable.waits", "jobs.durable.chain",
+                       "jobs.durable.hooks"]),
+    ("durable context", ["jobs.durable.context"]),
     # Durable jobs (steps, waits) and workflows: built on the services and the pipeline.
     ("durable jobs and workflows", ["jobs.durable", "jobs.workflows", "jobs.signals",
                                     "jobs.flow.batches"]),

@@ -561,3 +561,14 @@ def test_overlapping_or_reordered_jobs_of_a_sequence_are_reported():
     found = run(checks.sequences_serial)
     assert found and all(v.job_id == ids[2] for v in found)
     assert any("while job" in v.detail for v in found)
+
+
+def test_a_chain_of_runs_from_the_real_services_passes_and_a_lost_run_is_reported():
+    job = JobFactory.create()
+    second = services.continue_as_new(services.claim(A, job.pk), '{"run": 2}')
+    third = services.continue_as_new(services.claim(B, second), '{"run": 3}')
+    assert services.complete([(services.claim(A, third), 1)])
+    assert run(checks.chains_whole) == []
+    raw("UPDATE jobs_job SET run_number = 4 WHERE id = %s", [third])  # the broken build
+    found = run(checks.chains_whole)
+    assert [v.check for v in found] == ["chains_whole"] and "lost or doubled" in found[0].detail

@@ -45,6 +45,7 @@ SKIPPED = {
     "webhooks": "the suite runs its tests at 200 jobs; test_sized_target_runs_suite_tests",
     "schedules-long": "the suite runs its test for 25 s; test_sized_target_runs_suite_tests",
     "workflow-bench": "the suite runs its test at 100 nodes; test_sized_target_runs_suite_tests",
+    "durable-loop": "the suite runs its test at 400 iterations; test_sized_target_runs_suite_tests",
     "fresh-project": "the suite runs its test with this checkout's dependencies; "
     "test_sized_target_runs_suite_tests",
     "test-matrix": ".ci/run runs it after make test; tests/test_packaging.py checks its cells",
@@ -67,6 +68,7 @@ SIZED = {
     "webhooks": "WEBHOOK_JOBS",
     "schedules-long": "SCHEDULE_E2E_SECONDS",
     "workflow-bench": "WORKFLOW_NODES",
+    "durable-loop": "DURABLE_LOOP_TOTAL",
     "fresh-project": "FRESH_PROJECT_FULL",
 }
 # A skipped target whose recipe is exactly what another test runs.

@@ -33,8 +33,8 @@ def _members(batch_id: int) -> list[int]:
 
 
 def test_the_frozen_trigger_sql_is_what_the_module_generates():
-    assert _triggers.FLOW_TRIGGERS_0029 == triggers.triggers_sql()
-    assert _triggers.DROP_FLOW_TRIGGERS_0029 == triggers.drop_triggers_sql()
+    assert _triggers.FLOW_TRIGGERS_0027 == triggers.triggers_sql()
+    assert _triggers.DROP_FLOW_TRIGGERS_0027 == triggers.drop_triggers_sql()
     assert T == "jobs_job"
 
 

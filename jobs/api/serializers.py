@@ -231,6 +231,14 @@ class JobSerializer(serializers.ModelSerializer):
         help_text="The batch this job belongs to (its id, GET /api/v1/batches/<id>/), or null.",
     )
 
+    run_number = serializers.SerializerMethodField(
+        help_text="Its run in a durable job's chain (continue-as-new): 1 for a first run."
+    )
+
+    @extend_schema_field(OpenApiTypes.INT)
+    def get_run_number(self, job: Job) -> int:
+        return job.run_number or 1
+
     @extend_schema_field(ProgressSerializer(allow_null=True))
     def get_progress(self, job: Job) -> dict[str, Any] | None:
         return progress_of(job)
@@ -269,9 +277,22 @@ class JobSerializer(serializers.ModelSerializer):
             "schedule",
             "fire_time",
             "wait_reason",
+            "chain_id",
+            "run_number",
+            "previous_run_ids",
+            "next_run_id",
         ]
         read_only_fields = fields
         extra_kwargs = {
+            "chain_id": {"help_text": "The first run's id once a durable job continued as new."},
+            "previous_run_ids": {
+                "help_text": "The ids of the chain's earlier runs, oldest first (at most "
+                "JOBS_CHAIN_IDS_KEPT); null for a first run."
+            },
+            "next_run_id": {
+                "help_text": "The run this one continued as: it ended done and the job goes "
+                "on there (signals sent here are delivered there)."
+            },
             "schedule": {"help_text": "The schedule that made this job (its id), or null."},
             "fire_time": {"help_text": "The schedule's slot this job was made for, or null."},
         }
@@ -294,6 +315,32 @@ class JobSerializer(serializers.ModelSerializer):
             value = field.get_attribute(instance)
             out[name] = None if value is None else field.to_representation(value)
         return out
+
+
+class HistorySerializer(serializers.Serializer):
+    """A durable run's stored history (JOBS_MAX_STEPS bounds steps + waits)."""
+
+    steps = serializers.IntegerField(help_text="Checkpointed steps (ctx.step).")
+    waits = serializers.IntegerField(help_text="Sleeps, signal waits and patch markers.")
+    bytes = serializers.IntegerField(help_text="Stored bytes of their results.")
+
+
+class JobDetailSerializer(JobSerializer):
+    """One job as GET /jobs/<id>/ answers it: with its durable history's size."""
+
+    history = serializers.SerializerMethodField(
+        help_text="The run's stored durable history: steps, waits and bytes."
+    )
+
+    @extend_schema_field(HistorySerializer)
+    def get_history(self, job: Job) -> dict[str, int]:
+        return selectors.job_history(job.pk)
+
+    _bound_fields = None
+
+    class Meta(JobSerializer.Meta):
+        fields = [*JobSerializer.Meta.fields, "history"]
+        read_only_fields = fields
 
 
 class SubmittedJobSerializer(JobSerializer):

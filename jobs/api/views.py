@@ -31,6 +31,7 @@ from jobs.api.serializers import (
     BatchResultSerializer,
     BatchSubmitSerializer,
     ErrorSerializer,
+    JobDetailSerializer,
     JobEventSerializer,
     JobSerializer,
     JobSubmitSerializer,
@@ -344,18 +345,18 @@ class JobViewSet(APIPolicy, viewsets.GenericViewSet):
                 description="Seconds to wait for the job to end (0 to the server's maximum).",
             )
         ],
-        responses={200: JobSerializer, **_errors(400, 401, 404)},
+        responses={200: JobDetailSerializer, **_errors(400, 401, 404)},
     )
     def retrieve(self, request: Request, pk: int) -> Response:
         wait = wait_seconds(request.query_params.get("wait"))
         job = self.get_object()
         if not wait or job.status in TERMINAL:
-            response = Response(JobSerializer(job).data)
+            response = Response(JobDetailSerializer(job).data)
             if wait:
                 response["Jobs-Wait"] = "ended"
             return response
         if not wait_slots.acquire():
-            response = Response(JobSerializer(job).data)
+            response = Response(JobDetailSerializer(job).data)
             response["Jobs-Wait"] = "busy"
             return response
         try:
@@ -364,7 +365,7 @@ class JobViewSet(APIPolicy, viewsets.GenericViewSet):
             job = self.get_object()
         finally:
             wait_slots.release()
-        response = Response(JobSerializer(job).data)
+        response = Response(JobDetailSerializer(job).data)
         response["Jobs-Wait"] = "ended" if ended or job.status in TERMINAL else "timeout"
         return response
 

@@ -1,6 +1,6 @@
 """The database side of sequences and batches: functions and triggers on jobs_job.
 
-Generated here, installed frozen by migration 0029 (jobs/migrations/_triggers.py;
+Generated here, installed frozen by migration 0027 (jobs/migrations/_triggers.py;
 tests/test_flow_triggers.py holds the two equal). They add to the guard, history and
 workflow triggers; they replace none. Every path that ends or revives a job (the
 worker's fenced writes, the reaper, cancels, staff retries, raw SQL) runs through them,

@@ -9,7 +9,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("jobs", "0029_flow_sequences_batches"),
+        ("jobs", "0027_flow_sequences_batches"),
     ]
 
     operations = [

@@ -831,8 +831,8 @@ CREATE TRIGGER jobs_job_history_update AFTER UPDATE ON jobs_job
 """
 
 
-# Sequences and batches (jobs.flow.triggers), installed by 0029.
-FLOW_TRIGGERS_0029 = """
+# Sequences and batches (jobs.flow.triggers), installed by 0027.
+FLOW_TRIGGERS_0027 = """
 CREATE OR REPLACE FUNCTION jobs_sequence_wake(seq bigint) RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -1038,7 +1038,7 @@ DO $do$ BEGIN
 END $do$;
 """
 
-DROP_FLOW_TRIGGERS_0029 = """
+DROP_FLOW_TRIGGERS_0027 = """
 DROP TRIGGER IF EXISTS jobs_job_flow ON jobs_job;
 DROP TRIGGER IF EXISTS jobs_job_sequence_revive ON jobs_job;
 DROP TRIGGER IF EXISTS jobs_job_sequence_enter ON jobs_job;

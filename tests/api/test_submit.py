@@ -44,6 +44,10 @@ JOB_FIELDS = {
     "debounced",
     "skipped",
     "wait_reason",
+    "chain_id",
+    "run_number",
+    "previous_run_ids",
+    "next_run_id",
 }
 
 

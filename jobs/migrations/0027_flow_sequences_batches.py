@@ -10,7 +10,7 @@ import django.db.models.deletion
 import django.db.models.functions.datetime
 from django.db import migrations, models
 
-from jobs.migrations._triggers import DROP_FLOW_TRIGGERS_0029, FLOW_TRIGGERS_0029
+from jobs.migrations._triggers import DROP_FLOW_TRIGGERS_0027, FLOW_TRIGGERS_0027
 
 
 class Migration(migrations.Migration):
@@ -204,5 +204,5 @@ class Migration(migrations.Migration):
                 fields=("sequence", "position"), name="sequencewait_position_uniq"
             ),
         ),
-        migrations.RunSQL(FLOW_TRIGGERS_0029, DROP_FLOW_TRIGGERS_0029),
+        migrations.RunSQL(FLOW_TRIGGERS_0027, DROP_FLOW_TRIGGERS_0027),
     ]
