@@ -646,11 +646,9 @@ WITH c AS (
 def _leases(rows: list[tuple], worker_id: str) -> list[Lease]:
     leases = []
     per_queue: dict[str, int] = defaultdict(int)
-    loads = json.loads
-    for r in rows:
-        payload = loads(r[3]) if isinstance(r[3], str) else r[3]
+    for r in rows:  # read in binary (_hot_rows): the payload arrives parsed, a string too
         leases.append(
-            Lease(r[0], r[1], worker_id, r[2], payload, r[4], r[5], r[6], r[7], r[8], r[9], r[10])
+            Lease(r[0], r[1], worker_id, r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10])
         )
         per_queue[r[4]] += 1
     for queue, n in per_queue.items():
