@@ -75,6 +75,9 @@ LAYERS: list[tuple[str, list[str]]] = [
     # An endpoint's slots as a delivery process holds them (D240): it shares them out by
     # the live delivery workers (jobs.presence).
     ("endpoint slots", ["jobs.events.endpoints"]),
+    # An endpoint's due deliveries in runs on a slot a delivery holds (D260): claimed,
+    # called and written back a batch at a time.
+    ("endpoint runs", ["jobs.events.batches"]),
     # Schedules held to the submission rules of the jobs they make.
     ("schedule definitions", ["jobs.schedules.define"]),
     # Durable jobs (steps, waits) and workflows: built on the services and the pipeline.

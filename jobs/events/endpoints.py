@@ -25,6 +25,8 @@ import random
 import socket
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import psycopg
@@ -43,6 +45,9 @@ MAX_ENDPOINT_CONCURRENCY = 255
 # endpoint's recent call time × the deliveries ahead of it) is at most this; longer, it
 # parks. So a slow endpoint's deliveries hold no thread, a fast one's never park.
 WAIT_LIMIT = 0.25
+# How long a run of an endpoint's deliveries goes on, at most, once a delivery of its
+# process waits for its slot (jobs.events.batches).
+RUN_HANDOVER = 0.25
 # A slot nobody here used for this long goes back (its advisory lock released).
 LINGER_SECONDS = 0.2
 # Lock sessions kept open for the next slot taken (each costs a connect otherwise).
@@ -148,11 +153,17 @@ class Taken:
     slots: Slots
     given: bool = False
 
+    seconds: float | None = None
+
+    def note(self, seconds: float) -> None:
+        """A call took `seconds`: counted when the slot goes back."""
+        self.seconds = seconds
+
     def give(self, seconds: float | None = None) -> None:
-        """Back after a call that took `seconds` (None: no call)."""
+        """Back after a call that took `seconds` (None: no call, or the one noted)."""
         if not self.given:
             self.given = True
-            self.slots._give(self.slot, seconds)
+            self.slots._give(self.slot, self.seconds if seconds is None else seconds)
 
 
 @dataclass(eq=False)
@@ -162,6 +173,7 @@ class _Endpoint:
     taking: int = 0  # threads trying for one more slot in the database now
     waiters: int = 0
     call_seconds: float = 0.0  # moving average of a call's duration here
+    runs: int = 0  # runs of its due deliveries going on here (jobs.events.batches)
 
 
 class Slots:
@@ -216,7 +228,8 @@ class Slots:
                 if not endpoint.held:
                     return None  # other processes hold every slot
                 expected = endpoint.call_seconds * (endpoint.waiters + 1) / len(endpoint.held)
-                left = until - time.monotonic()
+                # A run hands its slot over to a waiter within RUN_HANDOVER.
+                left = until + (RUN_HANDOVER if endpoint.runs else 0.0) - time.monotonic()
                 if expected > WAIT_LIMIT or left <= 0:
                     return None
                 endpoint.waiters += 1
@@ -224,6 +237,25 @@ class Slots:
                     self._freed.wait(left)
                 finally:
                     endpoint.waiters -= 1
+
+    def waiting(self, webhook_id: int) -> bool:
+        """Whether a delivery of this process waits for one of the endpoint's slots."""
+        with self._lock:
+            endpoint = self._endpoints.get(webhook_id)
+            return endpoint is not None and endpoint.waiters > 0
+
+    @contextmanager
+    def running(self, webhook_id: int) -> Iterator[None]:
+        """A run of the endpoint's deliveries holds one of its slots meanwhile: a
+        delivery that waits for a slot waits RUN_HANDOVER longer before it parks."""
+        with self._lock:
+            endpoint = self._endpoints.setdefault(webhook_id, _Endpoint())
+            endpoint.runs += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                endpoint.runs -= 1
 
     def _use(self, slot: Slot) -> Taken:
         return Taken(slot, self)

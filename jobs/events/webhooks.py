@@ -29,7 +29,7 @@ from django.db import connection
 from jobs import metrics
 from jobs.conf import settings
 from jobs.durable import Suspend
-from jobs.events import circuit, endpoints, signing, ssrf
+from jobs.events import batches, circuit, endpoints, signing, ssrf
 from jobs.events.deadline import Deadline, DeadlineExceeded
 from jobs.lifecycle import Status, WaitReason
 from jobs.tasks import JobContext, PermanentError, RetryableError, task
@@ -212,8 +212,11 @@ def deliver(payload: dict, ctx: JobContext) -> dict:
         verdict = circuit.admit(webhook_id, fence)
         if not verdict.go:
             _park(ctx, webhook_id, verdict.wait, f"circuit {verdict.reason}")
-        return _attempt(ctx, fence, delivery_id, webhook_id, url, addresses[0], salt,
-                        event_id, event_at, body, slot, verdict)  # fmt: skip
+        result = _attempt(ctx, fence, delivery_id, webhook_id, url, addresses[0], salt,
+                          event_id, event_at, body, slot, verdict)  # fmt: skip
+        if not slot.given:  # a fast answer: the endpoint's next deliveries on this slot
+            result["run"] = batches.run(ctx, webhook_id, slot, post, retry_after)
+        return result
     finally:
         slot.give()
 
@@ -254,7 +257,10 @@ def _attempt(ctx: JobContext, fence: dict, delivery_id: int, webhook_id: int, ur
         log.info("webhook %s answered %s: circuit closed", webhook_id, code,
                  extra={"job_id": ctx.job_id, "lease_version": ctx.lease_version,
                         "worker_id": ctx.worker_id})  # fmt: skip
-    slot.give(seconds)
+    if 200 <= code < 300 and batches.worth_running(seconds):
+        slot.note(seconds)  # kept for the endpoint's run (jobs.events.batches)
+    else:
+        slot.give(seconds)
     error = "" if 200 <= code < 300 else head.decode("utf-8", "replace")[:500]
     _execute(_ATTEMPT_SQL, {**fence, "delivery": delivery_id, "code": code, "error": error})
     if 200 <= code < 300:
