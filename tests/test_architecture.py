@@ -72,6 +72,8 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("pipeline and presence", ["jobs.submission", "jobs.presence", "jobs.queuecontrol",
                                "jobs.events", "jobs.events.streams", "jobs.events.kafka",
                                "jobs.events.circuit", "jobs.starts"]),
+    # The webhooks fan-out's write: a batch's delivery rows and their jobs (D262).
+    ("webhook fan-out", ["jobs.events.fanout"]),
     # An endpoint's slots as a delivery process holds them (D240): it shares them out by
     # the live delivery workers (jobs.presence).
     ("endpoint slots", ["jobs.events.endpoints"]),

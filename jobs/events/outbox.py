@@ -39,7 +39,7 @@ from prometheus_client.registry import Collector
 
 from jobs import metrics, selectors, services, submission
 from jobs.conf import settings
-from jobs.events import domain_event_body, kafka, signing
+from jobs.events import domain_event_body, fanout, kafka, signing
 from jobs.events.streams import StreamPublisher
 from jobs.lifecycle import TERMINAL, sql_list
 from jobs.runtime import Backoff
@@ -232,28 +232,6 @@ _WEBHOOKS_SQL = """
 SELECT id, client_id, events, COALESCE(after_event_id, 0)
 FROM jobs_webhook WHERE enabled AND client_id = ANY(%s)
 """
-# Chains (webhook, source job) whose delivery job has not finished: the rest waits.
-_BUSY_SQL = f"""
-SELECT DISTINCT d.webhook_id, d.source_job_id
-FROM jobs_webhookdelivery d JOIN jobs_job j ON j.id = d.job_id
-WHERE (d.webhook_id, d.source_job_id) IN (
-        SELECT * FROM unnest(%s::bigint[], %s::bigint[]))
-  AND j.status NOT IN ({sql_list(TERMINAL)})
-"""
-_INSERT_DELIVERIES_SQL = """
-INSERT INTO jobs_webhookdelivery
-  (webhook_id, event_id, source_job_id, seq, type, body, attempts, last_error, created_at)
-SELECT *, 0, '', now() FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[], %s::int[],
-                                   %s::text[], %s::text[])
-ON CONFLICT (webhook_id, event_id) DO NOTHING
-"""
-# The first waiting delivery of each idle chain, in seq order.
-_NEXT_HELD_SQL = """
-SELECT DISTINCT ON (webhook_id, source_job_id) id FROM jobs_webhookdelivery
-WHERE (webhook_id, source_job_id) IN (SELECT * FROM unnest(%s::bigint[], %s::bigint[]))
-  AND job_id IS NULL
-ORDER BY webhook_id, source_job_id, seq, id
-"""
 # Idle chains whose first waiting delivery has no job: those a full queue held back
 # (D110). The partial index delivery_waiting_idx holds waiting deliveries only.
 _HELD_SQL = f"""
@@ -269,11 +247,6 @@ _ATTACH_SQL = """
 UPDATE jobs_webhookdelivery d SET job_id = u.job_id
 FROM unnest(%s::bigint[], %s::bigint[]) AS u(id, job_id) WHERE d.id = u.id
 """
-
-
-def _pairs(chains) -> list[list[int]]:
-    chains = sorted(chains)
-    return [[c[0] for c in chains], [c[1] for c in chains]]
 
 
 class WebhookFanout:
@@ -299,16 +272,13 @@ class WebhookFanout:
         chains |= {(d[1], d[2]) for d in (e.delivery for e in events) if d is not None}
         if not chains:
             return 0
-        with connection.cursor() as cur:
-            if rows:
-                cur.execute(_INSERT_DELIVERIES_SQL, [list(c) for c in zip(*rows, strict=True)])
-            cur.execute(_BUSY_SQL, _pairs(chains))
-            idle = chains - {tuple(r) for r in cur.fetchall()}
-            ready: list[int] = []
-            if idle:
-                cur.execute(_NEXT_HELD_SQL, _pairs(idle))
-                ready = [r[0] for r in cur.fetchall()]
-            self._release(cur, ready)
+        # The rows, the idle chains' jobs and their attachment: one statement (D262).
+        done = fanout.fan_out(rows, chains, self._room(), "api:outbox")
+        if done.held:
+            self._maybe_held = True
+            transaction.on_commit(lambda: metrics.WEBHOOK_DELIVERIES_HELD.inc(done.held))
+        if done.released:
+            submission.count_accepted({signing.WEBHOOK_QUEUE: done.released})
         return len(rows)
 
     def release_held(self) -> int:
