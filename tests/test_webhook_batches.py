@@ -2,16 +2,19 @@
 on 127.0.0.1: a fast endpoint's due deliveries go out on the slot of the first one, a
 batch a time, each job completed under its own fence; a failure in a run is retried like
 any (Retry-After kept), counted by the circuit and ends the run with the rest released
-unspent; a slow endpoint gets no run."""
+unspent; a slow endpoint gets no run. And the fan-out: a batch's delivery rows and
+their jobs in one statement, one job per chain."""
 
 from __future__ import annotations
 
 import pytest
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 
 from harness.receiver import Recording
 from jobs import services
 from jobs.events import batches, endpoints, signing
-from jobs.events.outbox import Dispatcher, WebhookFanout
+from jobs.events.outbox import HISTORY, Dispatcher, WebhookFanout
 from jobs.events.webhooks import deliver
 from jobs.lifecycle import Status
 from jobs.models import Client, Job, JobEvent, Webhook, WebhookDelivery
@@ -117,3 +120,29 @@ def test_a_slow_answer_gets_no_run(hook, receiver, monkeypatch):
     jobs = deliveries_queued(hook, 3)
     assert all("run" not in attempt(j) for j in jobs)
     assert Job.objects.filter(pk__in=jobs, status=Status.DONE).count() == 3
+
+
+def test_the_fan_out_writes_rows_and_jobs_in_one_statement_one_job_per_chain(hook):
+    Webhook.objects.filter(pk=hook.pk).update(events=["*"])
+    fanout = WebhookFanout()
+    items = [services.NewJob("echo", {"n": i}) for i in range(5)]
+    sources = [s.job_id for s in services.submit_many(items, client_id=hook.client_id)]
+    for job_id in sources:
+        services.complete([(services.claim("w1", job_id), {})])
+    with connection.cursor() as cur:
+        cur.execute(HISTORY.events_sql, [0, 1 << 62, 1000])
+        events = [HISTORY.event(r) for r in cur.fetchall()]
+    with CaptureQueriesContext(connection) as queries, transaction.atomic():
+        assert fanout.handle(events) == 15  # queued, processing, done of five jobs
+    writes = [q["sql"] for q in queries if "INSERT" in q["sql"] or "UPDATE" in q["sql"]]
+    assert len(writes) == 1
+    # Each chain (webhook, job) has a job for its first event only, in seq order.
+    heads = WebhookDelivery.objects.exclude(job_id=None)
+    assert sorted(heads.values_list("source_job_id", "seq")) == [(j, 1) for j in sources]
+    assert WebhookDelivery.objects.filter(job_id=None).count() == 10
+    assert Job.objects.filter(task=signing.DELIVER_TASK, status=Status.QUEUED).count() == 5
+    # The batch again (a dispatcher killed before its cursor moved): nothing new.
+    with transaction.atomic():
+        fanout.handle(events)
+    assert WebhookDelivery.objects.count() == 15
+    assert Job.objects.filter(task=signing.DELIVER_TASK).count() == 5

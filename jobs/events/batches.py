@@ -102,18 +102,40 @@ def run(ctx, webhook_id: int, slot: endpoints.Taken, send: Send,
         while (elapsed := time.monotonic() - started) < RUN_SECONDS and not ctx.stop.is_set():
             if elapsed >= HANDOVER_AFTER and endpoints.SLOTS.waiting(webhook_id):
                 break  # another delivery here waits for the slot: hand it over
-            size = (
-                BATCH
-                if call_seconds <= 0
-                else max(1, min(BATCH, int(BATCH_SECONDS / call_seconds)))
-            )
+            lent, fast = _lent(webhook_id, slot)
+            called += lent
+            if not fast:
+                break
+            size = BATCH if call_seconds <= 0 else int(BATCH_SECONDS / call_seconds)
+            size = max(1, min(BATCH, size))
             n, seconds, go_on = _batch(ctx.worker_id, webhook_id, slot, send, retry_after, size)
             if n:
                 call_seconds = seconds / n
             called += n
-            if not go_on:
-                break
+            if not go_on and (n or not lent):
+                break  # a failure, a slow answer, or nothing left to send
     return called
+
+
+def _lent(webhook_id: int, slot: endpoints.Taken) -> tuple[int, bool]:
+    """Make the calls this process's other deliveries lent the run (each writes its own
+    bookkeeping); (calls made, whether the endpoint stayed fast). After a failure or a
+    slow answer the rest go back uncalled."""
+    made, fast = 0, True
+    for item in endpoints.SLOTS.lent(webhook_id):
+        if fast:
+            began = time.monotonic()
+            try:
+                item.answer = item.call(slot.slot)
+            except BaseException as exc:  # handed to the delivery that lent the call
+                item.error = exc
+            item.seconds = time.monotonic() - began
+            item.called = True
+            made += 1
+            code = item.answer[0] if item.error is None else None
+            fast = code is not None and 200 <= code < 300 and item.seconds <= FAST_SECONDS
+        item.done.set()
+    return made, fast
 
 
 def _batch(worker_id: str, webhook_id: int, slot: endpoints.Taken, send: Send,

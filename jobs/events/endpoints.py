@@ -25,9 +25,10 @@ import random
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import psycopg
 import urllib3
@@ -167,7 +168,21 @@ class Taken:
 
 
 @dataclass(eq=False)
+class Lent:
+    """A delivery's call handed to the run that holds its endpoint's slot in this
+    process: made on the run's slot, its answer (or error) handed back (D261)."""
+
+    call: Callable[[Slot], Any]
+    done: threading.Event = field(default_factory=threading.Event)
+    called: bool = False
+    answer: Any = None
+    error: BaseException | None = None
+    seconds: float = 0.0
+
+
+@dataclass(eq=False)
 class _Endpoint:
+    lent: list[Lent] = field(default_factory=list)
     held: list[Slot] = field(default_factory=list)
     free: list[Slot] = field(default_factory=list)
     taking: int = 0  # threads trying for one more slot in the database now
@@ -246,8 +261,10 @@ class Slots:
 
     @contextmanager
     def running(self, webhook_id: int) -> Iterator[None]:
-        """A run of the endpoint's deliveries holds one of its slots meanwhile: a
-        delivery that waits for a slot waits RUN_HANDOVER longer before it parks."""
+        """A run of the endpoint's deliveries holds one of its slots meanwhile: the
+        process's other deliveries to it lend it their calls, and one that waits for a
+        slot waits RUN_HANDOVER longer before it parks. Calls lent and not taken when
+        the run ends go back uncalled."""
         with self._lock:
             endpoint = self._endpoints.setdefault(webhook_id, _Endpoint())
             endpoint.runs += 1
@@ -256,6 +273,45 @@ class Slots:
         finally:
             with self._lock:
                 endpoint.runs -= 1
+                back = endpoint.lent if not endpoint.runs else []
+                if back:
+                    endpoint.lent = []
+            for item in back:
+                item.done.set()
+
+    def lend(self, webhook_id: int, call: Callable[[Slot], Any], wait: float) -> Lent | None:
+        """Hand `call` to a run of the endpoint going on here, for it to make on its slot;
+        the item once called, or None: no run, or none took it within `wait` seconds (the
+        caller then takes a slot as usual)."""
+        item = Lent(call)
+        with self._lock:
+            endpoint = self._endpoints.get(webhook_id)
+            if endpoint is None or not endpoint.runs:
+                return None
+            endpoint.lent.append(item)
+        if not item.done.wait(wait):
+            with self._lock:
+                if item in endpoint.lent:
+                    endpoint.lent.remove(item)
+                    return None
+            item.done.wait()  # taken: its call ends within its own deadline
+        return item if item.called else None
+
+    def waiting_calls(self, webhook_id: int) -> int:
+        """Calls lent to the endpoint's run and not taken yet."""
+        with self._lock:
+            endpoint = self._endpoints.get(webhook_id)
+            return 0 if endpoint is None else len(endpoint.lent)
+
+    def lent(self, webhook_id: int) -> list[Lent]:
+        """The calls lent to this endpoint's run so far (the run makes each, or sets
+        `done` without calling it)."""
+        with self._lock:
+            endpoint = self._endpoints.get(webhook_id)
+            if endpoint is None or not endpoint.lent:
+                return []
+            items, endpoint.lent = endpoint.lent, []
+            return items
 
     def _use(self, slot: Slot) -> Taken:
         return Taken(slot, self)

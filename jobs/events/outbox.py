@@ -29,7 +29,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -130,19 +130,35 @@ class OutboxEvent:
     seq: int | None
     to_status: str
     msg_id: str
-    body: str
     # Set when the job is itself a webhook delivery: (delivery id, webhook, source job).
     delivery: tuple[int, int, int] | None
+    row: Sequence[Any] = field(repr=False)
+    _body: str | None = field(default=None, repr=False)
 
     @property
     def key(self) -> str:
         """The Kafka key: the job id, so one job's events share a partition."""
         return str(self.job_id)
 
+    @property
+    def body(self) -> str:
+        """The message, made when a subscriber first needs it: the webhooks fan-out
+        needs it only for the events a webhook takes."""
+        if self._body is None:
+            self._body = _body(self.row, self.msg_id, self.type)
+        return self._body
+
 
 def _event(row: Sequence[Any]) -> OutboxEvent:
-    event_id, job_id, at, from_status, to_status, lease_version, seq = row[:7]
-    client_id = row[7]
+    event_id, job_id, to_status, seq, client_id = row[0], row[1], row[4], row[6], row[7]
+    return OutboxEvent(
+        event_id, job_id, client_id, signing.event_type(to_status), seq, to_status,
+        signing.message_id(event_id), tuple(row[25:28]) if row[25] is not None else None, row,
+    )  # fmt: skip
+
+
+def _body(row: Sequence[Any], msg_id: str, kind: str) -> str:
+    _, job_id, at, from_status, to_status, lease_version, seq = row[:7]
     job: dict[str, Any] = {"id": job_id}
     if row[8] is not None:  # None: the job was deleted by retention since
         for name, value in zip(_JOB_FIELDS, row[8:25], strict=True):
@@ -150,14 +166,8 @@ def _event(row: Sequence[Any]) -> OutboxEvent:
                 "payload", "result", "progress") else _iso(value)  # fmt: skip
     job.update({"from": from_status, "to": to_status, "lease_version": lease_version,
                 "seq": seq})  # fmt: skip
-    kind = signing.event_type(to_status)
-    msg_id = signing.message_id(event_id)
     body = {"id": msg_id, "type": kind, "created_at": _iso(at), "data": job}
-    return OutboxEvent(
-        event_id, job_id, client_id, kind, seq, to_status, msg_id,
-        json.dumps(body, separators=(",", ":")),
-        tuple(row[25:28]) if row[25] is not None else None,
-    )  # fmt: skip
+    return json.dumps(body, separators=(",", ":"))
 
 
 # --- domain events ----------------------------------------------------------------------
