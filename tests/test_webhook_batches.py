@@ -14,7 +14,7 @@ from django.test.utils import CaptureQueriesContext
 from harness.receiver import Recording
 from jobs import services
 from jobs.events import batches, endpoints, signing
-from jobs.events.outbox import HISTORY, Dispatcher, WebhookFanout
+from jobs.events.outbox import FANOUT_HISTORY, HISTORY, Dispatcher, WebhookFanout
 from jobs.events.webhooks import deliver
 from jobs.lifecycle import Status
 from jobs.models import Client, Job, JobEvent, Webhook, WebhookDelivery
@@ -129,9 +129,12 @@ def test_the_fan_out_writes_rows_and_jobs_in_one_statement_one_job_per_chain(hoo
     sources = [s.job_id for s in services.submit_many(items, client_id=hook.client_id)]
     for job_id in sources:
         services.complete([(services.claim("w1", job_id), {})])
+    # Read as the reaper's fan-out reads them: narrow rows, whole ones for its webhooks'.
     with connection.cursor() as cur:
+        cur.execute(FANOUT_HISTORY.events_sql, [0, 1 << 62, 1000])
+        events = [FANOUT_HISTORY.event(r) for r in cur.fetchall()]
         cur.execute(HISTORY.events_sql, [0, 1 << 62, 1000])
-        events = [HISTORY.event(r) for r in cur.fetchall()]
+        bodies = {e.id: e.body for e in map(HISTORY.event, cur.fetchall())}
     with CaptureQueriesContext(connection) as queries, transaction.atomic():
         assert fanout.handle(events) == 15  # queued, processing, done of five jobs
     writes = [q["sql"] for q in queries if "INSERT" in q["sql"] or "UPDATE" in q["sql"]]
@@ -141,6 +144,7 @@ def test_the_fan_out_writes_rows_and_jobs_in_one_statement_one_job_per_chain(hoo
     assert sorted(heads.values_list("source_job_id", "seq")) == [(j, 1) for j in sources]
     assert WebhookDelivery.objects.filter(job_id=None).count() == 10
     assert Job.objects.filter(task=signing.DELIVER_TASK, status=Status.QUEUED).count() == 5
+    assert {d.event_id: d.body for d in WebhookDelivery.objects.all()} == bodies
     # The batch again (a dispatcher killed before its cursor moved): nothing new.
     with transaction.atomic():
         fanout.handle(events)

@@ -29,7 +29,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -132,7 +132,7 @@ class OutboxEvent:
     msg_id: str
     # Set when the job is itself a webhook delivery: (delivery id, webhook, source job).
     delivery: tuple[int, int, int] | None
-    row: Sequence[Any] = field(repr=False)
+    row: Sequence[Any] | None = field(repr=False)  # None: read narrow (with_rows reads it)
     _body: str | None = field(default=None, repr=False)
 
     @property
@@ -233,6 +233,44 @@ DOMAIN = Source("jobs_domainevent", ".domain", _DOMAIN_EVENTS_SQL, _domain_event
                 cursors_sql="c.name LIKE '%%.domain'", rows_sql="true")  # fmt: skip
 SOURCES = (HISTORY, DOMAIN)
 
+# What the webhooks fan-out needs of every event: whose job it is and whether the job is
+# a delivery. The whole row (the body) is read for the events a webhook takes only.
+_FANOUT_EVENTS_SQL = """
+SELECT e.id, e.job_id, e.to_status, e.seq, j.client_id, d.id, d.webhook_id, d.source_job_id
+FROM jobs_jobevent e
+LEFT JOIN jobs_job j ON j.id = e.job_id
+LEFT JOIN jobs_webhookdelivery d ON d.job_id = e.job_id
+WHERE e.id > %s AND e.id <= %s AND e.kind = 'transition'
+ORDER BY e.id
+LIMIT %s
+"""
+_EVENTS_BY_ID_SQL = _EVENTS_SQL.replace(
+    "WHERE e.id > %s AND e.id <= %s AND e.kind = 'transition'\nORDER BY e.id\nLIMIT %s",
+    "WHERE e.id = ANY(%s)",
+)
+
+
+def _fanout_event(row: Sequence[Any]) -> OutboxEvent:
+    event_id, job_id, to_status, seq, client_id = row[:5]
+    return OutboxEvent(
+        event_id, job_id, client_id, signing.event_type(to_status), seq, to_status,
+        signing.message_id(event_id), tuple(row[5:8]) if row[5] is not None else None, None,
+    )  # fmt: skip
+
+
+def with_rows(events: Sequence[OutboxEvent]) -> None:
+    """Read the whole row of each event read narrow (FANOUT_HISTORY), in one statement."""
+    missing = {e.id: e for e in events if e.row is None}
+    if missing:
+        with connection.cursor() as cur:
+            cur.execute(_EVENTS_BY_ID_SQL, [list(missing)])
+            for row in cur.fetchall():
+                missing[row[0]].row = row
+
+
+# The history as the webhooks fan-out reads it: the same events, narrow rows (D262).
+FANOUT_HISTORY = replace(HISTORY, events_sql=_FANOUT_EVENTS_SQL, event=_fanout_event)
+
 
 # --- webhooks ---------------------------------------------------------------------------
 
@@ -273,11 +311,13 @@ class WebhookFanout:
 
     def handle(self, events: Sequence[OutboxEvent]) -> int:
         hooks = self._webhooks({e.client_id for e in events if e.client_id is not None})
-        rows: list[tuple] = []
+        taken: list[tuple[int, OutboxEvent]] = []
         for e in events:
             for hook_id, types, after in hooks.get(e.client_id, ()):
                 if e.id > after and (signing.ALL_EVENTS in types or e.type in types):
-                    rows.append((hook_id, e.id, e.job_id, e.seq or 0, e.type, e.body))
+                    taken.append((hook_id, e))
+        with_rows([e for _, e in taken])
+        rows = [(hook_id, e.id, e.job_id, e.seq or 0, e.type, e.body) for hook_id, e in taken]
         chains = {(r[0], r[2]) for r in rows}
         chains |= {(d[1], d[2]) for d in (e.delivery for e in events) if d is not None}
         if not chains:
@@ -471,7 +511,7 @@ def dispatchers() -> list[Dispatcher]:
     stream (with Redis) and the Kafka sink (when configured), so none waits for another's
     tick (a broker that is slow or away, a fan-out of many deliveries) and each keeps up
     with a drain on its own (issue 41)."""
-    found = [Dispatcher([WebhookFanout()], batch=DISPATCH_BATCH)]
+    found = [Dispatcher([WebhookFanout()], batch=DISPATCH_BATCH, sources=(FANOUT_HISTORY,))]
     if settings.REDIS_URL:
         found.append(Dispatcher([StreamPublisher()], batch=DISPATCH_BATCH))
     if kafka.configured():  # the domain events of publish() too, behind a cursor of their own
