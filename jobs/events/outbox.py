@@ -235,15 +235,10 @@ SOURCES = (HISTORY, DOMAIN)
 
 # What the webhooks fan-out needs of every event: whose job it is and whether the job is
 # a delivery. The whole row (the body) is read for the events a webhook takes only.
-_FANOUT_EVENTS_SQL = """
-SELECT e.id, e.job_id, e.to_status, e.seq, j.client_id, d.id, d.webhook_id, d.source_job_id
-FROM jobs_jobevent e
-LEFT JOIN jobs_job j ON j.id = e.job_id
-LEFT JOIN jobs_webhookdelivery d ON d.job_id = e.job_id
-WHERE e.id > %s AND e.id <= %s AND e.kind = 'transition'
-ORDER BY e.id
-LIMIT %s
-"""
+_FANOUT_EVENTS_SQL = (
+    "SELECT e.id, e.job_id, e.to_status, e.seq, j.client_id, d.id, d.webhook_id, "
+    "d.source_job_id\n" + _EVENTS_SQL[_EVENTS_SQL.index("FROM jobs_jobevent e") :]
+)
 _EVENTS_BY_ID_SQL = _EVENTS_SQL.replace(
     "WHERE e.id > %s AND e.id <= %s AND e.kind = 'transition'\nORDER BY e.id\nLIMIT %s",
     "WHERE e.id = ANY(%s)",
