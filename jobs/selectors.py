@@ -389,6 +389,23 @@ SELECT COALESCE(pg_sequence_last_value(pg_get_serial_sequence(%s, 'id')::regclas
 """
 
 
+_DUE_DELIVERIES_SQL = f"""
+SELECT j.id FROM {T} j JOIN jobs_webhookdelivery d ON d.job_id = j.id
+WHERE j.status = '{Status.QUEUED}' AND {hot_sql("j")} AND j.queue = %(queue)s
+  AND j.run_at <= now() AND d.webhook_id = %(webhook)s
+ORDER BY j.priority DESC, j.run_at, j.id
+LIMIT %(limit)s
+"""
+
+
+def due_deliveries(webhook_id: int, queue: str, limit: int) -> list[int]:
+    """The delivery jobs of one endpoint that are due now, in claim order: an endpoint's
+    run takes them a batch at a time (jobs.events.batches)."""
+    with connection.cursor() as cur:
+        cur.execute(_DUE_DELIVERIES_SQL, {"webhook": webhook_id, "queue": queue, "limit": limit})
+        return [r[0] for r in cur.fetchall()]
+
+
 def last_drawn_id(table: str = "jobs_jobevent") -> int:
     """Where ids of `table` (the history by default) stand now; the outbox's horizon and
     a new webhook's first event (`after_event_id`, D194) are placed by it."""

@@ -87,9 +87,14 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("pipeline and presence", ["jobs.submission", "jobs.presence", "jobs.queuecontrol",
                                "jobs.events", "jobs.events.streams", "jobs.events.kafka",
                                "jobs.events.circuit", "jobs.starts"]),
+    # The webhooks fan-out's write: a batch's delivery rows and their jobs (D262).
+    ("webhook fan-out", ["jobs.events.fanout"]),
     # An endpoint's slots as a delivery process holds them (D240): it shares them out by
     # the live delivery workers (jobs.presence).
     ("endpoint slots", ["jobs.events.endpoints"]),
+    # An endpoint's due deliveries in runs on a slot a delivery holds (D260): claimed,
+    # called and written back a batch at a time.
+    ("endpoint runs", ["jobs.events.batches"]),
     # Schedules held to the submission rules of the jobs they make.
     ("schedule definitions", ["jobs.schedules.define"]),
     # A durable job's parts (issue 45): what handlers raise; then replay and history,

@@ -31,7 +31,7 @@ import time
 from bisect import bisect_right
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -43,7 +43,7 @@ from prometheus_client.registry import Collector
 
 from jobs import metrics, selectors, services, submission
 from jobs.conf import settings
-from jobs.events import domain_event_body, kafka, signing
+from jobs.events import domain_event_body, fanout, kafka, signing
 from jobs.events.streams import StreamPublisher
 from jobs.lifecycle import TERMINAL, sql_list
 from jobs.runtime import Backoff
@@ -154,9 +154,10 @@ class OutboxEvent:
     seq: int | None
     to_status: str
     msg_id: str
-    body: str
     # Set when the job is itself a webhook delivery: (delivery id, webhook, source job).
     delivery: tuple[int, int, int] | None
+    row: Sequence[Any] | None = field(repr=False)  # None: read narrow (with_rows reads it)
+    _body: str | None = field(default=None, repr=False)
     trace: str | None = None  # the job's trace context (jobs.observability), carried on
 
     @property
@@ -164,22 +165,33 @@ class OutboxEvent:
         """The Kafka key: the job id, so one job's events share a partition."""
         return str(self.job_id)
 
+    @property
+    def body(self) -> str:
+        """The message, made when a subscriber first needs it: the webhooks fan-out
+        needs it only for the events a webhook takes."""
+        if self._body is None:
+            self._body = _body(self.row, self.msg_id, self.type)
+        return self._body
+
 
 def _event(row: Sequence[Any]) -> OutboxEvent:
-    event_id, job_id, at, from_status, to_status, lease_version, seq = row[:7]
-    client_id = row[7]
+    event_id, job_id, to_status, seq, client_id = row[0], row[1], row[4], row[6], row[7]
+    return OutboxEvent(
+        event_id, job_id, client_id, signing.event_type(to_status), seq, to_status,
+        signing.message_id(event_id), tuple(row[25:28]) if row[25] is not None else None, row,
+        trace=row[28],
+    )  # fmt: skip
+
+
+def _body(row: Sequence[Any], msg_id: str, kind: str) -> str:
+    _, job_id, at, from_status, to_status, lease_version, seq = row[:7]
     job: dict[str, Any] = {"id": job_id}
     if row[8] is not None:  # None: the job was deleted by retention since
         job.update(zip(_JOB_FIELDS, row[8:25], strict=True))  # read binary: JSON parsed
     job.update({"from": from_status, "to": to_status, "lease_version": lease_version,
                 "seq": seq})  # fmt: skip
-    kind = signing.event_type(to_status)
-    msg_id = signing.message_id(event_id)
     body = {"id": msg_id, "type": kind, "created_at": at, "data": job}
-    return OutboxEvent(
-        event_id, job_id, client_id, kind, seq, to_status, msg_id, _dumps(body),
-        tuple(row[25:28]) if row[25] is not None else None, row[28],
-    )  # fmt: skip
+    return _dumps(body)
 
 
 # --- domain events ----------------------------------------------------------------------
@@ -248,6 +260,39 @@ DOMAIN = Source("jobs_domainevent", ".domain", _DOMAIN_EVENTS_SQL, _domain_event
                 cursors_sql="c.name LIKE '%%.domain'", rows_sql="true")  # fmt: skip
 SOURCES = (HISTORY, DOMAIN)
 
+# What the webhooks fan-out needs of every event: whose job it is and whether the job is
+# a delivery. The whole row (the body) is read for the events a webhook takes only.
+_FANOUT_EVENTS_SQL = (
+    "SELECT e.id, e.job_id, e.to_status, e.seq, j.client_id, d.id, d.webhook_id, "
+    "d.source_job_id\n" + _EVENTS_SQL[_EVENTS_SQL.index("FROM jobs_jobevent e") :]
+)
+_EVENTS_BY_ID_SQL = _EVENTS_SQL.replace(
+    "WHERE e.id > %s AND e.id <= %s AND e.kind = 'transition'\nORDER BY e.id\nLIMIT %s",
+    "WHERE e.id = ANY(%s)",
+)
+
+
+def _fanout_event(row: Sequence[Any]) -> OutboxEvent:
+    event_id, job_id, to_status, seq, client_id = row[:5]
+    return OutboxEvent(
+        event_id, job_id, client_id, signing.event_type(to_status), seq, to_status,
+        signing.message_id(event_id), tuple(row[5:8]) if row[5] is not None else None, None,
+    )  # fmt: skip
+
+
+def with_rows(events: Sequence[OutboxEvent]) -> None:
+    """Read the whole row of each event read narrow (FANOUT_HISTORY), in one statement."""
+    missing = {e.id: e for e in events if e.row is None}
+    if missing:
+        with connection.cursor() as cur:
+            cur.execute(_EVENTS_BY_ID_SQL, [list(missing)])
+            for row in cur.fetchall():
+                missing[row[0]].row = row
+
+
+# The history as the webhooks fan-out reads it: the same events, narrow rows (D262).
+FANOUT_HISTORY = replace(HISTORY, events_sql=_FANOUT_EVENTS_SQL, event=_fanout_event)
+
 
 # --- webhooks ---------------------------------------------------------------------------
 
@@ -256,28 +301,6 @@ SOURCES = (HISTORY, DOMAIN)
 _WEBHOOKS_SQL = """
 SELECT id, client_id, events, COALESCE(after_event_id, 0)
 FROM jobs_webhook WHERE enabled AND client_id = ANY(%s)
-"""
-# Chains (webhook, source job) whose delivery job has not finished: the rest waits.
-_BUSY_SQL = f"""
-SELECT DISTINCT d.webhook_id, d.source_job_id
-FROM jobs_webhookdelivery d JOIN jobs_job j ON j.id = d.job_id
-WHERE (d.webhook_id, d.source_job_id) IN (
-        SELECT * FROM unnest(%s::bigint[], %s::bigint[]))
-  AND j.status NOT IN ({sql_list(TERMINAL)})
-"""
-_INSERT_DELIVERIES_SQL = """
-INSERT INTO jobs_webhookdelivery
-  (webhook_id, event_id, source_job_id, seq, type, body, attempts, last_error, created_at)
-SELECT *, 0, '', now() FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[], %s::int[],
-                                   %s::text[], %s::text[])
-ON CONFLICT (webhook_id, event_id) DO NOTHING
-"""
-# The first waiting delivery of each idle chain, in seq order.
-_NEXT_HELD_SQL = """
-SELECT DISTINCT ON (webhook_id, source_job_id) id FROM jobs_webhookdelivery
-WHERE (webhook_id, source_job_id) IN (SELECT * FROM unnest(%s::bigint[], %s::bigint[]))
-  AND job_id IS NULL
-ORDER BY webhook_id, source_job_id, seq, id
 """
 # Idle chains whose first waiting delivery has no job: those a full queue held back
 # (D110). The partial index delivery_waiting_idx holds waiting deliveries only.
@@ -302,11 +325,6 @@ WHERE d.id = ANY(%s) AND j.id = d.job_id AND s.trace_context IS NOT NULL
 """
 
 
-def _pairs(chains) -> list[list[int]]:
-    chains = sorted(chains)
-    return [[c[0] for c in chains], [c[1] for c in chains]]
-
-
 class WebhookFanout:
     """One delivery row per (event, matching webhook), written waiting; then each chain
     (webhook, source job) whose delivery job is not running gets a job for its first
@@ -321,25 +339,24 @@ class WebhookFanout:
 
     def handle(self, events: Sequence[OutboxEvent]) -> int:
         hooks = self._webhooks({e.client_id for e in events if e.client_id is not None})
-        rows: list[tuple] = []
+        taken: list[tuple[int, OutboxEvent]] = []
         for e in events:
             for hook_id, types, after in hooks.get(e.client_id, ()):
                 if e.id > after and (signing.ALL_EVENTS in types or e.type in types):
-                    rows.append((hook_id, e.id, e.job_id, e.seq or 0, e.type, e.body))
+                    taken.append((hook_id, e))
+        with_rows([e for _, e in taken])
+        rows = [(hook_id, e.id, e.job_id, e.seq or 0, e.type, e.body) for hook_id, e in taken]
         chains = {(r[0], r[2]) for r in rows}
         chains |= {(d[1], d[2]) for d in (e.delivery for e in events) if d is not None}
         if not chains:
             return 0
-        with connection.cursor() as cur:
-            if rows:
-                cur.execute(_INSERT_DELIVERIES_SQL, [list(c) for c in zip(*rows, strict=True)])
-            cur.execute(_BUSY_SQL, _pairs(chains))
-            idle = chains - {tuple(r) for r in cur.fetchall()}
-            ready: list[int] = []
-            if idle:
-                cur.execute(_NEXT_HELD_SQL, _pairs(idle))
-                ready = [r[0] for r in cur.fetchall()]
-            self._release(cur, ready)
+        # The rows, the idle chains' jobs and their attachment: one statement (D262).
+        done = fanout.fan_out(rows, chains, self._room(), "api:outbox")
+        if done.held:
+            self._maybe_held = True
+            transaction.on_commit(lambda: metrics.WEBHOOK_DELIVERIES_HELD.inc(done.held))
+        if done.released:
+            submission.count_accepted({signing.WEBHOOK_QUEUE: done.released})
         return len(rows)
 
     def release_held(self) -> int:
@@ -587,8 +604,8 @@ def dispatchers() -> list[Dispatcher]:
     stream (with Redis) and the Kafka sink (when configured), so none waits for another's
     tick (a broker that is slow or away, a fan-out of many deliveries) and each keeps up
     with a drain on its own (issue 41)."""
-    built = _Built(keep=2 * DISPATCH_BATCH)  # read and built once for the three
-    found = [Dispatcher([WebhookFanout()], batch=DISPATCH_BATCH, built=built)]
+    built = _Built(keep=2 * DISPATCH_BATCH)  # read and built once for stream and Kafka
+    found = [Dispatcher([WebhookFanout()], batch=DISPATCH_BATCH, sources=(FANOUT_HISTORY,))]
     if settings.REDIS_URL:
         found.append(Dispatcher([StreamPublisher()], batch=DISPATCH_BATCH, built=built))
     if kafka.configured():  # the domain events of publish() too, behind a cursor of their own
