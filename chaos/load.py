@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from chaos.profiles import POOL_QUEUE, Profile
+from chaos.checks import DEBOUNCE_MARK
+from chaos.profiles import POOL_QUEUE, THROTTLED_QUEUE, Profile
 
 JOBS_PATH = "/api/v1/jobs/"
 WORKFLOWS_PATH = "/api/v1/workflows/"
@@ -80,12 +81,16 @@ def make_request(kind: str, seq: int, rng: random.Random, profile: Profile, tag:
         # Flow control per key (jobs.flow): a few debounce keys gather many submissions
         # (no Idempotency-Key: a retry joins the same job); a busy key skips new jobs;
         # a key's rate refuses past 3 a second (429 with Retry-After, retried).
-        "debounced": {"task": "demo.record", "payload": {"n": seq},
+        # The payload names its debounce key: the checks find a key's jobs by it.
+        "debounced": {"task": "demo.record",
+                      "payload": {"n": seq, DEBOUNCE_MARK: f"{tag}-d{seq % 7}"},
                       "debounce_key": f"{tag}-d{seq % 7}", "debounce_seconds": 0.3},
         "skip_new": {"task": "echo", "payload": {"n": seq},
                      "concurrency_key": f"{tag}-k{seq % 3}", "key_strategy": "skip_new"},
         "rate_limited": {"task": "echo", "payload": {"n": seq}, "concurrency_key": f"{tag}-r",
                          "rate_limit": {"limit": 3, "period": 1}},
+        "throttled": {"task": "echo", "payload": {"n": seq}, "queue": THROTTLED_QUEUE,
+                      "concurrency_key": f"{tag}-t"},
         "chain": {"task": "chaos.chain", "payload": {"per_run": 3, "runs": 3}, "max_retries": 5},
     }  # fmt: skip
     if kind == "workflow":  # a diamond: a → (b, c) → d; b may fail for good

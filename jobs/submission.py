@@ -22,10 +22,12 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from itertools import groupby
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
 from django.utils.dateparse import parse_datetime
 
 from jobs import metrics, queues, quotas, services, tasks
@@ -35,10 +37,12 @@ from jobs.exceptions import (  # noqa: F401  (re-exported: jobs.submission.Queue
     BatchIdempotencyConflict,
     BatchInvalid,
     ClientQueueFull,
+    DebounceConflict,
     IdempotencyConflict,
     InvalidSubmission,
     PayloadTooLarge,
     QueueFull,
+    RateLimited,
     RequestInvalid,
     SubmissionError,
     UnknownQueue,
@@ -431,7 +435,7 @@ def _submit(
 def submit_checked(item: dict[str, Any], client: Client | None) -> tuple[Job, bool]:
     """Backpressure and the write, for a submission _validate (or checked_request) has
     passed. A SubmissionError is raised before any write, uncounted."""
-    task, payload, queue = item["task"], item["payload"], item["queue"]
+    task, queue = item["task"], item["queue"]
     idempotency_key, digest = item["idempotency_key"], item["request_hash"]
     limit = settings.JOBS_MAX_QUEUE_DEPTH
     depth = queue_depth(queue, limit)
@@ -453,35 +457,9 @@ def submit_checked(item: dict[str, Any], client: Client | None) -> tuple[Job, bo
         return existing, False
     actor = f"client:{client.name}" if client is not None else "app"
     with hooks.sending(queue, task) as sent:  # the producer span (jobs.observability)
-
-        def insert(run_at: datetime | None = None) -> tuple[Job, bool]:
-            return services.submit(
-                task,
-                payload,
-                queue=queue,
-                priority=item["priority"],
-                run_at=item["run_at"] if run_at is None else run_at,
-                max_retries=item["max_retries"],
-                client_id=client.pk if client is not None else None,
-                idempotency_key=idempotency_key,
-                request_hash=digest,
-                actor=actor,
-                payload_json=item["payload_json"],
-                unique_key=item.get("unique_key"),
-                concurrency_key=item.get("concurrency_key"),
-                timeout=item.get("timeout"),
-                trace_context=sent.context,
-                sequence_key=item.get("sequence_key"),
-            )
-
+        insert = _inserter(item, client, actor, sent.context)
         if flow_rules.wanted(item):  # debounce, a key's rate or strategy: jobs.flow
-            job, created = flow.submit(
-                item,
-                client.pk if client is not None else 0,
-                actor,
-                insert,
-                lambda: _existing(client, idempotency_key) is not None,
-            )
+            job, created = _flow_submit(item, client, actor, insert)
         else:
             job, created = insert()
         sent.job(job.pk)
@@ -499,6 +477,49 @@ def submit_checked(item: dict[str, Any], client: Client | None) -> tuple[Job, bo
             ),
         )
     return job, created
+
+
+def _inserter(
+    item: dict[str, Any], client: Client | None, actor: str, trace_context: str | None
+) -> Callable[..., tuple[Job, bool]]:
+    """The write of one checked item (services.submit); `run_at` given by jobs.flow."""
+
+    def insert(run_at: datetime | None = None) -> tuple[Job, bool]:
+        return services.submit(
+            item["task"],
+            item["payload"],
+            queue=item["queue"],
+            priority=item["priority"],
+            run_at=item["run_at"] if run_at is None else run_at,
+            max_retries=item["max_retries"],
+            client_id=client.pk if client is not None else None,
+            idempotency_key=item["idempotency_key"],
+            request_hash=item["request_hash"],
+            actor=actor,
+            payload_json=item["payload_json"],
+            unique_key=item.get("unique_key"),
+            concurrency_key=item.get("concurrency_key"),
+            timeout=item.get("timeout"),
+            trace_context=trace_context,
+            sequence_key=item.get("sequence_key"),
+        )
+
+    return insert
+
+
+def _flow_submit(
+    item: dict[str, Any],
+    client: Client | None,
+    actor: str,
+    insert: Callable[..., tuple[Job, bool]],
+) -> tuple[Job, bool]:
+    return flow.submit(
+        item,
+        client.pk if client is not None else 0,
+        actor,
+        insert,
+        lambda: _existing(client, item["idempotency_key"]) is not None,
+    )
 
 
 def _metric_queue(queue: Any) -> str:
@@ -664,8 +685,14 @@ def _existing(client: Client | None, idempotency_key: str | None) -> Job | None:
 
 JOB_FIELDS = ("task", "payload", "queue", "priority", "run_at", "max_retries", "timeout")
 REQUEST_FIELDS = (*JOB_FIELDS, "unique_key", "concurrency_key", "sequence_key", *flow_rules.FIELDS)
-# Unique keys: single submissions only.
-BATCH_FIELDS = (*JOB_FIELDS, "idempotency_key", "concurrency_key", "sequence_key")
+# Unique keys: single submissions only. Flow fields: per item, in item order (D360).
+BATCH_FIELDS = (
+    *JOB_FIELDS,
+    "idempotency_key",
+    "concurrency_key",
+    "sequence_key",
+    *flow_rules.FIELDS,
+)
 
 
 def _request_item(
@@ -716,7 +743,7 @@ def _request_item(
             item["payload_json"],
             item["timeout"],
         ) = _validate(**item, for_client=for_client)
-        if allowed is REQUEST_FIELDS:
+        if "debounce_key" in allowed:
             item |= {name: raw.get(name) for name in flow_rules.FIELDS}
             flow_rules.check(item)
     except SubmissionError as exc:
@@ -828,32 +855,8 @@ def submit_many(
     due = Counter(item["queue"] for item in items if due_soon(item["run_at"]))
     check_room(per_queue, lambda: _new_per_queue(items, client), client, due)
 
-    trace_context = hooks.current_context()  # each job's process span links to it
-    new_jobs = [
-        services.NewJob(
-            i["task"],
-            i["payload"],
-            i["queue"],
-            i["priority"],
-            i["run_at"],
-            i["max_retries"],
-            i["idempotency_key"],
-            i["request_hash"],
-            i["payload_json"],
-            i["concurrency_key"],
-            i["timeout"],
-            trace_context,
-            i["sequence_key"],
-        )
-        for i in items
-    ]
     try:
-        out = services.submit_many(
-            new_jobs,
-            client_id=client.pk if client is not None else None,
-            actor=f"client:{client.name}" if client is not None else "app",
-            batch_id=batch_id,  # jobs.flow.batches
-        )
+        out = _write_many(items, client, batch_id)
     except BatchIdempotencyConflict as exc:
         for n in exc.conflicts:
             metrics.SUBMISSIONS_REJECTED.labels(items[n]["queue"], "idempotency_conflict").inc()
@@ -874,6 +877,83 @@ def submit_many(
             extra={"client": client.name if client is not None else None},
         )
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class FlowSubmitted(Submitted):
+    """A batch item that went through jobs.flow: whether it joined a debounced job or
+    its key_strategy skipped it (the single answer's `debounced` / `skipped`)."""
+
+    debounced: bool = False
+    skipped: bool = False
+
+
+def _write_many(
+    items: list[dict[str, Any]], client: Client | None, batch_id: int | None
+) -> list[Submitted]:
+    """The batch's writes, in item order, in one transaction: each run of plain items is
+    one INSERT (services.submit_many); an item with flow fields goes through jobs.flow as
+    a single submission would (D360). A refusal of any item undoes the whole batch."""
+    actor = f"client:{client.name}" if client is not None else "app"
+    trace_context = hooks.current_context()  # each job's process span links to it
+    out: list[Submitted] = []
+    with transaction.atomic():
+        for flowed, group in groupby(enumerate(items), key=lambda p: flow_rules.wanted(p[1])):
+            run = list(group)
+            start = run[0][0]
+            if flowed:
+                out += [_flow_item(n, i, client, actor, trace_context) for n, i in run]
+                continue
+            try:
+                out += services.submit_many(
+                    [_new_job(i, trace_context) for _, i in run],
+                    client_id=client.pk if client is not None else None,
+                    actor=actor,
+                    batch_id=batch_id,  # jobs.flow.batches
+                )
+            except BatchIdempotencyConflict as exc:  # indexes of the run → of the batch
+                if not start:
+                    raise
+                raise BatchIdempotencyConflict(
+                    {start + n: job for n, job in exc.conflicts.items()}
+                ) from None
+    return out
+
+
+def _new_job(i: dict[str, Any], trace_context: str | None) -> services.NewJob:
+    return services.NewJob(
+        i["task"],
+        i["payload"],
+        i["queue"],
+        i["priority"],
+        i["run_at"],
+        i["max_retries"],
+        i["idempotency_key"],
+        i["request_hash"],
+        i["payload_json"],
+        i["concurrency_key"],
+        i["timeout"],
+        trace_context,
+        i["sequence_key"],
+    )
+
+
+def _flow_item(
+    n: int, item: dict[str, Any], client: Client | None, actor: str, trace_context: str | None
+) -> Submitted:
+    """One batch item through jobs.flow; a refusal names the item (`jobs.N.<field>`)."""
+    try:
+        job, created = _flow_submit(
+            item, client, actor, _inserter(item, client, actor, trace_context)
+        )
+    except (RateLimited, DebounceConflict) as exc:
+        exc.field = f"jobs.{n}.{exc.field}"
+        metrics.SUBMISSIONS_REJECTED.labels(_metric_queue(item["queue"]), exc.code).inc()
+        raise
+    return FlowSubmitted(
+        job.pk, created, job.status, job.queue, job.task, job.created_at, job.run_at,
+        debounced=job.debounced, skipped=job.skipped,
+    )  # fmt: skip
 
 
 def _new_per_queue(items: list[dict[str, Any]], client: Client | None) -> dict[str, int]:

@@ -64,7 +64,9 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("per-key rates", ["jobs.flow.keyrate", "jobs.flow.rules"]),
     # Every write (one fenced compare-and-set each) and every read.
     # jobs.partitions: partitions ahead and the mover (D163), the reaper's.
-    ("services and selectors", ["jobs.services", "jobs.selectors", "jobs.partitions"]),
+    # jobs.flow.retention: the reaper's pass over the per-key rows (D361).
+    ("services and selectors", ["jobs.services", "jobs.selectors", "jobs.partitions",
+                                "jobs.flow.retention"]),
     # What the pipeline calls around submissions, attempts, steps and outgoing calls: the
     # spans and error reports of jobs.observability (reads a job's trace context).
     ("observability hooks", ["jobs.observability.hooks"]),

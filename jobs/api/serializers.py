@@ -103,7 +103,7 @@ class JobSubmitSerializer(serializers.Serializer):
         "were submitted, across all workers; a job that fails halts the sequence (later "
         "ones wait with `wait_reason: sequence_halted`) until staff resume or skip it."
     )
-    # Flow control per key (jobs.flow, docs/queue-controls.md): single submissions only.
+    # Flow control per key (jobs.flow, docs/queue-controls.md).
     debounce_key = _key_field(
         "Per client. Submissions with this key gather into one job that runs "
         "`debounce_seconds` after the last of them, with the last payload; each is "
@@ -148,15 +148,10 @@ class JobSubmitSerializer(serializers.Serializer):
 
 
 class BatchItemSerializer(JobSubmitSerializer):
-    """One job of a batch: the single body, with its own idempotency key (unique keys
-    and flow control are for single submissions)."""
+    """One job of a batch: the single body, with its own idempotency key (unique keys are
+    for single submissions; flow fields apply per job, in the batch's order: D360)."""
 
     unique_key = None
-    debounce_key = None
-    debounce_seconds = None
-    debounce_max_wait = None
-    key_strategy = None
-    rate_limit = None
 
     idempotency_key = _key_field(
         "Per client, like the Idempotency-Key header of a single submission."
@@ -178,6 +173,12 @@ class BatchJobSerializer(serializers.Serializer):
     idempotency_key = serializers.CharField(allow_null=True)
     run_at = serializers.DateTimeField()
     created_at = serializers.DateTimeField()
+    debounced = serializers.BooleanField(
+        help_text="True: this job joined the waiting job of its `debounce_key`."
+    )
+    skipped = serializers.BooleanField(
+        help_text="True: its `concurrency_key` was busy and `key_strategy: skip_new` ended it."
+    )
 
 
 class BatchResultSerializer(serializers.Serializer):

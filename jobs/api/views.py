@@ -280,7 +280,10 @@ class JobViewSet(APIPolicy, viewsets.GenericViewSet):
         "its own `idempotency_key`: a replay returns the existing job with `created: false`; "
         "a key reused with a different request is a 409 for the whole batch. Backpressure "
         "counts the jobs the batch would create (replays do not count). One Redis push "
-        "signals every due job after the commit.",
+        "signals every due job after the commit. A job may carry flow fields "
+        "(`debounce_key`, `key_strategy`, `rate_limit`): it is submitted as a single one "
+        "would be, in the batch's order and transaction, and answered with `debounced` / "
+        "`skipped`; a `rate_limit` refusal is a 429 for the whole batch.",
         request=BatchSubmitSerializer,
         responses=_submission_responses(
             BatchResultSerializer,
@@ -322,6 +325,8 @@ class JobViewSet(APIPolicy, viewsets.GenericViewSet):
                     "idempotency_key": key,
                     "run_at": o.run_at,
                     "created_at": o.created_at,
+                    "debounced": getattr(o, "debounced", False),  # jobs.flow (D360)
+                    "skipped": getattr(o, "skipped", False),
                 }
                 for o, key in zip(out, keys, strict=True)
             ]

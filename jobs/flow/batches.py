@@ -22,6 +22,7 @@ from django.db import transaction
 
 from jobs import submission, tasks
 from jobs.exceptions import BatchInvalid, InvalidSubmission, RequestInvalid
+from jobs.flow import rules
 from jobs.flow.triggers import CALLBACKS
 from jobs.models import Batch as BatchRow
 from jobs.models import BatchFailure, Client
@@ -115,6 +116,18 @@ def create(
             {f"jobs.{n}.idempotency_key": [{"message": "a batch's jobs take no idempotency "
              "key: give the batch one", "code": "unknown_field"}] for n in keyed},
             len(keyed), len(jobs),
+        )  # fmt: skip
+    flowed = {  # D360: a joined or separately written job escapes the batch's count
+        (n, name): None
+        for n, j in enumerate(jobs) if isinstance(j, dict)
+        for name in rules.FIELDS if j.get(name) is not None
+    }  # fmt: skip
+    if flowed:
+        raise BatchInvalid(
+            {f"jobs.{n}.{name}": [{"message": "a batch with callbacks counts its own jobs: "
+             "flow fields are for POST /api/v1/jobs/ and /api/v1/jobs/batch/ (D360)",
+             "code": "unknown_field"}] for n, name in flowed},
+            len({n for n, _ in flowed}), len(jobs),
         )  # fmt: skip
     digest = request_hash or _hash({"name": name, "jobs": list(jobs), "cb": callbacks})
     with transaction.atomic():

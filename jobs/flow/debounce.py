@@ -54,9 +54,12 @@ def submit(
     key = item["debounce_key"]
     wait = timedelta(seconds=item["debounce_seconds"])
     with connection.cursor() as cur:
-        cur.execute(_ENSURE_SQL, [client_key, key])
-        cur.execute(_LOCK_SQL, [client_key, key])
-        row_id, job_id, first_at, now = cur.fetchone()
+        row = None
+        while row is None:  # the reaper may prune the row between the two (D361)
+            cur.execute(_ENSURE_SQL, [client_key, key])
+            cur.execute(_LOCK_SQL, [client_key, key])
+            row = cur.fetchone()
+        row_id, job_id, first_at, now = row
         if job_id is not None:
             cur.execute(_HELD_SQL, [job_id])
             held = cur.fetchone()

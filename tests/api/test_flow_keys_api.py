@@ -80,13 +80,82 @@ def test_every_bad_flow_field_is_a_json_400_that_writes_nothing(api, extra, fiel
     assert counts() == before
 
 
-def test_the_batch_refuses_flow_fields_by_name(api):
-    r = api.post(
-        "/api/v1/jobs/batch/",
-        data=json.dumps({"jobs": [{"task": "echo", "payload": {}, "debounce_key": "k"}]}),
-        content_type="application/json",
+def _batch(api, jobs):
+    return api.post("/api/v1/jobs/batch/", data=json.dumps({"jobs": jobs}),
+                    content_type="application/json")  # fmt: skip
+
+
+def test_the_batch_debounces_its_jobs_in_order_like_single_submissions(api):
+    deb = {"task": "echo", "debounce_key": "doc", "debounce_seconds": 30}
+    r = _batch(api, [{**deb, "payload": {"n": 1}}, {"task": "echo", "payload": {"plain": 1}},
+                     {**deb, "payload": {"n": 2}}])  # fmt: skip
+    assert r.status_code == 201, r.content
+    jobs = r.json()["jobs"]
+    assert [(j["created"], j["debounced"], j["skipped"]) for j in jobs] == [
+        (True, False, False), (True, False, False), (False, True, False)]  # fmt: skip
+    assert jobs[2]["id"] == jobs[0]["id"] and jobs[1]["id"] > jobs[0]["id"]
+    assert Job.objects.get(pk=jobs[0]["id"]).payload == {"n": 2}
+    # A later single submission joins the job the batch made.
+    single = _post(api, {**deb, "payload": {"n": 3}})
+    assert (single.status_code, single.json()["id"]) == (200, jobs[0]["id"])
+    again = _batch(api, [{**deb, "payload": {"n": 4}}])
+    assert again.status_code == 200 and again.json()["jobs"][0]["debounced"] is True
+    assert Job.objects.count() == 2
+
+
+def test_the_batch_skips_and_cancels_per_key_in_item_order(api):
+    key = {"task": "echo", "payload": {}, "concurrency_key": "acct"}
+    r = _batch(api, [key, {**key, "key_strategy": "skip_new"},
+                     {**key, "key_strategy": "cancel_running"}])  # fmt: skip
+    assert r.status_code == 201, r.content
+    first, skipped, last = r.json()["jobs"]
+    assert (skipped["skipped"], skipped["status"]) == (True, "failed")
+    assert last["skipped"] is False and last["status"] == "queued"
+    assert Job.objects.get(pk=first["id"]).status == "failed"  # the queued one, cancelled
+    assert Job.objects.get(pk=skipped["id"]).error.startswith("skipped: concurrency key busy")
+
+
+def test_a_rate_limited_batch_item_is_a_429_for_the_whole_batch(api):
+    limited = {"task": "echo", "payload": {}, "concurrency_key": "crm",
+               "rate_limit": {"limit": 2, "period": 30}}  # fmt: skip
+    assert _batch(api, [limited, limited]).status_code == 201
+    before = counts()
+    r = _batch(api, [{"task": "echo", "payload": {}}, limited])
+    assert r.status_code == 429, r.content
+    assert "jobs.1.rate_limit" in r.json()["errors"] and int(r["Retry-After"]) >= 29
+    assert counts() == before and KeyHit.objects.count() == 2
+
+
+def test_a_batch_debounce_conflict_names_the_item_and_writes_nothing(api):
+    _post(api, {"task": "echo", "payload": {}, "debounce_key": "k", "debounce_seconds": 30})
+    before = counts()
+    r = _batch(api, [{"task": "echo", "payload": {}},
+                     {"task": "sleep", "payload": {"seconds": 0}, "debounce_key": "k",
+                      "debounce_seconds": 30}])  # fmt: skip
+    assert r.status_code == 409 and "jobs.1.debounce_key" in r.json()["errors"], r.content
+    assert counts() == before
+
+
+def test_bad_flow_fields_in_a_batch_are_400_per_item(api):
+    before = counts()
+    r = _batch(
+        api,
+        [
+            {"task": "echo", "payload": {}, "debounce_key": "k"},
+            {"task": "echo", "payload": {}, "rate_limit": {"limit": 1, "period": 1}},
+        ],
     )
-    assert r.status_code == 400 and "jobs.0.debounce_key" in r.json()["errors"]
+    assert r.status_code == 400, r.content
+    assert {"jobs.0.debounce_seconds", "jobs.1.rate_limit"} <= set(r.json()["errors"])
+    assert counts() == before
+
+
+def test_a_batch_with_callbacks_refuses_flow_fields_by_name(api):
+    r = api.post("/api/v1/batches/", data=json.dumps({"jobs": [
+        {"task": "echo", "payload": {}, "debounce_key": "k", "debounce_seconds": 1}],
+        "on_complete": {"task": "echo"}}), content_type="application/json")  # fmt: skip
+    assert r.status_code == 400 and "jobs.0.debounce_key" in r.json()["errors"], r.content
+    assert Job.objects.count() == 0
 
 
 def test_the_debounce_conflict_is_a_json_409(api):
@@ -116,6 +185,9 @@ def test_the_schema_documents_the_flow_fields_with_their_bounds(anon):
     answer = parts["SubmittedJob"]["properties"]
     assert answer["debounced"]["type"] == answer["skipped"]["type"] == "boolean"
     batch = parts["BatchItem"]["properties"]
-    assert not {"debounce_key", "key_strategy", "rate_limit"} & set(batch)
+    assert {"debounce_key", "key_strategy", "rate_limit"} <= set(batch)
+    assert "unique_key" not in batch
+    result = parts["BatchJob"]["properties"]
+    assert result["debounced"]["type"] == result["skipped"]["type"] == "boolean"
     post = schema["paths"]["/api/v1/jobs/"]["post"]["responses"]
     assert {"200", "201", "400", "409", "429"} <= set(post)
