@@ -18,11 +18,13 @@ from django.db import DatabaseError, InterfaceError, close_old_connections, conn
 
 from jobs import metrics, partitions, selectors, services
 from jobs.conf import settings
+from jobs.flow import retention
 from jobs.lifecycle import Status
 from jobs.runtime import Backoff, StopRequests
 from jobs.transport import TransportError, get_transport
 
 log = logging.getLogger(__name__)
+FLOW_PRUNE_EVERY = 60.0  # seconds between the reaper's passes over jobs.flow's rows
 
 
 @dataclass
@@ -35,6 +37,7 @@ class SweepReport:
     came_due: int = 0
     lost_signal: int = 0
     moved: int = 0  # not counted in total(): a move repairs nothing
+    flow_pruned: int = 0  # nor this: bookkeeping rows of jobs.flow (D361)
     seconds: float = 0.0
     errors: list[str] = field(default_factory=list)
 
@@ -81,6 +84,7 @@ class Reaper:
         self._last_due_check = None
         self._stops = StopRequests(self.stop.set)
         self.last_sweep_at = 0.0  # unix time the last sweep finished (a gauge)
+        self._next_flow_prune = 0.0
 
     def request_stop(self) -> None:
         """First request: finish the current sweep and exit. Second: raise ColdStop now
@@ -181,6 +185,10 @@ class Reaper:
         services.forget_workers(self.gone_grace, 2 * self.lease)
         # 7. Partitions ahead, and finished jobs out of the hot partition (D163).
         report.moved = partitions.maintain()
+        # 8. Per-key bookkeeping no live job needs (D361), once a minute at most.
+        if time.monotonic() >= self._next_flow_prune:
+            report.flow_pruned = retention.prune(batch=self.batch).total
+            self._next_flow_prune = time.monotonic() + FLOW_PRUNE_EVERY
         report.seconds = time.monotonic() - started
         metrics.REAPER_SWEEPS.inc()
         metrics.REAPER_SWEEP_DURATION.observe(report.seconds)

@@ -32,6 +32,7 @@ from jobs.exceptions import (
     IdempotencyConflict,
     WorkflowIdempotencyConflict,
 )
+from jobs.flow import keyrate
 from jobs.lifecycle import (
     BLOCKED_RUN_AT,
     CANCELLED,
@@ -228,8 +229,8 @@ _JOB_FIELDS = [f.attname for f in Job._meta.concrete_fields]
 _INSERT_SQL = f"""
 INSERT INTO {T} (task, payload, queue, priority, run_at, max_retries, client_id,
                  idempotency_key, request_hash, updated_by, unique_key, concurrency_key,
-                 timeout, status, retry_count, lease_version)
-VALUES (%s, %s::jsonb, %s, %s, COALESCE(%s, now()), %s, %s, %s, %s, %s, %s, %s, %s,
+                 timeout, trace_context, sequence_key, status, retry_count, lease_version)
+VALUES (%s, %s::jsonb, %s, %s, COALESCE(%s, now()), %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,
         '{Status.QUEUED}', 0, 0)
 ON CONFLICT DO NOTHING
 RETURNING {", ".join(_JOB_FIELDS)}, run_at <= now()
@@ -301,6 +302,8 @@ def submit(
     payload_json: str | None = None,
     concurrency_key: str | None = None,
     timeout: float | None = None,
+    trace_context: str | None = None,
+    sequence_key: str | None = None,
 ) -> tuple[Job, bool]:
     """Insert a queued job inside the caller's transaction (the outbox of seed 002).
 
@@ -330,6 +333,8 @@ def submit(
         unique_key,
         concurrency_key,
         timeout,
+        trace_context,
+        sequence_key,  # the database blocks it behind its sequence (jobs.flow.triggers)
     ]
     for _ in range(_KEY_ROUNDS):
         if idempotency_key is None:
@@ -398,6 +403,8 @@ class NewJob:
     payload_json: str | None = None  # the payload already serialised (saves a second dumps)
     concurrency_key: str | None = None
     timeout: float | None = None  # seconds one attempt may run (jobs.watchdog)
+    trace_context: str | None = None  # W3C traceparent[\ntracestate] (jobs.tracing)
+    sequence_key: str | None = None  # one at a time per key, in order (jobs.flow)
 
 
 @dataclass(frozen=True, slots=True)
@@ -418,15 +425,17 @@ WITH input AS MATERIALIZED (
   SELECT u.*, nextval(pg_get_serial_sequence('{T}', 'id')) AS id
   FROM unnest(%(tasks)s::text[], %(payloads)s::text[], %(queues)s::text[],
               %(priorities)s::int[], %(run_ats)s::timestamptz[], %(max_retries)s::int[],
-              %(keys)s::text[], %(hashes)s::text[], %(ckeys)s::text[], %(timeouts)s::float8[])
+              %(keys)s::text[], %(hashes)s::text[], %(ckeys)s::text[], %(timeouts)s::float8[],
+              %(traces)s::text[], %(skeys)s::text[])
        WITH ORDINALITY AS u(task, payload, queue, priority, run_at, max_retries, key, hash,
-                            ckey, timeout, ord)
+                            ckey, timeout, trace, skey, ord)
 ), ins AS (
   INSERT INTO {T} (id, task, payload, queue, priority, run_at, max_retries, client_id,
-                   idempotency_key, request_hash, updated_by, concurrency_key, timeout, status,
-                   retry_count, lease_version)
+                   idempotency_key, request_hash, updated_by, concurrency_key, timeout,
+                   trace_context, status, retry_count, lease_version, sequence_key, batch_id)
   SELECT id, task, payload::jsonb, queue, priority, COALESCE(run_at, now()), max_retries,
-         %(client)s, key, hash, %(actor)s, ckey, timeout, '{Status.QUEUED}', 0, 0
+         %(client)s, key, hash, %(actor)s, ckey, timeout, trace, '{Status.QUEUED}', 0, 0, skey,
+         %(batch)s::bigint
   FROM input ORDER BY ord
   ON CONFLICT DO NOTHING
   RETURNING id, created_at, run_at
@@ -444,7 +453,7 @@ FROM {T} WHERE client_id IS NOT DISTINCT FROM %s
 
 
 _MANY_ARRAYS = ("tasks", "payloads", "queues", "priorities", "run_ats", "max_retries",
-                "keys", "hashes", "ckeys", "timeouts")  # fmt: skip
+                "keys", "hashes", "ckeys", "timeouts", "traces", "skeys")  # fmt: skip
 
 
 def _submit_many_rows(items: Sequence[NewJob], params: dict[str, Any]) -> list[tuple]:
@@ -478,7 +487,11 @@ def _submit_many_rows(items: Sequence[NewJob], params: dict[str, Any]) -> list[t
 
 
 def submit_many(
-    items: Sequence[NewJob], *, client_id: int | None = None, actor: str = "app"
+    items: Sequence[NewJob],
+    *,
+    client_id: int | None = None,
+    actor: str = "app",
+    batch_id: int | None = None,
 ) -> list[Submitted]:
     """Insert many queued jobs in one statement; one Redis push for all of them on commit.
 
@@ -506,6 +519,9 @@ def submit_many(
         "hashes": [i.request_hash for i in items],
         "ckeys": [i.concurrency_key for i in items],
         "timeouts": [i.timeout for i in items],
+        "traces": [i.trace_context for i in items],
+        "skeys": [i.sequence_key for i in items],
+        "batch": batch_id,  # a batch's jobs (jobs.flow.batches)
         "client": client_id,
         "actor": actor,
     }
@@ -589,7 +605,10 @@ FROM u ORDER BY priority DESC, run_at, id
 QT = Queue._meta.db_table
 # An open queue: no row in jobs_queue says paused or limited. Uncorrelated, so one
 # primary-key probe per statement (an InitPlan), evaluated before any job row is read.
-_LIMITED = "q.concurrency IS NOT NULL OR q.rate_limit IS NOT NULL OR q.key_concurrency IS NOT NULL"
+_LIMITED = (
+    "q.concurrency IS NOT NULL OR q.rate_limit IS NOT NULL OR q.key_concurrency IS NOT NULL"
+    " OR q.key_rate_limit IS NOT NULL"
+)
 _CONTROLLED = f"(q.paused OR q.fair OR {_LIMITED})"
 _QUEUE_OPEN = f"NOT EXISTS (SELECT FROM {QT} q WHERE q.name = %(queue)s AND {_CONTROLLED})"
 
@@ -627,11 +646,9 @@ WITH c AS (
 def _leases(rows: list[tuple], worker_id: str) -> list[Lease]:
     leases = []
     per_queue: dict[str, int] = defaultdict(int)
-    loads = json.loads
-    for r in rows:
-        payload = loads(r[3]) if isinstance(r[3], str) else r[3]
+    for r in rows:  # read in binary (_hot_rows): the payload arrives parsed, a string too
         leases.append(
-            Lease(r[0], r[1], worker_id, r[2], payload, r[4], r[5], r[6], r[7], r[8], r[9], r[10])
+            Lease(r[0], r[1], worker_id, r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10])
         )
         per_queue[r[4]] += 1
     for queue, n in per_queue.items():
@@ -754,12 +771,12 @@ _KEYED = f"""
   FROM c
 ), picked AS (
   SELECT id, k, ord FROM keyed
-  WHERE key IS NULL OR nth + (
+  WHERE key IS NULL OR ((%(key_cap)s::int IS NULL OR nth + (
     SELECT count(*) FROM {T} x
     WHERE x.status = '{Status.PROCESSING}' AND x.queue = %(queue)s
       AND x.concurrency_key = keyed.key
       AND x.client_id IS NOT DISTINCT FROM nullif(keyed.k, 0)
-  ) <= %(key_cap)s
+  ) <= %(key_cap)s::int){keyrate.PICK_SQL})
 )"""
 
 
@@ -852,24 +869,35 @@ def _claim_in_turns_under_queue_lock(
     key_cap: int | None,
     after: int,
     start: int | None,
-) -> tuple[list[tuple], bool]:
+    key_rate: tuple[int, int] | None = None,
+) -> tuple[list[tuple], float | None]:
     """The claim of a fair or keyed queue, inside claim_limited_under_queue_lock's
-    transaction. Returns the rows and whether a key at its cap held jobs back.
+    transaction. Returns the rows and, when keys at their cap or rate held jobs back,
+    the seconds until one may start again (else None).
 
     Under the queue's lock no other claim of the queue runs, so the processing rows
-    counted per key stay counted until this transaction commits. A batch that keys
-    at their cap cut short is claimed again, the full keys skipped, so the jobs of
-    other keys behind a full key's backlog still start.
+    and starts (jobs.flow.keyrate) counted per key stay counted until this
+    transaction commits. A batch that keys at their cap or rate cut short is claimed
+    again, the full keys skipped, so the jobs of other keys behind a full key's
+    backlog still start.
     """
-    sql = _CLAIM_TURNS_SQL[(fair, key_cap is not None)]
+    sql = _CLAIM_TURNS_SQL[(fair, key_cap is not None or key_rate is not None)]
     _rows(_GENERIC_PLAN_SQL, [])
     params: dict[str, Any] = {
         "queue": queue, "after": after, "worker": worker_id,
         "actor": worker_actor(worker_id), "key_cap": key_cap, "start": start,
+        **keyrate.NO_RATE,
     }  # fmt: skip
-    if key_cap is None:
-        return _hot_rows(sql, {**params, "limit": allowed}), False
-    full = {(r[0], r[1]) for r in _rows(_KEYS_FULL_SQL, params)}
+    if key_cap is None and key_rate is None:
+        return _hot_rows(sql, {**params, "limit": allowed}), None
+
+    def keys_full() -> tuple[set[tuple[int, str]], keyrate.Window | None]:
+        capped = {(r[0], r[1]) for r in _rows(_KEYS_FULL_SQL, params)} if key_cap else set()
+        window = None if key_rate is None else keyrate.start_window(queue, *key_rate)
+        return capped, window
+
+    capped, window = keys_full()
+    full = capped | (window.full if window is not None else set())
     out: list[tuple] = []
     for _ in range(KEYED_ROUNDS):
         want = allowed - len(out)
@@ -879,25 +907,33 @@ def _claim_in_turns_under_queue_lock(
             sql,
             {**params, "limit": want, "full_clients": [k for k, _ in full],
              "full_keys": [key for _, key in full],
-             "start": None if start is None else max(0, start - len(out))},
+             "start": None if start is None else max(0, start - len(out)),
+             **(window.params() if window is not None else {})},
         )  # fmt: skip
+        if window is not None and rows:
+            keyrate.record_starts([r[0] for r in rows], rows[-1][-1])
         out += rows
         if len(rows) == want:
             break
-        # Fewer than asked: either no due row is left, or keys reached their cap.
-        now_full = {(r[0], r[1]) for r in _rows(_KEYS_FULL_SQL, params)}
+        # Fewer than asked: either no due row is left, or keys reached their cap or rate.
+        capped, window = keys_full()
+        now_full = capped | (window.full if window is not None else set())
         if now_full <= full or not rows:
             full = now_full
             break
         full = now_full
-    return out, bool(full) and len(out) < allowed
+    if not full or len(out) >= allowed:
+        return out, None
+    waits = [CAP_RECHECK_SECONDS] if capped else []
+    due = window.next_due() if window is not None else None
+    return out, min([*waits, *([due] if due is not None else [])], default=CAP_RECHECK_SECONDS)
 
 
 # The queue's row lock serialises every claim of a limited queue (and its pause). The
 # statements after it begin once the previous holder committed: they read its claims.
 _QUEUE_LOCK_SQL = (
-    "SELECT paused, concurrency, rate_limit, rate_period, fair, key_concurrency"
-    f" FROM {QT} WHERE name = %s FOR UPDATE"
+    "SELECT paused, concurrency, rate_limit, rate_period, fair, key_concurrency,"
+    f" key_rate_limit, key_rate_period FROM {QT} WHERE name = %s FOR UPDATE"
 )
 _QUEUE_STATE_SQL = f"""
 SELECT statement_timestamp(), rate_starts,
@@ -949,7 +985,7 @@ def claim_limited_under_queue_lock(
         rows = _rows(_QUEUE_LOCK_SQL, [queue])
         if not rows:  # no controls row (not synced yet): an open queue
             return Gated(claim_next(worker_id, [queue], limit, start=start))
-        paused, cap, rate, period, fair, key_cap = rows[0]
+        paused, cap, rate, period, fair, key_cap, key_rate, key_period = rows[0]
         if paused:
             return Gated([], float("inf"))
         now, starts, running = _rows(_QUEUE_STATE_SQL, {"queue": queue})[0]
@@ -969,12 +1005,13 @@ def claim_limited_under_queue_lock(
         if allowed <= 0:
             return Gated([], blocked_for)
         last_client = after
-        if fair or key_cap is not None:
-            rows, keys_full = _claim_in_turns_under_queue_lock(
-                worker_id, queue, allowed, fair=fair, key_cap=key_cap, after=after, start=start
-            )
-            if keys_full:
-                blocked_for = max(blocked_for or 0.0, CAP_RECHECK_SECONDS)
+        if fair or key_cap is not None or key_rate is not None:
+            rows, keys_wait = _claim_in_turns_under_queue_lock(
+                worker_id, queue, allowed, fair=fair, key_cap=key_cap, after=after,
+                start=start, key_rate=None if key_rate is None else (key_rate, key_period),
+            )  # fmt: skip
+            if keys_wait is not None:
+                blocked_for = max(blocked_for or 0.0, keys_wait)
             last_client = rows[-1][_TURN_CLIENT] if fair and rows else after
         else:
             rows = _hot_rows(
@@ -1661,22 +1698,25 @@ def revoke(job_ids: Sequence[int], actor: str) -> list[int]:
 
 
 _CANCEL_SQL = f"""
-UPDATE {T} j SET status = '{Status.FAILED}', error = '{CANCELLED}', finished_at = now(),
+UPDATE {T} j SET status = '{Status.FAILED}', error = %(error)s, finished_at = now(),
        result = NULL, updated_by = %(actor)s
 WHERE id = ANY(%(ids)s) AND {lifecycle.CANCEL.where()}
       {{client_clause}}
 RETURNING {_FINISH_RETURNING}"""
 
 
-def cancel(job_ids: Sequence[int], actor: str, client_id: int | None = None) -> list[int]:
-    """queued / enqueue_failed → failed with error "cancelled": only jobs not started.
+def cancel(
+    job_ids: Sequence[int], actor: str, client_id: int | None = None, error: str = CANCELLED
+) -> list[int]:
+    """queued / enqueue_failed → failed with error "cancelled" (or `error`, which
+    says why the job never ran): only jobs not started.
 
     With `client_id`, only that client's jobs are touched.
     """
     client_clause = "AND client_id = %(client)s" if client_id is not None else ""
     rows = _rows(
         _CANCEL_SQL.replace("{client_clause}", client_clause),
-        {"actor": actor, "ids": list(job_ids), "client": client_id},
+        {"actor": actor, "ids": list(job_ids), "client": client_id, "error": error},
     )
     if actor_role(actor) == Role.STAFF:
         _count_on_commit(metrics.STAFF_ACTIONS.labels("cancel"), len(rows))
@@ -1818,11 +1858,14 @@ _FENCE_ONE = (
     f" AND j.status = '{Status.PROCESSING}' AND {lifecycle.hot_sql('j')}"
 )
 
-# A checkpoint lands only while the lease holds: the fenced UPDATE (which also
-# extends the lease) and the INSERT are one statement, like a fenced completion.
+# A checkpoint lands only while the lease holds: the fence read FOR SHARE and the
+# INSERT are one statement, like a fenced completion. The share lock holds off every
+# write of the row (a requeue, a revoke) until the step commits, and no row version,
+# trigger call or WAL of the wide job row is written per step (D320); the heartbeat
+# keeps the lease.
 _STEP_SQL = f"""
 WITH f AS (
-  UPDATE {T} j SET heartbeat_at = now() WHERE {_FENCE_ONE} RETURNING j.id, j.lease_version),
+  SELECT j.id, j.lease_version FROM {T} j WHERE {_FENCE_ONE} FOR SHARE),
 ins AS (
   INSERT INTO {_STEP} (job_id, name, result, lease_version, worker_id, created_at)
   SELECT f.id, %(name)s, %(result)s::jsonb, f.lease_version, %(owner)s, statement_timestamp()
@@ -1923,6 +1966,78 @@ def suspend(
     return status
 
 
+# Continue-as-new (D315): the run ends done with a link to its next run, a new job
+# with the same task and options, an empty history and the given payload. One
+# transaction: neither run exists alone outside it, both never live together.
+_CONTINUE_SQL = f"""
+UPDATE {T} j SET status = '{Status.DONE}', error = NULL, {_UNOWN},
+       result = jsonb_build_object('continued_as_new', n.id), next_run_id = n.id,
+       chain_id = coalesce(j.chain_id, j.id), run_number = coalesce(j.run_number, 1),
+       finished_at = statement_timestamp(),
+       updated_by = {_HOLDER_PARAM}
+FROM (SELECT nextval(pg_get_serial_sequence('{T}', 'id')) AS id) n
+WHERE j.id = %(id)s AND j.lease_version = %(lv)s AND j.owned_by = %(owner)s
+  AND {lifecycle.CONTINUE_AS_NEW.where("j.status")} AND {lifecycle.hot_sql("j")}
+  AND j.cancel_requested_at IS NULL
+RETURNING n.id, j.chain_id, j.run_number, j.previous_run_ids, j.priority,
+          j.max_retries, j.client_id, j.unique_key, j.concurrency_key, j.timeout,
+          j.payload::text, {_FINISH_RETURNING}"""
+_NEXT_RUN_SQL = f"""
+INSERT INTO {T} (id, task, payload, queue, priority, run_at, max_retries, client_id,
+                 updated_by, unique_key, concurrency_key, timeout, status, retry_count,
+                 lease_version, chain_id, run_number, previous_run_ids)
+VALUES (%(id)s, %(task)s, %(payload)s::jsonb, %(queue)s, %(priority)s, now(), %(max_retries)s,
+        %(client)s, %(actor)s, %(unique_key)s, %(ckey)s, %(timeout)s, '{Status.QUEUED}', 0, 0,
+        %(chain)s, %(run)s, %(previous)s)"""
+# A signal the ended run had not consumed goes to the next run. A separate statement
+# after the fenced UPDATE: a signal whose transaction held the row lock has committed
+# by then and is seen (deliver_signal locks the row first, D316).
+_MOVE_SIGNALS_SQL = f"""
+UPDATE {_SIGNAL} s SET job_id = %(next)s
+WHERE s.job_id = %(old)s
+  AND NOT EXISTS (SELECT 1 FROM {_STEP} st
+                  WHERE st.job_id = %(old)s AND st.name = '~signal:' || s.key)"""
+
+
+def continue_as_new(lease: Lease, payload_json: str | None) -> int | None:
+    """End the lease's run (done, fenced) and create its next run, queued now with
+    `payload_json` (None: the run's own payload). Returns the next run's id, or None
+    when the fence refused it or a cancel is pending (nothing written)."""
+    with transaction.atomic(durable=True):
+        params = {"id": lease.job_id, "lv": lease.lease_version, "owner": lease.worker_id}
+        rows = _rows(_CONTINUE_SQL, params)
+        if not rows:
+            return None
+        next_id, chain, run, previous, priority, max_retries, client = rows[0][:7]
+        unique_key, ckey, timeout, own_payload = rows[0][7:11]
+        old = rows[0][11:]
+        kept = int(settings.JOBS_CHAIN_IDS_KEPT)
+        _rows(
+            _NEXT_RUN_SQL,
+            {
+                "id": next_id,
+                "task": old[3],
+                "payload": own_payload if payload_json is None else payload_json,
+                "queue": old[2],
+                "priority": priority,
+                "max_retries": max_retries,
+                "client": client,
+                "actor": worker_actor(lease.worker_id),
+                "unique_key": unique_key,
+                "ckey": ckey,
+                "timeout": timeout,
+                "chain": chain,
+                "run": run + 1,
+                "previous": ([*(previous or []), lease.job_id])[-kept:] if kept > 0 else None,
+            },
+        )
+        _rows(_MOVE_SIGNALS_SQL, {"next": next_id, "old": lease.job_id})
+        _finished([old])
+        _count_on_commit(metrics.CONTINUED, 1)
+        signal_after_commit([(next_id, old[2])], park_on_failure=True)
+    return next_id
+
+
 class SignalRefused(Exception):
     """A signal the job cannot take: `reason` is "not_found", "finished", "not_waiting"
     (parked waiting for another key) or "duplicate"."""
@@ -1933,8 +2048,25 @@ class SignalRefused(Exception):
 
 
 _SIGNAL_LOCK_SQL = (
-    f"SELECT status, client_id, wait_reason, wait_key FROM {T} WHERE id = %s FOR UPDATE"
+    f"SELECT status, client_id, wait_reason, wait_key, next_run_id FROM {T}"
+    " WHERE id = %s FOR UPDATE"
 )
+_MAX_HOPS = 10_000  # runs a signal follows forward (a chain's links never loop)
+
+
+def _signal_target(job_id: int, client_id: int | None) -> tuple[int, tuple]:
+    """The run a signal for `job_id` goes to, locked: the job, or for a run that
+    continued as new, the chain's live run (followed by its links, D316)."""
+    for _ in range(_MAX_HOPS):
+        rows = _rows(_SIGNAL_LOCK_SQL, [job_id])
+        if not rows or (client_id is not None and rows[0][1] != client_id):
+            raise SignalRefused("not_found", "Not found.")
+        if rows[0][0] not in TERMINAL or rows[0][4] is None:
+            return job_id, rows[0]
+        job_id = rows[0][4]
+    raise SignalRefused("not_found", "Not found.")
+
+
 _SIGNAL_INSERT_SQL = f"""
 INSERT INTO {_SIGNAL} (job_id, key, payload, sent_by, created_at)
 VALUES (%(id)s, %(key)s, %(payload)s::jsonb, %(actor)s, now())
@@ -1957,17 +2089,15 @@ def deliver_signal(
     first, the other sees it (no lost wake-up). Raises SignalRefused.
     """
     with transaction.atomic():
-        rows = _rows(_SIGNAL_LOCK_SQL, [job_id])
-        if not rows or (client_id is not None and rows[0][1] != client_id):
-            raise SignalRefused("not_found", "Not found.")
-        status, _, reason, waits_for = rows[0]
+        job_id, row = _signal_target(job_id, client_id)
+        status, _, reason, waits_for, _ = row
         if status in TERMINAL:
             raise SignalRefused("finished", f"job {job_id} has finished ({status})")
         if status == Status.QUEUED and reason == WaitReason.SIGNAL and waits_for != key:
             raise SignalRefused(
                 "not_waiting", f"job {job_id} is waiting for the signal {waits_for!r}, not {key!r}"
             )
-        quotas.check_room(quotas.SIGNALS_PER_JOB, rows[0][1], job_id)  # the job row is locked
+        quotas.check_room(quotas.SIGNALS_PER_JOB, row[1], job_id)  # the job row is locked
         params = {"id": job_id, "key": key, "payload": payload_json, "actor": actor}
         if not _rows(_SIGNAL_INSERT_SQL, params):
             raise SignalRefused("duplicate", f"job {job_id} already has a signal {key!r}")
@@ -1993,11 +2123,11 @@ _WORKFLOW_IDS_SQL = (
 _WORKFLOW_JOBS_SQL = f"""
 INSERT INTO {T} (id, task, payload, queue, priority, run_at, max_retries, client_id,
                  updated_by, status, retry_count, lease_version, wait_reason, concurrency_key,
-                 timeout)
+                 timeout, trace_context)
 SELECT u.id, u.task, u.payload::jsonb, u.queue, u.priority,
        CASE WHEN u.blocked THEN %(blocked)s::timestamptz ELSE now() END,
        u.max_retries, %(client)s, %(actor)s, '{Status.QUEUED}', 0, 0,
-       CASE WHEN u.blocked THEN '{WaitReason.PARENTS}' END, u.ckey, u.timeout
+       CASE WHEN u.blocked THEN '{WaitReason.PARENTS}' END, u.ckey, u.timeout, %(trace)s
 FROM unnest(%(ids)s::bigint[], %(tasks)s::text[], %(payloads)s::text[], %(queues)s::text[],
             %(priorities)s::int[], %(max_retries)s::int[], %(blocked_flags)s::boolean[],
             %(ckeys)s::text[], %(timeouts)s::float8[])
@@ -2021,6 +2151,7 @@ def create_workflow(
     actor: str = "app",
     idempotency_key: str | None = None,
     request_hash: str | None = None,
+    trace_context: str | None = None,
 ) -> tuple[int, bool]:
     """Insert a checked workflow (jobs.workflows.build): every job, node and edge in one
     (nested) transaction. Each step is (id, parent ids, checked submission arguments).
@@ -2059,6 +2190,7 @@ def create_workflow(
                 "blocked_flags": [bool(after) for _, after, _ in steps],
                 "ckeys": [j.get("concurrency_key") for j in jobs],
                 "timeouts": [j.get("timeout") for j in jobs],
+                "trace": trace_context,
                 "blocked": BLOCKED_RUN_AT,
                 "client": client_id,
                 "actor": actor,
