@@ -468,6 +468,8 @@ def test_make_run_stops_the_embedded_database_on_ctrl_c(embedded_pgdata):
 
 # `manage.py jobs` verbs that act on job ids: the ids in the guides name no job here.
 ON_ROWS = r"^python manage\.py jobs (show|retry|cancel|revoke|repair) "
+# `manage.py sequence` verbs name a sequence key: the guide's names no sequence here.
+ON_SEQUENCES = r"^python manage\.py sequence (show|resume|skip) "
 # How each README command line is covered: run by a test named here, or why not.
 README_COMMANDS = [
     (r"^make (run|test)$", "make run: test_make_run_with_several_workers; make test: this suite"),
@@ -477,6 +479,7 @@ README_COMMANDS = [
     (r"^python manage\.py queue (pause|resume|list)\b", "run here"),
     (r"^python manage\.py jobs (list|purge)\b", "run here (purge finds no job to cancel)"),
     (ON_ROWS, "tests/test_jobs_command.py runs each verb on real rows, as a staff user"),
+    (ON_SEQUENCES, "tests/test_flow_sequences.py runs each verb on a real sequence"),
     (r"^python manage\.py kafka (create-topic|status)\b", "run here against a broker"),
     (r"^python manage\.py outbox (list|start)\b", "run here"),
     (r"^manage\.py prunejobs ", "a synopsis: run here without brackets, --dry-run"),
@@ -553,7 +556,9 @@ def test_readme_make_commands_parse(command):
     [
         c
         for c in readme_commands()
-        if re.match(r"^(python )?manage\.py ", c) and not re.match(ON_ROWS, c)
+        if re.match(r"^(python )?manage\.py ", c)
+        and not re.match(ON_ROWS, c)
+        and not re.match(ON_SEQUENCES, c)
     ],
 )
 def test_readme_manage_commands_run(command, request):
