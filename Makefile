@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-12)
 
-.PHONY: run test lint install tools migrate browser chaos chaos-long bench crash-bench webhooks durable-loop \
+.PHONY: run test docs lint install tools migrate browser chaos chaos-long bench crash-bench webhooks durable-loop \
 	table-health table-growth fillfactor archive-bench fuzz schedules-long workflow-bench workflow-linear flow-batch \
 	stop-db reset-db clean \
 	fresh-project test-matrix
@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	# A truncated index page from the package index fails pip at once: the upgrade of pip
 	# itself is optional, and the project's install is tried a second time.
 	$(PY) -m pip install --quiet --upgrade pip || echo "pip not upgraded: the venv's own is used"
-	$(PY) -m pip install --quiet -e '.[deploy,dev]' || $(PY) -m pip install --quiet -e '.[deploy,dev]'
+	$(PY) -m pip install --quiet -e '.[deploy,dev,docs]' || $(PY) -m pip install --quiet -e '.[deploy,dev,docs]'
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
@@ -24,7 +24,7 @@ install: $(STAMP)
 # The bench's own extra (matplotlib for the scaling plot), on top of install.
 BENCH_STAMP := $(VENV)/.bench-$(shell cat pyproject.toml | md5sum | cut -c1-12)
 $(BENCH_STAMP): $(STAMP)
-	$(PY) -m pip install --quiet -e '.[deploy,dev,bench]'
+	$(PY) -m pip install --quiet -e '.[deploy,dev,docs,bench]'
 	rm -f $(VENV)/.bench-*
 	touch $(BENCH_STAMP)
 
@@ -91,6 +91,13 @@ test: install browser tools
 	$(VENV)/bin/ruff format --check .
 	DATABASE_URL=$${DATABASE_URL:-postgres://root@127.0.0.1:5432/postgres} $(PY) manage.py makemigrations --check --dry-run --settings=jobservice.test_settings
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+## docs: the documentation site from docs/ (mkdocs.yml) into site/, offline, with its search
+## index; strict: a broken link or anchor, or a page missing from the navigation, fails it.
+## `python -m http.server -d site` serves it (search needs a served site, never the network);
+## `.venv/bin/mkdocs serve` shows it on http://127.0.0.1:8000 while you edit.
+docs: install
+	$(VENV)/bin/mkdocs build --strict --site-dir site
 
 ## test-matrix: the app's contract tests on every supported Python x Django cell (noxfile.py,
 ## docs/django.md "Supported versions"), each in its virtualenv under .nox/ (kept between runs);
@@ -167,7 +174,7 @@ table-health: install
 ## table-growth: today's layout beside the partitioned one, each filled in turn to
 ## TABLE_GROWTH_JOBS jobs with their history (SQL fill) in a scratch database of its own: claim
 ## and submission latency, a week's retention, a day's churn, the claim's plan, disk per million.
-## 50 M takes hours and ~70 GB per layout (docs/performance.md "Table growth").
+## 50 M takes hours and ~70 GB per layout (docs/performance/storage.md "Table growth").
 TABLE_GROWTH_JOBS ?= 50000000
 table-growth: install
 	$(PY) -m bench --scenario table-growth --growth-jobs $(TABLE_GROWTH_JOBS) $(TABLE_GROWTH_ARGS)

@@ -98,8 +98,10 @@ ROOT_URLCONF = "jobservice.urls"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        # The admin's pages come with the app (jobs/templates).
-        "DIRS": [],
+        # The deployment's own pages (its front page, the admin's branding, the error
+        # pages) in the top-level templates/; the app's admin pages come with the app
+        # (jobs/templates, through APP_DIRS), so the wheel carries them and not these.
+        "DIRS": [BASE_DIR / "templates"],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [

@@ -1,10 +1,11 @@
-"""The deployment's front page: the URL `make run` prints answers with where to go."""
+"""The deployment's front page: the URL `make run` prints answers with where to go
+(templates/home.html)."""
 
 from __future__ import annotations
 
 from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
 from django.urls import reverse
-from django.utils.html import format_html, format_html_join
 
 LINKS = (
     ("admin:index", "Admin", "jobs, queues, schedules, workflows, webhooks (staff login)"),
@@ -16,15 +17,5 @@ LINKS = (
 
 
 def home(request: HttpRequest) -> HttpResponse:
-    items = format_html_join(
-        "\n", '<li><a href="{}">{}</a>: {}</li>', ((reverse(n), t, d) for n, t, d in LINKS)
-    )
-    return HttpResponse(
-        format_html(
-            '<!doctype html><html lang="en"><head><meta charset="utf-8"><title>jobservice'
-            "</title></head><body><h1>jobservice</h1><ul>\n{}\n</ul>"
-            '<p>Metrics: <a href="/metrics">/metrics</a> (workers and the reaper serve '
-            "their own).</p></body></html>",
-            items,
-        )
-    )
+    links = [{"href": reverse(n), "title": t, "description": d} for n, t, d in LINKS]
+    return render(request, "home.html", {"links": links})

@@ -1,5 +1,6 @@
 """The README and the guides in docs/ link to files and headings that exist, so moving a
-section between them cannot leave a dead link behind."""
+section between them cannot leave a dead link behind. This reads them as a checkout shows
+them; tests/test_docs_site.py builds the site from the same files."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+# Pages the site generates when it is built (docs/hooks/openapi.py): links to them are
+# checked by the site's strict build, not here.
+GENERATED = {ROOT / "docs" / "api" / "reference.md"}
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
@@ -27,6 +31,8 @@ def dead_links(document: Path) -> list[str]:
             continue  # http:, https:, mailto:
         path, _, anchor = target.partition("#")
         linked = (document.parent / path).resolve() if path else document
+        if linked in GENERATED:
+            continue
         if not linked.exists():
             dead.append(target)
         elif anchor and linked.suffix == ".md" and anchor not in anchors(linked.read_text()):
@@ -41,7 +47,8 @@ def test_links_resolve(document):
 
 def test_the_readme_links_every_guide():
     readme = (ROOT / "README.md").read_text()
-    for guide in ("operations", "performance", "fault-suite", "architecture"):
+    for guide in ("operations", "performance/index", "fault-suite", "architecture", "overview",
+                  "api", "start", "django", "decisions/index"):  # fmt: skip
         assert f"](docs/{guide}.md" in readme, guide
 
 

@@ -295,7 +295,7 @@ def test_no_module_shadows_the_standard_library():
     assert shadowing <= allowed, sorted(shadowing - allowed)
 
 
-# --- the README's "Developing locally" walk-through --------------------------------
+# --- docs/start.md, "Developing locally" ------------------------------------------
 
 # Lines of the walk-through run by other tests here (they start servers on fixed ports
 # or act on the checkout's own embedded database).
@@ -309,20 +309,20 @@ DEV_COVERED_ELSEWHERE = {
 }
 
 
-def readme_section(title: str) -> str:
-    readme = (ROOT / "README.md").read_text()
-    return readme.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+def page(path: str) -> str:
+    """A page of the documentation, as written (docs/start.md, docs/tasks.md, ...)."""
+    return (ROOT / path).read_text()
 
 
 def python_files(section: str) -> dict[str, str]:
-    """The README's Python blocks that start with `# path/to/file.py`."""
+    """A page's Python blocks that start with `# path/to/file.py`."""
     blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
     return {b.split("\n", 1)[0][2:].strip(): b for b in blocks if re.match(r"# \w+/\w+\.py\n", b)}
 
 
 def test_adding_a_task_snippets_define_every_name():
     """The task example compiles and names nothing it does not import or define."""
-    files = python_files(readme_section("Adding a task"))
+    files = python_files(page("docs/tasks.md"))
     assert set(files) == {"myapp/models.py", "myapp/tasks.py"}
     import builtins
     import symtable
@@ -338,7 +338,7 @@ def test_adding_a_task_snippets_define_every_name():
 
 @pytest.mark.timeout(300)
 def test_readme_local_development_runs_as_written(tmp_path, scratch_db):
-    section = readme_section("Developing locally")
+    section = page("docs/start.md")
     (script,) = re.findall(r"```sh\n(.*?)```", section, flags=re.S)
     lines = script.splitlines()
     assert set(DEV_COVERED_ELSEWHERE) <= set(lines)
@@ -356,8 +356,8 @@ def test_readme_local_development_runs_as_written(tmp_path, scratch_db):
     ]:  # fmt: skip
         assert documented in script
         script = script.replace(documented, here)
-    # The app files are written from the README's own blocks right after startapp.
-    files = python_files(readme_section("Adding a task"))
+    # The app files are written from the task page's own blocks right after startapp.
+    files = python_files(page("docs/tasks.md"))
     writes = "\n".join(
         f"cat > {path} <<'README_EOF'\n{source}README_EOF" for path, source in files.items()
     )
@@ -468,6 +468,8 @@ def test_make_run_stops_the_embedded_database_on_ctrl_c(embedded_pgdata):
 
 # `manage.py jobs` verbs that act on job ids: the ids in the guides name no job here.
 ON_ROWS = r"^python manage\.py jobs (show|retry|cancel|revoke|repair) "
+# `manage.py sequence` verbs name a sequence key: the guide's names no sequence here.
+ON_SEQUENCES = r"^python manage\.py sequence (show|resume|skip) "
 # How each README command line is covered: run by a test named here, or why not.
 README_COMMANDS = [
     (r"^make (run|test)$", "make run: test_make_run_with_several_workers; make test: this suite"),
@@ -477,6 +479,7 @@ README_COMMANDS = [
     (r"^python manage\.py queue (pause|resume|list)\b", "run here"),
     (r"^python manage\.py jobs (list|purge)\b", "run here (purge finds no job to cancel)"),
     (ON_ROWS, "tests/test_jobs_command.py runs each verb on real rows, as a staff user"),
+    (ON_SEQUENCES, "tests/test_flow_sequences.py runs each verb on a real sequence"),
     (r"^python manage\.py kafka (create-topic|status)\b", "run here against a broker"),
     (r"^python manage\.py outbox (list|start)\b", "run here"),
     (r"^manage\.py prunejobs ", "a synopsis: run here without brackets, --dry-run"),
@@ -491,15 +494,15 @@ README_COMMANDS = [
     (r"^\.venv/bin/python -m chaos --profile short", "tests/test_chaos_short.py (short profile)"),
 ]
 SECTIONS_TESTED_AS_A_WHOLE = {
-    "API": "tests/api/test_readme.py runs the walk-through",
-    "Developing locally": "test_readme_local_development_runs_as_written",
+    "A 60-second walk-through": "tests/api/test_readme.py runs the walk-through",
 }
 
 
-# Where commands are documented: the README and the guides it links to.
-DOCUMENTS = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
+# Where commands are documented: the README and every page of the documentation site.
+DOCUMENTS = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md"))]
 DOCUMENTS_TESTED_AS_A_WHOLE = {
     "docs/django.md": "tests/test_fresh_project.py runs the page in a startproject project",
+    "docs/start.md": "test_readme_local_development_runs_as_written",
 }
 # Sections of the guides whose commands other tests run, by (document, section title).
 GUIDE_SECTIONS_TESTED_AS_A_WHOLE = {
@@ -553,7 +556,9 @@ def test_readme_make_commands_parse(command):
     [
         c
         for c in readme_commands()
-        if re.match(r"^(python )?manage\.py ", c) and not re.match(ON_ROWS, c)
+        if re.match(r"^(python )?manage\.py ", c)
+        and not re.match(ON_ROWS, c)
+        and not re.match(ON_SEQUENCES, c)
     ],
 )
 def test_readme_manage_commands_run(command, request):
@@ -590,7 +595,7 @@ def test_the_readme_tasks_backend_settings_pass_check_and_agree_with_the_django_
 
     from jobs.backends import JobServiceBackend
 
-    section = readme_section("Using jobservice as the Django Tasks backend")
+    section = page("docs/django-tasks.md")
     (example,) = [b for b in re.findall(r"```python\n(.*?)```", section, flags=re.S)
                   if b.startswith("# settings.py\n")]  # fmt: skip
     settings_part = example.split("\n# shop/tasks.py\n")[0]

@@ -7,7 +7,7 @@ table counters (pg_stat_xact_user_tables) say how many rows each operation wrote
 how many edge rows it read, and those are held to a small multiple of the steps and
 edges. The times are measured too (one statement each, on the database's clock),
 printed, and held to a generous bound. `make workflow-linear` runs the same at the cap
-with the figures of docs/performance.md.
+with the figures of docs/performance/workflows.md.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The README's table of error codes lists every code the API can answer: those the
+"""The table of error codes in docs/api.md lists every code the API can answer: those the
 app's code names (read from the source with `ast`), the ones it makes from a field's
 name, and the field rules of Django REST framework's serializers; and nothing else."""
 
@@ -64,22 +64,22 @@ def codes_in_source() -> tuple[set[str], int]:
     return found, dynamic
 
 
-def codes_in_readme() -> set[str]:
-    text = (ROOT / "README.md").read_text()
+def codes_in_the_api_page() -> set[str]:
+    text = (ROOT / "docs" / "api.md").read_text()
     table = re.search(r"^\| status \| codes \|\n\|---\|---\|\n((?:\|.*\n)+)", text, re.M)
-    assert table, "the README's table of error codes is gone"
+    assert table, "the table of error codes in docs/api.md is gone"
     # "(with `job_id`)" names a field of the body, not a code.
     return set(re.findall(r"(?<!with )`([a-z_]+)`", table.group(1)))
 
 
-def test_the_readme_lists_every_code_the_api_answers():
+def test_the_api_page_lists_every_code_the_api_answers():
     found, dynamic = codes_in_source()
     assert dynamic == DYNAMIC_PRODUCERS, "a code made from a name: list what it makes above"
-    missing = sorted((found | MADE_FROM_FIELD_NAMES | DRF) - codes_in_readme())
-    assert not missing, f"add to the README's table of error codes: {missing}"
+    missing = sorted((found | MADE_FROM_FIELD_NAMES | DRF) - codes_in_the_api_page())
+    assert not missing, f"add to the table of error codes in docs/api.md: {missing}"
 
 
-def test_the_readme_lists_no_code_the_api_never_answers():
+def test_the_api_page_lists_no_code_the_api_never_answers():
     found, _ = codes_in_source()
-    stale = sorted(codes_in_readme() - found - MADE_FROM_FIELD_NAMES - DRF)
-    assert not stale, f"codes in the README's table that nothing answers: {stale}"
+    stale = sorted(codes_in_the_api_page() - found - MADE_FROM_FIELD_NAMES - DRF)
+    assert not stale, f"codes in docs/api.md's table that nothing answers: {stale}"
