@@ -55,7 +55,20 @@ LAYERS: list[tuple[str, list[str]]] = [
     # Caches of model rows that the writes keep honest (the API clients by token hash).
     # jobs.waiting: one Redis subscription per process wakes the callers waiting on a job.
     ("model caches", ["jobs.clientcache", "jobs.waiting"]),
-    # Every write (one fenced compare-and-set each) and every read.
+    # Every write, one compare-and-set each, in rooms that follow the job's life (issue
+    # 43). First what they share: the lease, a finished row, how a statement runs.
+    ("service statements", ["jobs.services.common"]),
+    # The Redis wake-ups sent once a write commits (and the park when one fails).
+    ("service signals", ["jobs.services.signals"]),
+    # The claim's three ways: plain (and by id), then turns (fair share and keys), then
+    # limited (under the queue's lock), each built on the one below.
+    ("plain claim", ["jobs.services.claims", "jobs.services.claims.plain"]),
+    ("claim in turns", ["jobs.services.claims.turns"]),
+    ("service rooms", ["jobs.services.claims.limited", "jobs.services.inserts",
+                       "jobs.services.fencing", "jobs.services.recovery",
+                       "jobs.services.repairs", "jobs.services.retention",
+                       "jobs.services.waits", "jobs.services.workflows"]),
+    # The services' one face (what callers import) and every read.
     # jobs.partitions: partitions ahead and the mover (D163), the reaper's.
     ("services and selectors", ["jobs.services", "jobs.selectors", "jobs.partitions"]),
     # Staff repairs (admin actions and `manage.py jobs`) and the Python cancel, each a

@@ -8,8 +8,8 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from jobs import queues, selectors, services, submission
-from jobs.lifecycle import STATUSES, Status
+from jobs import queues, selectors, submission
+from jobs.lifecycle import STATUSES, Role, Status, actor_role
 from jobs.models import PRIORITY_MAX, PRIORITY_MIN, Job, JobEvent, Schedule
 from jobs.selectors import progress_of
 
@@ -272,9 +272,9 @@ class JobEventSerializer(serializers.ModelSerializer):
         ]
         read_only_fields = fields
 
-    @extend_schema_field(serializers.ChoiceField(choices=services.Role.choices))
+    @extend_schema_field(serializers.ChoiceField(choices=Role.choices))
     def get_role(self, event: JobEvent) -> str:
-        return services.actor_role(event.actor)
+        return actor_role(event.actor)
 
 
 class ScheduleWriteSerializer(serializers.Serializer):
