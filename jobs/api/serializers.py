@@ -8,7 +8,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from jobs import queues, selectors, submission
+from jobs import queues, selectors, validation
 from jobs.lifecycle import STATUSES, Role, Status, actor_role
 from jobs.models import PRIORITY_MAX, PRIORITY_MIN, Job, JobEvent, Schedule
 from jobs.selectors import progress_of
@@ -67,7 +67,7 @@ class JobSubmitSerializer(serializers.Serializer):
         allow_null=True,
         default=None,
         min_value=0,
-        max_value=submission.MAX_RETRIES_LIMIT,
+        max_value=validation.MAX_RETRIES_LIMIT,
         help_text="Retries after the first attempt; default JOBS_MAX_RETRIES (3).",
     )
     timeout = serializers.FloatField(
@@ -301,7 +301,7 @@ class ScheduleWriteSerializer(serializers.Serializer):
         required=False, min_value=PRIORITY_MIN, max_value=PRIORITY_MAX
     )
     max_retries = serializers.IntegerField(
-        required=False, allow_null=True, min_value=0, max_value=submission.MAX_RETRIES_LIMIT
+        required=False, allow_null=True, min_value=0, max_value=validation.MAX_RETRIES_LIMIT
     )
     timeout = serializers.FloatField(
         required=False,
