@@ -73,7 +73,9 @@ LAYERS: list[tuple[str, list[str]]] = [
                        "jobs.services.waits", "jobs.services.workflows"]),
     # The services' one face (what callers import) and every read.
     # jobs.partitions: partitions ahead and the mover (D163), the reaper's.
-    ("services and selectors", ["jobs.services", "jobs.selectors", "jobs.partitions"]),
+    # jobs.gauges: the readings behind the exported gauges.
+    ("services and selectors", ["jobs.services", "jobs.selectors", "jobs.gauges",
+                                "jobs.partitions"]),
     # Staff repairs (admin actions and `manage.py jobs`) and the Python cancel, each a
     # service call with its audit.
     ("staff and caller controls", ["jobs.staff", "jobs.cancelling"]),

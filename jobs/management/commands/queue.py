@@ -6,7 +6,7 @@ import logging
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from jobs import queuecontrol, queues, selectors
+from jobs import gauges, queuecontrol, queues, selectors
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ class Command(BaseCommand):
             self.stdout.write("\n".join(changes) if changes else "queues already in sync")
             return
         if action == "list":
-            for q in selectors.queue_states():
+            for q in gauges.queue_states():
                 cap = "-" if q.concurrency is None else f"{q.processing}/{q.concurrency}"
                 rate = queues.format_rate(q.rate_limit, q.rate_period) or "-"
                 tokens = "" if q.rate_tokens is None else f" ({q.rate_tokens} left)"
