@@ -79,6 +79,8 @@ LAYERS: list[tuple[str, list[str]]] = [
     # Staff repairs (admin actions and `manage.py jobs`) and the Python cancel, each a
     # service call with its audit.
     ("staff and caller controls", ["jobs.staff", "jobs.cancelling"]),
+    # One pass of the reaper's repairs (the reaper is the process that paces them).
+    ("recovery sweeps", ["jobs.sweeps"]),
     # Retention by partition, the PostgreSQL side: periods, DETACH, DROP, ATTACH.
     ("archive tables", ["jobs.archive.tables"]),
     # A schedule's slots: the scheduler_runs row and the job it makes, in one statement.
