@@ -257,6 +257,97 @@ def test_known_exceptions_still_exist(graph):
     assert not gone, f"no longer imported, remove from KNOWN_EXCEPTIONS: {gone}"
 
 
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import cycles of `graph`: each strongly connected set of two modules or more
+    (Tarjan's algorithm, iterative: the graph has hundreds of modules)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.get(root, ()))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, targets = work[-1]
+            for target in targets:
+                if target not in graph:
+                    continue
+                if target not in index:
+                    index[target] = low[target] = len(index)
+                    stack.append(target)
+                    on_stack.add(target)
+                    work.append((target, iter(sorted(graph[target]))))
+                    break
+                if target in on_stack:
+                    low[node] = min(low[node], index[target])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    members = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        members.append(member)
+                        if member == node:
+                            break
+                    if len(members) > 1:
+                        found.append(sorted(members))
+    return found
+
+
+def test_no_import_cycle(graph):
+    """The layers forbid a cycle between layers; this also finds one inside an entry
+    package (which may import its own modules) or among the packages around jobs."""
+    assert cycles(graph) == []
+
+
+def test_cycles_are_found():
+    found = cycles({"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"e"}})
+    assert found == [["a", "b", "c"]]
+
+
+def test_callers_take_the_services_from_the_package(graph):
+    """jobs.services is one face: a module of jobs outside it imports its public names
+    from `jobs.services`, never from a room inside (tests and benchmarks may read a
+    statement's text where it lives)."""
+    inside = [
+        f"{module} -> {target}"
+        for module, targets in graph.items()
+        if module.split(".")[0] == "jobs" and not module.startswith("jobs.services")
+        for target in targets
+        if target.startswith("jobs.services.")
+    ]
+    assert inside == []
+
+
+# Modules of jobs longer than LONGEST_MODULE lines, each with why; the test fails once
+# one is shorter, so the list only shrinks.
+LONGEST_MODULE = 600
+LONG_MODULES = {
+    # Django's models of the app: one class per table, their constraints and indexes.
+    "jobs.models": 941,
+    # The outbox dispatcher: its loop, its hold on the history's horizon, and the sinks.
+    "jobs.events.outbox": 655,
+}
+
+
+def test_no_module_is_longer_than_a_reader_holds():
+    lines = {
+        module: len(path.read_text().splitlines())
+        for module, path in project_modules("jobs").items()
+    }
+    long = {m: n for m, n in lines.items() if n > LONGEST_MODULE}
+    assert {m: n for m, n in long.items() if m not in LONG_MODULES} == {}
+    assert sorted(set(LONG_MODULES) - set(long)) == [], "shorter now: remove from LONG_MODULES"
+
+
 def test_the_lifecycle_imports_nothing_of_the_project(graph):
     assert not {t for t in graph["jobs.lifecycle"] if t.split(".")[0] in PROJECT}
 
