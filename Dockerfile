@@ -22,7 +22,7 @@ RUN apt-get update \
 COPY pyproject.toml ./
 # The app's dependencies and the deployment's (the `deploy` extra: gunicorn, whitenoise, ...,
 # and the feature extras it names, kafka, archive and server, spelled out: not from an index).
-RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; x = p['optional-dependencies']; print('\n'.join(p['dependencies'] + [r for e in ('kafka', 'archive', 'server', 'deploy') for r in x[e] if not r.startswith('jobservice')]))" > /tmp/requirements.txt \
+RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; x = p['optional-dependencies']; print('\n'.join(p['dependencies'] + [r for e in ('kafka', 'archive', 'server', 'otel', 'sentry', 'deploy') for r in x[e] if not r.startswith('jobservice')]))" > /tmp/requirements.txt \
  && pip install -r /tmp/requirements.txt \
  && rm /tmp/requirements.txt
 

@@ -5,8 +5,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-12)
 
-.PHONY: run test lint install tools migrate browser chaos chaos-long bench crash-bench webhooks \
-	table-health table-growth fillfactor archive-bench fuzz schedules-long workflow-bench workflow-linear \
+.PHONY: run test lint install tools migrate browser chaos chaos-long bench crash-bench webhooks durable-loop \
+	table-health table-growth fillfactor archive-bench fuzz schedules-long workflow-bench workflow-linear flow-batch \
 	stop-db reset-db clean \
 	fresh-project test-matrix
 
@@ -130,11 +130,25 @@ WORKFLOW_NODES ?= 1000
 workflow-bench: install
 	WORKFLOW_NODES=$(WORKFLOW_NODES) $(VENV)/bin/pytest -q -s -p no:cacheprovider \
 	  tests/test_workflow_scale_e2e.py
+## durable-loop: the issue-45 durable loop: DURABLE_LOOP_TOTAL iterations (default 10000; `make
+## test` runs 400) continuing as new every DURABLE_LOOP_EVERY (500), with kill -9 of workers.
+DURABLE_LOOP_TOTAL ?= 10000
+DURABLE_LOOP_EVERY ?= 500
+DURABLE_LOOP_KILLS ?= 6
+durable-loop: install
+	DURABLE_LOOP_TOTAL=$(DURABLE_LOOP_TOTAL) DURABLE_LOOP_EVERY=$(DURABLE_LOOP_EVERY) \
+	  DURABLE_LOOP_KILLS=$(DURABLE_LOOP_KILLS) $(VENV)/bin/pytest -q -s -p no:cacheprovider \
+	  tests/test_durable_loop_e2e.py::test_a_long_loop_continues_as_new_under_kill_9
 ## workflow-linear: create, fail the root of and cancel 1,000-step workflows at the edge cap
 ## (two shapes), database time and rows touched, beside the dependents trigger of 0012.
 WORKFLOW_LINEAR_ARGS ?= --repeat 3 --previous
 workflow-linear: install
 	$(PY) -m bench.workflow_linear $(WORKFLOW_LINEAR_ARGS)
+## flow-batch: one batch of FLOW_BATCH_JOBS no-op jobs (the issue's 100,000) with a callback:
+## rows written, run time, callbacks made (exactly one) and their delay after the last job.
+FLOW_BATCH_JOBS ?= 100000
+flow-batch: install
+	$(PY) -m bench.flow_batch --jobs $(FLOW_BATCH_JOBS)
 ## webhooks: the webhook end-to-end runs (flaky receiver; kill -9 and a Redis restart with the
 ## stream's consumer group) with WEBHOOK_JOBS jobs: the issue's 1,000 by default, `make test` 200.
 WEBHOOK_JOBS ?= 1000

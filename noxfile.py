@@ -100,7 +100,7 @@ def requirements(django: str) -> list[str]:
     (the test settings are jobservice's), the tests', all pinned as pyproject.toml says."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     extras = project["optional-dependencies"]
-    wanted = ["kafka", "archive", "server", "deploy"]
+    wanted = ["kafka", "archive", "server", "otel", "sentry", "deploy"]
     if django == "5.2":
         wanted.append("tasks-backport")
     deps = [r for r in project["dependencies"] if _name(r) not in ("django", "django-tasks")]

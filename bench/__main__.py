@@ -224,12 +224,23 @@ def format_summary(records: list[dict]) -> str:
     """One line per figure, in scenario order: the default worker next to the tuned one,
     the single HTTP submission next to the batch endpoint, each code side by side."""
     lines = ["summary (figure: value [code], load average at start):"]
-    for r in records:
+    for r in beside_the_drains(records):
         value = r.get("value")
         shown = "NOT MEASURED" if value is None else f"{value:,.2f} {r.get('unit', '')}"
         load = (r.get("loadavg_1m") or ["?"])[0]
-        lines.append(f"  {r['scenario']:<16} {shown:>18}  [{r.get('code', '')}]  load {load}")
+        line = f"  {r['scenario']:<16} {shown:>18}  [{r.get('code', '')}]  load {load}"
+        lines.append(line + (f"\n      {r['brief']}" if r.get("brief") else ""))
     return "\n".join(lines)
+
+
+def beside_the_drains(records: list[dict]) -> list[dict]:
+    """drain-sinks' figures right after the drains' (issue 41: each sink's lag is read
+    beside the drain rate)."""
+    sinks = [r for r in records if r["scenario"] == "drain-sinks"]
+    rest = [r for r in records if r["scenario"] != "drain-sinks"]
+    drains = [i for i, r in enumerate(rest) if r["scenario"].startswith("drain")]
+    at = drains[-1] + 1 if drains else len(rest)
+    return rest[:at] + sinks + rest[at:]
 
 
 def format_record(r: dict) -> str:

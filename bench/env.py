@@ -13,6 +13,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from harness import DEFAULT_ADMIN_URL, ROOT, Processes, ScratchDatabase, service_env
@@ -59,6 +61,25 @@ def setup_django(db_url: str, redis_url: str, **settings_env: str) -> None:
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0, interactive=False)
+
+
+@contextmanager
+def scratch_django(**settings_env: str) -> Iterator[ScratchDatabase]:
+    """A scratch database and a private redis-server, this process's Django set up on
+    them; both gone afterwards."""
+    from harness import RedisServer
+
+    db = scratch_database().create()
+    redis = RedisServer().start()
+    try:
+        setup_django(db.url(), redis.url, **settings_env)
+        yield db
+    finally:
+        from django.db import connections
+
+        connections.close_all()
+        redis.stop()
+        db.drop()
 
 
 class Code:

@@ -32,3 +32,19 @@ def spin(payload: Any, ctx: JobContext) -> int:
     for i in range(int(payload.get("n", 2_000_000))):
         total += i & 7
     return total
+
+
+def _durable_bench_task(name: str):
+    try:
+        return task(name, example=True, durable=True)
+    except TypeError:
+        return task(name, durable=True)
+
+
+@_durable_bench_task("bench.durable_steps")
+def durable_steps(payload: Any, ctx: Any) -> int:
+    """`steps` no-op checkpointed steps (the durable-steps bench, issue 45)."""
+    n = int(payload.get("steps", 5))
+    for i in range(n):
+        ctx.step(f"s{i}", int, i)
+    return n

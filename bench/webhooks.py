@@ -10,73 +10,17 @@ how long after the last job's end each sink has the last event.
 
 from __future__ import annotations
 
-import json
 import math
-import random
-import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler
 
 from bench.measure import backend_pids, cpu_seconds, sql
 from bench.scenarios import Context, counts_by_status, reset, scenario, wait_terminal
 from harness import wait_until
-from harness.receiver import serve_on_loopback
+from harness.receiver import Recording
 
 WEBHOOK_ENV = {"JOBS_WEBHOOK_ALLOW_PRIVATE": "1"}
-
-
-class Receiver:
-    """HTTP/1.1 (kept-alive connections) on 127.0.0.1; `fail` is the share of calls
-    answered 500 with Retry-After 1. Notes each call: webhook-id, job, seq, time, code."""
-
-    def __init__(self, fail: float = 0.0, seed: int = 41) -> None:
-        self.fail = fail
-        self.random = random.Random(seed)
-        self.lock = threading.Lock()
-        self.calls: list[tuple[str, int, int, float, int]] = []
-        self.bodies: dict[str, set[str]] = defaultdict(set)
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-            # The head and the body are two writes: with Nagle's algorithm the body
-            # waits for the sender's delayed ACK (40 ms) on a kept-alive connection.
-            disable_nagle_algorithm = True
-
-            def do_POST(self):
-                body = self.rfile.read(int(self.headers["content-length"]))
-                data = json.loads(body)["data"]
-                msg_id = self.headers["webhook-id"]
-                with receiver.lock:
-                    code = 500 if receiver.random.random() < receiver.fail else 200
-                    receiver.calls.append((msg_id, data["id"], data["seq"], time.time(), code))
-                    receiver.bodies[msg_id].add(body.decode())
-                self.send_response(code)
-                if code == 500:
-                    self.send_header("Retry-After", "1")
-                self.send_header("Content-Length", "2")
-                self.end_headers()
-                self.wfile.write(b"ok")
-
-            def log_message(self, *args):
-                pass
-
-        self.server, self.url = serve_on_loopback(Handler)
-
-    def delivered(self) -> dict[str, float]:
-        """webhook-id → time of its first 200."""
-        with self.lock:
-            out: dict[str, float] = {}
-            for msg_id, _, _, at, code in self.calls:
-                if code == 200 and msg_id not in out:
-                    out[msg_id] = at
-            return out
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def _webhook(url: str, events: list[str]) -> int:
@@ -118,7 +62,7 @@ def _expected(job_ids: list[int], events: list[str]) -> dict[str, tuple[int, int
 def _run(ctx: Context, code, n: int, fail: float, events: list[str]) -> dict:
     reset(ctx)
     sql("DELETE FROM jobs_webhookdelivery")
-    receiver = Receiver(fail)
+    receiver = Recording(fail)
     try:
         client_id = _webhook(receiver.url, events)
         reaper = ctx.procs.start("runreaper", root=code.root, **WEBHOOK_ENV)
@@ -239,7 +183,7 @@ def drain_sinks(ctx: Context) -> Iterator[dict]:
             placed = ctx.procs.start("outbox", "start", "kafka", "--from", "now", root=code.root)
             if placed.wait(60) != 0:
                 raise RuntimeError(f"outbox start kafka failed:\n{placed.output()}")
-            receiver = Receiver()
+            receiver = Recording()
             try:
                 client_id = _webhook(receiver.url, ["job.done"])
                 env = {**WEBHOOK_ENV, "JOBS_KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,
@@ -289,6 +233,8 @@ def drain_sinks(ctx: Context) -> Iterator[dict]:
                 "summary": f"drain {n / drain_s:,.0f} jobs/s; last event passed by "
                 + ", ".join(f"{k} {v:.2f}s" for k, v in sorted(after.items()))
                 + " after the last job's end (receiver: its last delivery)",
+                "brief": f"drain {n / drain_s:,.0f} jobs/s; after the last job: "
+                + ", ".join(f"{k} {after[k]:.2f} s" for k in ("webhooks", "stream", "kafka")),
                 "details": {"jobs": n, "drain_s": drain_s, "after_last_job_s": after},
             }
     finally:

@@ -24,6 +24,7 @@ from typing import Any
 from jobs.lifecycle import LEASE_BUMPING, NOT_STARTED, TERMINAL, Role, Status, is_legal
 
 TERMINAL_STATES = frozenset(str(s) for s in TERMINAL)
+_TERMINAL_LIST = ", ".join(f"'{s}'" for s in sorted(TERMINAL_STATES))
 # Tasks that can never end as done: their handler always fails.
 NEVER_DONE_TASKS = frozenset(
     {
@@ -47,7 +48,12 @@ PERMANENT_ERRORS: dict[str, str] = {
     "PermanentError": "the handler raised PermanentError",
     "cancelled": "cancelled before it started",
     "dependency failed": "a workflow parent failed (on_failure=fail_dependents)",
+    "skipped": "its concurrency key was busy (key_strategy skip_new, jobs.flow)",
 }
+# The payload field in which the workload names a debounced job's key (chaos.load): a
+# job does not keep its debounce_key, and a join replaces the payload with another of
+# the same key.
+DEBOUNCE_MARK = "debounce_key"
 # How far a checkpoint's clock may pass the end of its lease: its statement may start
 # (now()) just after the statement that ends the lease started, and still commit first.
 STEP_CLOCK_SLACK = 0.5
@@ -469,6 +475,37 @@ def children_after_parents(conn: Any, accepted: Collection[int]) -> list[Violati
     return out
 
 
+def chains_whole(conn: Any, accepted: Collection[int]) -> list[Violation]:
+    """Every durable job that continued as new (issue 45) is one chain: runs numbered
+    1..n without a gap or a double, each continued run done with a link to the next,
+    the links and previous_run_ids agreeing, and only its last run not continued."""
+    name = "chains_whole"
+    out: list[Violation] = []
+    chains: dict[int, list[tuple]] = {}
+    for row in _rows(
+        conn,
+        """SELECT chain_id, id, coalesce(run_number, 1), status, next_run_id, previous_run_ids
+           FROM jobs_job WHERE chain_id IS NOT NULL ORDER BY chain_id, run_number""",
+    ):
+        chains.setdefault(row[0], []).append(row[1:])
+    for chain_id, runs in chains.items():
+        numbers = [r[1] for r in runs]
+        if numbers != list(range(1, len(runs) + 1)) or runs[0][0] != chain_id:
+            out.append(Violation(name, chain_id, f"runs numbered {numbers}: lost or doubled"))
+            continue
+        for before, after in zip(runs, runs[1:], strict=False):
+            if before[2] != Status.DONE or before[3] != after[0]:
+                why = f"run {before[1]} is {before[2]} with next {before[3]}"
+                out.append(Violation(name, before[0], f"{why}, not done linked to {after[0]}"))
+            if (after[4] or [])[-1:] != [before[0]]:
+                out.append(Violation(name, after[0], f"previous_run_ids {after[4]} do not end "
+                                     f"with run {before[0]}"))  # fmt: skip
+        if runs[-1][3] is not None:
+            out.append(Violation(name, runs[-1][0], f"the last run links to {runs[-1][3]}, "
+                                 "which does not exist"))  # fmt: skip
+    return out
+
+
 def partitions_whole(conn: Any, accepted: Collection[int]) -> list[Violation]:
     """Every period table of jobs and history is attached: none left detach pending by an
     interrupted DETACH … CONCURRENTLY (the reaper attaches it again, D214), none detached
@@ -490,6 +527,107 @@ def partitions_whole(conn: Any, accepted: Collection[int]) -> list[Violation]:
     return out
 
 
+def sequences_serial(conn: Any, accepted: Collection[int]) -> list[Violation]:
+    """No two attempts of jobs with one sequence_key overlap, and the jobs of a key
+    start in the order they were submitted (id order within the one request that
+    submits a chaos key's jobs): every attempt of a job ends before the next job's
+    first claim (jobs.flow)."""
+    name = "sequences_serial"
+    out: list[Violation] = []
+    spans: dict[tuple, list[tuple]] = defaultdict(list)
+    for owner, key, job_id, claimed, ended in _rows(
+        conn,
+        """WITH claims AS (
+             SELECT e.job_id, e.id AS event_id, e.at FROM jobs_jobevent e
+             WHERE e.kind = 'transition' AND e.to_status = %s)
+           SELECT COALESCE(j.client_id, 0), j.sequence_key, c.job_id, c.at,
+                  (SELECT min(x.at) FROM jobs_jobevent x WHERE x.job_id = c.job_id
+                   AND x.kind = 'transition' AND x.from_status = %s AND x.id > c.event_id)
+           FROM claims c JOIN jobs_job j ON j.id = c.job_id
+           WHERE j.sequence_key IS NOT NULL""",
+        [Status.PROCESSING.value, Status.PROCESSING.value],
+    ):
+        spans[(owner, key)].append((claimed, ended, job_id))
+    for (_, key), attempts in sorted(spans.items(), key=lambda kv: str(kv[0])):
+        attempts.sort(key=lambda a: (a[0], a[2]))
+        for (_, end, job), (nxt_start, _, nxt) in zip(attempts, attempts[1:], strict=False):
+            if end is None or nxt_start < end:
+                out.append(Violation(name, nxt, f"sequence {key}: job {nxt} claimed at "
+                                     f"{nxt_start} while job {job} ran (ended {end})"))  # fmt: skip
+            if nxt < job:
+                out.append(Violation(name, nxt, f"sequence {key}: job {nxt} ran after job "
+                                     f"{job}, submitted later"))  # fmt: skip
+    return out
+
+
+def debounce_gathers(conn: Any, accepted: Collection[int]) -> list[Violation]:
+    """A debounce key never had two jobs waiting for their first start at once: each job
+    of a key is made only once the one before it started or ended (D331), so the keys'
+    not-yet-started spans, from a job's first history row to its first claim (or its end
+    without one), never overlap. Measured in the history's row ids, not its clocks: the
+    key's row lock makes a submission draw its ids after the claim it waited for drew
+    its own, while `at` is each transaction's start. Two running at once is no breach:
+    a key's next job is made while one runs (D362)."""
+    name = "debounce_gathers"
+    out: list[Violation] = []
+    spans: dict[tuple, list[tuple]] = defaultdict(list)
+    for owner, key, job_id, made, started in _rows(
+        conn,
+        f"""SELECT COALESCE(j.client_id, 0), j.payload ->> %s, j.id,
+                  (SELECT min(e.id) FROM jobs_jobevent e WHERE e.job_id = j.id),
+                  (SELECT min(e.id) FROM jobs_jobevent e WHERE e.job_id = j.id
+                   AND e.kind = 'transition' AND e.from_status IS NOT NULL
+                   AND (e.to_status = %s OR e.to_status IN ({_TERMINAL_LIST})))
+           FROM jobs_job j WHERE j.payload ? %s""",
+        [DEBOUNCE_MARK, Status.PROCESSING.value, DEBOUNCE_MARK],
+    ):
+        if made is not None:
+            spans[(owner, key)].append((made, started if started is not None else math.inf, job_id))
+    for (_, key), waits in sorted(spans.items(), key=lambda kv: str(kv[0])):
+        waits.sort()
+        for (_, ended, job), (made, _, nxt) in zip(waits, waits[1:], strict=False):
+            if made < ended:
+                out.append(Violation(name, nxt, f"debounce key {key}: job {nxt} made while "
+                                     f"job {job} of the key had not started"))  # fmt: skip
+    return out
+
+
+def key_rate_held(conn: Any, accepted: Collection[int]) -> list[Violation]:
+    """No concurrency key of a queue with a `key_rate` started more than its limit in
+    any window of its period (jobs.flow.keyrate): every claim of a job with a key, read
+    from the history's start times (the claim statement's time, as the throttle counts
+    them), windows (t - period, t]. A retry's new attempt is a start too (D330)."""
+    name = "key_rate_held"
+    out: list[Violation] = []
+    starts: dict[tuple, list] = defaultdict(list)
+    limits: dict[str, tuple[int, int]] = {}
+    for queue, limit, period, owner, key, at in _rows(
+        conn,
+        """SELECT q.name, q.key_rate_limit, q.key_rate_period, COALESCE(j.client_id, 0),
+                  j.concurrency_key, e.at
+           FROM jobs_queue q JOIN jobs_job j ON j.queue = q.name
+           JOIN jobs_jobevent e ON e.job_id = j.id
+           WHERE q.key_rate_limit IS NOT NULL AND j.concurrency_key IS NOT NULL
+             AND e.kind = 'transition' AND e.to_status = %s""",
+        [Status.PROCESSING.value],
+    ):
+        limits[queue] = (limit, period)
+        starts[(queue, owner, key)].append(at)
+    for (queue, _, key), ats in sorted(starts.items(), key=lambda kv: str(kv[0])):
+        limit, period = limits[queue]
+        ats.sort()
+        lo = 0
+        for hi, at in enumerate(ats):
+            while (at - ats[lo]).total_seconds() >= period:
+                lo += 1
+            if hi - lo + 1 > limit:
+                out.append(Violation(name, None, f"queue {queue} key {key}: {hi - lo + 1} "
+                                     f"starts in the {period} s up to {at}, key_rate "
+                                     f"{limit}"))  # fmt: skip
+                break
+    return out
+
+
 # --- running them -------------------------------------------------------------------------------
 
 Check = Callable[[Any, Collection[int]], list[Violation]]
@@ -504,7 +642,11 @@ CHECKS: dict[str, Check] = {
     "crash_charges_started": crash_charges_started,
     "steps_under_held_lease": steps_under_held_lease,
     "children_after_parents": children_after_parents,
+    "chains_whole": chains_whole,
     "partitions_whole": partitions_whole,
+    "sequences_serial": sequences_serial,
+    "debounce_gathers": debounce_gathers,
+    "key_rate_held": key_rate_held,
 }
 
 

@@ -21,10 +21,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from chaos.profiles import POOL_QUEUE, Profile
+from chaos.checks import DEBOUNCE_MARK
+from chaos.profiles import POOL_QUEUE, THROTTLED_QUEUE, Profile
 
 JOBS_PATH = "/api/v1/jobs/"
 WORKFLOWS_PATH = "/api/v1/workflows/"
+BATCH_PATH = "/api/v1/jobs/batch/"
+SEQUENCE_JOBS = 4  # jobs per sequence key, submitted in one batch (their order is its order)
 
 
 @dataclass
@@ -75,7 +78,21 @@ def make_request(kind: str, seq: int, rng: random.Random, profile: Profile, tag:
         "idempotent_replay": {"task": "echo", "payload": {"n": seq}},
         "steps": {"task": "chaos.steps", "payload": {"steps": 4, "seconds": brief / 2}},
         "nap": {"task": "chaos.nap", "payload": {"seconds": round(rng.uniform(0.5, 2), 2)}},
-    }
+        # Flow control per key (jobs.flow): a few debounce keys gather many submissions
+        # (no Idempotency-Key: a retry joins the same job); a busy key skips new jobs;
+        # a key's rate refuses past 3 a second (429 with Retry-After, retried).
+        # The payload names its debounce key: the checks find a key's jobs by it.
+        "debounced": {"task": "demo.record",
+                      "payload": {"n": seq, DEBOUNCE_MARK: f"{tag}-d{seq % 7}"},
+                      "debounce_key": f"{tag}-d{seq % 7}", "debounce_seconds": 0.3},
+        "skip_new": {"task": "echo", "payload": {"n": seq},
+                     "concurrency_key": f"{tag}-k{seq % 3}", "key_strategy": "skip_new"},
+        "rate_limited": {"task": "echo", "payload": {"n": seq}, "concurrency_key": f"{tag}-r",
+                         "rate_limit": {"limit": 3, "period": 1}},
+        "throttled": {"task": "echo", "payload": {"n": seq}, "queue": THROTTLED_QUEUE,
+                      "concurrency_key": f"{tag}-t"},
+        "chain": {"task": "chaos.chain", "payload": {"per_run": 3, "runs": 3}, "max_retries": 5},
+    }  # fmt: skip
     if kind == "workflow":  # a diamond: a → (b, c) → d; b may fail for good
         steps = [
             {"id": "a", "task": "echo", "payload": {"n": seq}},
@@ -88,10 +105,22 @@ def make_request(kind: str, seq: int, rng: random.Random, profile: Profile, tag:
         on_failure = rng.choice(["fail_dependents", "continue"])
         body = {"name": f"chaos-{seq}", "steps": steps, "on_failure": on_failure}
         return Request(seq, kind, body, key, path=WORKFLOWS_PATH)
+    if kind == "sequence":  # one key's jobs, strictly one at a time in order (jobs.flow)
+        jobs = [
+            {"task": "demo.record", "payload": {"seconds": round(rng.uniform(0.05, 0.3), 2)},
+             "sequence_key": key, "max_retries": 10, "idempotency_key": f"{key}-{i}"}
+            for i in range(SEQUENCE_JOBS)
+        ]  # fmt: skip
+        return Request(seq, kind, {"jobs": jobs}, key, path=BATCH_PATH)
     if kind not in bodies:
         raise ValueError(f"unknown workload kind {kind!r}")
     return Request(
-        seq, kind, bodies[kind], key, cancel=kind == "cancelled", replay=kind == "idempotent_replay"
+        seq,
+        kind,
+        bodies[kind],
+        "" if "debounce_key" in bodies[kind] else key,
+        cancel=kind == "cancelled",
+        replay=kind == "idempotent_replay",
     )
 
 
@@ -266,7 +295,7 @@ class LoadGenerator:
             attempt += 1
             try:
                 status, headers, body = client.call(
-                    "POST", req.path, req.body, {"Idempotency-Key": req.key}
+                    "POST", req.path, req.body, {"Idempotency-Key": req.key} if req.key else {}
                 )
             except (OSError, http.client.HTTPException) as exc:
                 status, headers, body = None, {}, f"{exc.__class__.__name__}: {exc}"
@@ -296,6 +325,11 @@ class LoadGenerator:
             self.stats["accepted_workflows"] += 1
             for step in body.get("steps", []):
                 self.record(int(step["job_id"]), f"{req.kind}:{step['id']}", "api")
+            return
+        if status in (200, 201) and req.path == BATCH_PATH and isinstance(body, dict):
+            self.stats["accepted_sequences"] += 1
+            for job in body.get("jobs", []):
+                self.record(int(job["id"]), req.kind, "api")
             return
         if status in (200, 201) and isinstance(body, dict) and "id" in body:
             job_id = int(body["id"])

@@ -20,6 +20,10 @@ FAULT_KINDS: tuple[str, ...] = (
 )
 
 POOL_QUEUE = "children"  # served by process-pool workers only
+# A queue with a throttle per concurrency key (jobs.flow.keyrate): at most LIMIT starts of
+# a key in any PERIOD seconds; the "throttled" workload submits to it faster than that.
+THROTTLED_QUEUE = "throttled"
+THROTTLE = {"limit": 2, "period": 3}
 
 # (weight, name): the workload mix. Names are resolved by chaos.load.make_request.
 DEFAULT_MIX: tuple[tuple[float, str], ...] = (
@@ -42,6 +46,12 @@ DEFAULT_MIX: tuple[tuple[float, str], ...] = (
     (4, "steps"),  # chaos.steps: checkpointed steps (jobs.durable) under kills and freezes
     (2, "workflow"),  # a 4-job diamond workflow (POST /workflows/), either on_failure
     (2, "nap"),  # chaos.nap: a durable sleep parks the job between two steps
+    (2, "sequence"),  # 4 demo.record jobs of one sequence_key: one at a time, in order
+    (3, "debounced"),  # demo.record under 7 debounce keys: many submissions, few jobs
+    (2, "skip_new"),  # echo on 3 busy keys with key_strategy skip_new
+    (1, "rate_limited"),  # echo whose key's rate_limit refuses past 3 a second (429)
+    (4, "throttled"),  # echo on one key of THROTTLED_QUEUE, whose key_rate makes it wait
+    (2, "chain"),  # chaos.chain: a durable loop that continues as new (3 runs)
 )
 
 

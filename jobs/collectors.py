@@ -12,6 +12,8 @@
   state, one small grouped query per cache period; reaper only.
 - `WaitingCollector`: jobs_waiting by reason (parked durable jobs, blocked workflow
   jobs), from the partial index job_waiting_idx, cached like the depth; reaper only.
+- `DurableHistoryCollector`: the largest live durable history (rows, bytes), its limit
+  and the old signal waits without a timeout, one statement per cache period; reaper only.
 - `PartitionCollector`: the hot partition's rows, the mover's lag, the history
   partitions' runway and detaches left pending, one small query per cache period;
   reaper only.
@@ -285,6 +287,46 @@ class WaitingCollector(Collector):
         for reason in WaitReason.values:
             gauge.add_metric([reason], counts.get(reason, 0))
         yield gauge
+
+
+HISTORY_STEPS_MAX_HELP = (
+    "History rows (steps and waits) of the live durable run that has the most; a run "
+    "fails at JOBS_MAX_STEPS (jobs_durable_history_limit): continue it as new"
+)
+HISTORY_BYTES_MAX_HELP = "Stored result bytes of the live durable run that has the most"
+HISTORY_LIMIT_HELP = "JOBS_MAX_STEPS: the history rows one durable run may have"
+OPEN_WAITS_HELP = (
+    "Durable jobs parked on a signal wait without a timeout, created longer than "
+    "JOBS_OPEN_WAIT_WARN_AGE ago (prefer timers: a timeout and a loop)"
+)
+
+
+class DurableHistoryCollector(Collector):
+    """The largest live durable history (rows and bytes) against its limit, and the old
+    open waits: one statement per cache period (D319); reaper only."""
+
+    def __init__(self, cache_seconds: float | None = None) -> None:
+        seconds = settings.JOBS_METRICS_CACHE_SECONDS if cache_seconds is None else cache_seconds
+        self._state = ScrapeCache(
+            "durable history", gauges.durable_history_state, seconds, time.monotonic
+        )
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily("jobs_durable_history_steps_max", HISTORY_STEPS_MAX_HELP)
+        yield GaugeMetricFamily("jobs_durable_history_bytes_max", HISTORY_BYTES_MAX_HELP)
+        yield GaugeMetricFamily("jobs_durable_history_limit", HISTORY_LIMIT_HELP)
+        yield GaugeMetricFamily("jobs_durable_open_waits", OPEN_WAITS_HELP)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        state = self._state.get()
+        if state is None:
+            return
+        steps, size, open_waits = state
+        yield GaugeMetricFamily("jobs_durable_history_steps_max", HISTORY_STEPS_MAX_HELP, steps)
+        yield GaugeMetricFamily("jobs_durable_history_bytes_max", HISTORY_BYTES_MAX_HELP, size)
+        limit = float(settings.JOBS_MAX_STEPS)
+        yield GaugeMetricFamily("jobs_durable_history_limit", HISTORY_LIMIT_HELP, limit)
+        yield GaugeMetricFamily("jobs_durable_open_waits", OPEN_WAITS_HELP, open_waits)
 
 
 HOT_ROWS_HELP = (

@@ -66,6 +66,8 @@ SETTINGS: dict[str, Setting] = {
     "JOBS_SCHEDULE_CATCH_UP_MAX": Setting(100, "Most missed slots `catch_up: all` makes."),
     "JOBS_MAX_RETRIES": Setting(3, "Retry budget of a job that names none."),
     "JOBS_MAX_STEPS": Setting(1000, "Steps (checkpoints and waits) one durable job may have."),
+    "JOBS_CHAIN_IDS_KEPT": Setting(100, "Earlier runs' ids a continued durable job keeps on its newest run (previous_run_ids)."),
+    "JOBS_OPEN_WAIT_WARN_AGE": Setting(7 * 86400.0, "Seconds of age past which a durable job parked on a signal wait without a timeout is flagged (admin, jobs_durable_open_waits)."),
     "JOBS_WORKFLOW_MAX_EDGES": Setting(10_000, "Most `after` entries (edges) in one workflow."),
     "JOBS_MAX_QUEUE_DEPTH": Setting(100_000, "Queued jobs per queue past which submissions get 429 queue_full; past it, only jobs due within JOBS_QUEUE_DEPTH_HORIZON count (D198)."),
     "JOBS_QUEUE_DEPTH_HORIZON": Setting(60.0, "Seconds ahead a queued job counts as due for JOBS_MAX_QUEUE_DEPTH: later ones count toward their client's share only (D198)."),

@@ -108,6 +108,37 @@ class ClientQueueFull(QueueFull):
         self.args = (self.message,)
 
 
+class RateLimited(SubmissionError):
+    """A submission's `rate_limit` (jobs.flow.keyrate): its concurrency key had as many
+    accepted submissions as the limit in the window; `retry_after` is the whole seconds
+    until the oldest of them leaves it."""
+
+    code = "rate_limited"
+
+    def __init__(self, key: str, limit: int, period: int, retry_after: int) -> None:
+        super().__init__(
+            f"concurrency key {key!r} had {limit} submissions in the last {period} s, its "
+            f"rate_limit; retry in {retry_after} s",
+            field="rate_limit",
+        )
+        self.retry_after = retry_after
+
+
+class DebounceConflict(SubmissionError):
+    """A debounce key gathers submissions of one task in one queue: this one names
+    another while the key's job has not started."""
+
+    code = "debounce_conflict"
+
+    def __init__(self, key: str, job_id: int) -> None:
+        super().__init__(
+            f"debounce key {key!r} is gathering job {job_id} of another task or queue; "
+            "use another key",
+            field="debounce_key",
+        )
+        self.job_id = job_id
+
+
 class QuotaExceeded(SubmissionError):
     """A client holds as many schedules or webhooks, or a job as many signals, as its
     quota allows (jobs.quotas); the message names the limit."""

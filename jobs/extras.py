@@ -2,7 +2,8 @@
 
 `pip install jobservice` brings what every host needs; a feature most hosts never turn on
 brings its library as an extra (pyproject.toml): `kafka` (confluent-kafka), `archive`
-(pyarrow), and on Django 5.2 under Python 3.12+ `tasks-backport` (django-tasks). Without
+(pyarrow), `otel` (the OpenTelemetry SDK and OTLP exporter), `sentry` (sentry-sdk), and
+on Django 5.2 under Python 3.12+ `tasks-backport` (django-tasks). Without
 it, `check` says so when the setting that turns the feature on is set (jobs.E111), and
 the feature itself refuses with the same words where it starts, never with a bare
 ModuleNotFoundError from deep inside.
@@ -11,6 +12,7 @@ ModuleNotFoundError from deep inside.
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +35,22 @@ def _kafka_on() -> bool:
 
 def _archive_on() -> bool:
     return bool(settings.JOBS_ARCHIVE_DIR)
+
+
+def _otel_on() -> bool:
+    """The standard variables ask for a trace exporter (the deployment configures the
+    SDK from them, docs/observability.md)."""
+    exporters = os.environ.get("OTEL_TRACES_EXPORTER", "").strip()
+    if exporters:
+        return exporters != "none"
+    return bool(
+        os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+        or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    )
+
+
+def _sentry_on() -> bool:
+    return bool(os.environ.get("SENTRY_DSN"))
 
 
 def _tasks_backend_on() -> bool:
@@ -84,6 +102,22 @@ EXTRAS = {
             "The Parquet archive of retention",
             "JOBS_ARCHIVE_DIR is set",
             _archive_on,
+        ),
+        Extra(
+            "otel",
+            "opentelemetry.sdk.trace",
+            "opentelemetry-sdk",
+            "Traces to an OTLP collector",
+            "OTEL_TRACES_EXPORTER or OTEL_EXPORTER_OTLP_ENDPOINT is set",
+            _otel_on,
+        ),
+        Extra(
+            "sentry",
+            "sentry_sdk",
+            "sentry-sdk",
+            "Error reports to Sentry",
+            "SENTRY_DSN is set",
+            _sentry_on,
         ),
         Extra(
             "tasks-backport",

@@ -10,7 +10,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from jobs import replica
-from jobs.lifecycle import NON_TERMINAL, TERMINAL, Status, hot_sql, sql_list
+from jobs.conf import settings
+from jobs.lifecycle import (
+    BLOCKED_RUN_AT,
+    NON_TERMINAL,
+    TERMINAL,
+    Status,
+    WaitReason,
+    hot_sql,
+    sql_list,
+)
 from jobs.models import Job, Queue
 
 T = Job._meta.db_table
@@ -50,7 +59,7 @@ QUEUE_STATE_SQL = f"""
 SELECT q.name, q.paused, q.concurrency, q.rate_limit, q.rate_period,
        (SELECT count(*) FROM unnest(q.rate_starts) s
          WHERE s > now() - q.rate_period * interval '1 second'),
-       coalesce(p.n, 0)
+       coalesce(p.n, 0), q.fair, q.key_concurrency, q.key_rate_limit, q.key_rate_period
 FROM {Queue._meta.db_table} q
 LEFT JOIN (SELECT queue, count(*) AS n FROM {T} WHERE status = '{Status.PROCESSING}'
            GROUP BY queue) p ON p.queue = q.name
@@ -68,6 +77,10 @@ class QueueState:
     rate_period: int | None
     recent_starts: int
     processing: int
+    fair: bool = False
+    key_concurrency: int | None = None
+    key_rate_limit: int | None = None
+    key_rate_period: int | None = None
 
     @property
     def rate_tokens(self) -> int | None:
@@ -141,3 +154,28 @@ def waiting_by_reason() -> dict[str, int]:
     """Queued jobs that are not due because they wait (parked, blocked), by reason:
     read through the partial index job_waiting_idx."""
     return dict(replica.fetch(WAITING_SQL, []))
+
+
+# The largest history of a live durable run, and the parked signal waits with no
+# timeout on runs older than JOBS_OPEN_WAIT_WARN_AGE (D319): one statement per scrape.
+DURABLE_HISTORY_SQL = f"""
+SELECT (SELECT coalesce(max(n), 0) FROM (
+          SELECT count(*) AS n FROM jobs_jobstep s JOIN {T} j ON j.id = s.job_id
+          WHERE j.status IN ('{Status.QUEUED}', '{Status.PROCESSING}') AND {hot_sql("j")}
+          GROUP BY s.job_id) c),
+       (SELECT coalesce(max(b), 0) FROM (
+          SELECT sum(pg_column_size(s.result)) AS b FROM jobs_jobstep s
+          JOIN {T} j ON j.id = s.job_id
+          WHERE j.status IN ('{Status.QUEUED}', '{Status.PROCESSING}') AND {hot_sql("j")}
+          GROUP BY s.job_id) c),
+       (SELECT count(*) FROM {T} j
+        WHERE j.status = '{Status.QUEUED}' AND j.wait_reason = '{WaitReason.SIGNAL}'
+          AND j.run_at >= %(blocked)s AND j.created_at < now() - %(age)s * interval '1 second')"""
+
+
+def durable_history_state() -> tuple[int, int, int]:
+    """(most history rows of a live durable run, most stored bytes of one, signal waits
+    with no timeout on runs older than JOBS_OPEN_WAIT_WARN_AGE)."""
+    params = {"blocked": BLOCKED_RUN_AT, "age": float(settings.JOBS_OPEN_WAIT_WARN_AGE)}
+    steps, size, open_waits = replica.fetch(DURABLE_HISTORY_SQL, params)[0]
+    return int(steps), int(size), int(open_waits)

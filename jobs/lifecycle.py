@@ -108,6 +108,7 @@ CANCEL = _move({Q, E}, F)  # staff or client: a job that has not started
 CANCEL_RUNNING = _move({P}, P)  # staff: a cancel request; the holder ends the job
 REQUEST_CANCEL = _move({Q, E, P}, F, P)  # client: CANCEL, or CANCEL_RUNNING if it runs
 SUSPEND = _move({P}, Q, F)  # the holder parks a durable job (sleep, signal wait), no retry spent
+CONTINUE_AS_NEW = _move({P}, D)  # the holder ends a durable run; its next run is a new job
 WAKE = _move({Q}, Q)  # a signal or a parent's end makes a parked or blocked job due now
 FAIL_DEPENDENTS = _move({Q, E}, F)  # a workflow parent failed: its blocked descendants fail
 del Q, P, D, F, E
@@ -126,6 +127,7 @@ MOVES: dict[str, Move] = {
     "cancel_running": CANCEL_RUNNING,
     "request_cancel": REQUEST_CANCEL,
     "suspend": SUSPEND,
+    "continue_as_new": CONTINUE_AS_NEW,
     "wake": WAKE,
     "fail_dependents": FAIL_DEPENDENTS,
 }
@@ -139,6 +141,8 @@ class WaitReason(models.TextChoices):
     SLEEP = "sleep"
     SIGNAL = "signal"
     PARENTS = "parents"
+    SEQUENCE = "sequence"  # an earlier job of its sequence has not ended (jobs.flow)
+    SEQUENCE_HALTED = "sequence_halted"  # an earlier job of its sequence failed
 
 
 # run_at of a job that waits with no deadline (parents, a signal without timeout):

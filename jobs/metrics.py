@@ -154,6 +154,20 @@ STEPS_PER_JOB = Histogram(
     ["task"],
     buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000),
 )
+CONTINUED = Counter(
+    "jobs_durable_continued_total", "Durable runs that continued as new (their next run started)"
+)
+HISTORY_STEPS = Histogram(
+    "jobs_durable_history_steps",
+    "Stored history rows (steps and waits) of a durable run when an attempt ended or parked",
+    ["task"],
+    buckets=(10, 50, 100, 250, 500, 750, 900, 1000),
+)
+NONDETERMINISTIC = Counter(
+    "jobs_durable_nondeterministic_total",
+    "Replays whose code asked for other steps than the history holds",
+    ["task"],
+)
 WORKFLOW_SECONDS = Histogram(
     "jobs_workflow_completion_seconds",
     "Workflow creation to its last job's end (observed by the process that ended it)",

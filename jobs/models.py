@@ -178,6 +178,31 @@ class Job(models.Model):
     # handler (sleep, a signal wait on `wait_key`) or blocked on workflow parents.
     wait_reason = models.CharField(max_length=20, null=True, blank=True, choices=WaitReason.choices)
     wait_key = models.CharField(max_length=200, null=True, blank=True)
+    # The W3C trace context of its submission (jobs.tracing, D300): `traceparent`, then
+    # `tracestate` after a newline; bounded, NULL when submitted outside a trace.
+    trace_context = models.CharField(max_length=600, null=True, blank=True, editable=False)
+    # Per client: jobs with one key run one at a time in submission order (jobs.flow).
+    sequence_key = models.CharField(max_length=200, null=True, blank=True)
+    # The batch the job belongs to (jobs.flow.batches). No database foreign key, like
+    # schedule: adding one would validate every row under lock.
+    batch_id = models.BigIntegerField(null=True, blank=True)
+    # Continue-as-new (jobs.durable, D315): each run of a long-lived durable job is a job
+    # of its own; the runs share `chain_id` (the first run's id) and link to each other.
+    chain_id = models.BigIntegerField(
+        null=True, blank=True, help_text="The first run's id, on every run of a chain."
+    )
+    run_number = models.IntegerField(
+        null=True, blank=True, help_text="Its run in the chain (1 when empty)."
+    )
+    previous_run_ids = ArrayField(
+        models.BigIntegerField(),
+        null=True,
+        blank=True,
+        help_text="The ids of the earlier runs, oldest first (the last JOBS_CHAIN_IDS_KEPT).",
+    )
+    next_run_id = models.BigIntegerField(
+        null=True, blank=True, help_text="The run it continued as (it ended done)."
+    )
     # The partition (D155): 'infinity' (pgtypes.HOT) while live and recently finished,
     # then the start of its created_at's period, set by the mover (jobs.partitions).
     period = models.DateField(
@@ -190,6 +215,10 @@ class Job(models.Model):
     objects = JobQuerySet.as_manager()
     # Set on the job `submit()` returns when a live job already held its unique_key.
     duplicate = False
+    # Set on the job a submission answers: it joined a debounced job (jobs.flow.debounce),
+    # or its key was busy and its key_strategy skipped it (jobs.flow.strategies).
+    debounced = False
+    skipped = False
 
     class Meta:
         db_table = "jobs_job"
@@ -440,6 +469,13 @@ class Queue(models.Model):
         blank=True,
         help_text="Most jobs with one concurrency key processing at once across all workers.",
     )
+    key_rate_limit = models.IntegerField(
+        null=True,
+        blank=True,
+        help_text="Most starts of one concurrency key per key rate period (throttle: the "
+        "others wait).",
+    )
+    key_rate_period = models.IntegerField(null=True, blank=True, help_text="Seconds.")
     rate_starts = ArrayField(models.DateTimeField(), default=list, blank=True)
     declared = models.JSONField(default=dict, blank=True)
     updated_at = models.DateTimeField(db_default=Now())
@@ -473,6 +509,18 @@ class Queue(models.Model):
                 name="queue_key_concurrency_positive",
                 condition=Q(key_concurrency__isnull=True) | Q(key_concurrency__gte=1),
             ),
+            models.CheckConstraint(
+                name="queue_key_rate_complete",
+                condition=Q(key_rate_limit__isnull=True, key_rate_period__isnull=True)
+                | Q(
+                    key_rate_limit__isnull=False,
+                    key_rate_period__isnull=False,
+                    key_rate_limit__gte=1,
+                    key_rate_limit__lte=1000,
+                    key_rate_period__gte=1,
+                    key_rate_period__lte=86400,
+                ),
+            ),
         ]
 
     def __str__(self) -> str:
@@ -481,7 +529,59 @@ class Queue(models.Model):
     @property
     def limited(self) -> bool:
         """Claims need the queue's lock: a cap or a rate to count against."""
-        return self.concurrency is not None or self.rate_limit is not None
+        return (
+            self.concurrency is not None
+            or self.rate_limit is not None
+            or self.key_concurrency is not None
+            or self.key_rate_limit is not None
+        )
+
+
+# --- flow control per key (jobs.flow, docs/queue-controls.md) ----------------------
+
+
+class KeyHit(models.Model):
+    """One start (`scope` "start": a queue's `key_rate`) or one accepted submission
+    (`scope` "submit": a submission's `rate_limit`) of a concurrency key, at the
+    database's time. Written in the transaction of the claim or submission it counts,
+    so a rollback uncounts it; rows older than their window are pruned as they go."""
+
+    scope = models.CharField(max_length=10)
+    queue = models.CharField(max_length=100)
+    client_key = models.BigIntegerField(help_text="The client's id; 0 for jobs from code.")
+    key = models.CharField(max_length=200)
+    at = models.DateTimeField()
+
+    class Meta:
+        db_table = "jobs_keyhit"
+        indexes = [
+            models.Index(
+                name="keyhit_window_idx", fields=["scope", "queue", "client_key", "key", "at"]
+            ),
+            models.Index(name="keyhit_prune_idx", fields=["scope", "queue", "at"]),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.scope} {self.queue}/{self.client_key}/{self.key} at {self.at}"
+
+
+class Debounce(models.Model):
+    """The job a debounce key gathers submissions into while it has not started:
+    its row is the lock concurrent submissions of the key take in turn."""
+
+    client_key = models.BigIntegerField(help_text="The client's id; 0 for jobs from code.")
+    key = models.CharField(max_length=200)
+    job_id = models.BigIntegerField(null=True, blank=True)
+    first_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "jobs_debounce"
+        constraints = [
+            models.UniqueConstraint(name="debounce_key_unique", fields=["client_key", "key"])
+        ]
+
+    def __str__(self) -> str:
+        return f"debounce {self.client_key}/{self.key} → job {self.job_id}"
 
 
 class CatchUp(models.TextChoices):
@@ -528,6 +628,9 @@ class Schedule(models.Model):
     concurrency_key = models.CharField(max_length=200, null=True, blank=True)
     # The attempt timeout of the jobs it makes (seconds); NULL: the task's or the default.
     timeout = models.FloatField(null=True, blank=True)
+    # The trace it was created in, as a link for the jobs it fires (jobs.observability,
+    # D306): "~" then traceparent[\ntracestate]; NULL outside a trace.
+    trace_context = models.CharField(max_length=600, null=True, blank=True, editable=False)
     enabled = models.BooleanField(default=True)
     catch_up = models.CharField(max_length=10, choices=CatchUp.choices, default=CatchUp.SKIP)
     overlap = models.CharField(max_length=10, choices=Overlap.choices, default=Overlap.ALLOW)
@@ -939,3 +1042,119 @@ class ArchivedPeriod(models.Model):
 
     def __str__(self) -> str:
         return f"period {self.period:%Y-%m-%d}"
+
+
+class Sequence(models.Model):
+    """One sequence key of one client (jobs.flow.sequences): the job allowed to run now,
+    or the failed job that halted it. Written by the database triggers (jobs.flow.triggers)
+    and by staff's resume and skip; its row lock orders the sequence's submissions."""
+
+    id = models.BigAutoField(primary_key=True)
+    owner = models.IntegerField(help_text="The client's id; 0 for the project's own jobs.")
+    key = models.CharField(max_length=200)
+    active_job_id = models.BigIntegerField(
+        null=True, blank=True, help_text="The job whose turn it is (queued or processing)."
+    )
+    halted_job_id = models.BigIntegerField(
+        null=True, blank=True, help_text="The failed job that halted the sequence."
+    )
+    halted_at = models.DateTimeField(null=True, blank=True)
+    last_position = models.BigIntegerField(default=0, db_default=0)
+    created_at = models.DateTimeField(db_default=Now())
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "jobs_sequence"
+        ordering = ["owner", "key"]
+        constraints = [
+            models.UniqueConstraint(name="sequence_owner_key_uniq", fields=["owner", "key"]),
+        ]
+
+    def __str__(self) -> str:
+        return f"sequence {self.key}"
+
+
+class SequenceWait(models.Model):
+    """A job waiting its turn in a sequence, in submission order (`position`)."""
+
+    id = models.BigAutoField(primary_key=True)
+    sequence = models.ForeignKey(
+        Sequence, on_delete=models.DO_NOTHING, db_constraint=False, related_name="waits"
+    )
+    position = models.BigIntegerField()
+    job_id = models.BigIntegerField()
+
+    class Meta:
+        db_table = "jobs_sequencewait"
+        ordering = ["sequence_id", "position"]
+        constraints = [
+            models.UniqueConstraint(
+                name="sequencewait_position_uniq", fields=["sequence", "position"]
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.sequence_id}#{self.position}: job {self.job_id}"
+
+
+class Batch(models.Model):
+    """Jobs submitted together whose callbacks run once the last of them ends
+    (jobs.flow.batches). The database counts the ends (jobs.flow.triggers)."""
+
+    id = models.BigAutoField(primary_key=True)
+    client = models.ForeignKey(
+        Client, null=True, blank=True, on_delete=models.PROTECT, related_name="batches"
+    )
+    name = models.CharField(max_length=200, blank=True, default="")
+    total = models.IntegerField(default=0)
+    pending = models.IntegerField(default=0, help_text="Jobs that have not ended yet.")
+    succeeded = models.IntegerField(default=0)
+    failed = models.IntegerField(default=0)
+    callbacks = models.JSONField(
+        default=dict, help_text="on_complete / on_success / on_failure: the job each makes."
+    )
+    callback_job_ids = ArrayField(models.BigIntegerField(), null=True, blank=True)
+    idempotency_key = models.CharField(max_length=200, null=True, blank=True)
+    request_hash = models.CharField(max_length=64, null=True, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "jobs_batch"
+        ordering = ["-id"]
+        constraints = [
+            models.UniqueConstraint(
+                name="batch_idempotency_key_per_client",
+                fields=["client", "idempotency_key"],
+                condition=Q(idempotency_key__isnull=False),
+                nulls_distinct=False,
+            ),
+        ]
+        indexes = [
+            models.Index(
+                name="batch_running_idx", fields=["id"], condition=Q(finished_at__isnull=True)
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"batch {self.id} {self.name}".rstrip()
+
+
+class BatchFailure(models.Model):
+    """A job of a batch that failed: the failed ids its callbacks receive, without a
+    scan of jobs_job (one row per failure, removed again by a staff retry)."""
+
+    id = models.BigAutoField(primary_key=True)
+    batch = models.ForeignKey(
+        Batch, on_delete=models.DO_NOTHING, db_constraint=False, related_name="failures"
+    )
+    job_id = models.BigIntegerField()
+
+    class Meta:
+        db_table = "jobs_batchfailure"
+        constraints = [
+            models.UniqueConstraint(name="batchfailure_uniq", fields=["batch", "job_id"]),
+        ]
+
+    def __str__(self) -> str:
+        return f"batch {self.batch_id}: job {self.job_id} failed"

@@ -37,6 +37,7 @@ DEFAULTS: dict[str, Any] = {
     "weight": None,
     "fair": False,  # D102: a queue keeps the global claim order unless it says otherwise
     "key_concurrency": None,
+    "key_rate": None,
 }
 
 
@@ -49,6 +50,9 @@ def _fields(key: str, value: Any) -> dict[str, Any]:
     if key == "rate":
         limit, period = queues.parse_rate(value) if value is not None else (None, None)
         return {"rate_limit": limit, "rate_period": period}
+    if key == "key_rate":
+        limit, period = queues.parse_key_rate(value) if value is not None else (None, None)
+        return {"key_rate_limit": limit, "key_rate_period": period}
     if key == "weight" and value is not None:
         return {"weight": float(value)}
     return {key: value}
@@ -178,7 +182,9 @@ class Gate:
             for queue in queues_:
                 control = self._controls.get(queue)
                 if control is not None and (
-                    control.concurrency is not None or control.key_concurrency is not None
+                    control.concurrency is not None
+                    or control.key_concurrency is not None
+                    or control.key_rate_limit is not None
                 ):
                     self._blocked.pop(queue, None)
 

@@ -23,12 +23,16 @@ BUILTIN: dict[str, dict[str, Any]] = {"webhooks": {}}
 QUEUE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}")
 # The per-queue settings a queue may carry (docs/queue-controls.md says what each does).
 QUEUE_SETTINGS = frozenset(
-    {"paused", "concurrency", "rate", "weight", "fair", "key_concurrency", "internal"}
+    {"paused", "concurrency", "rate", "weight", "fair", "key_concurrency", "key_rate", "internal"}
 )
 # At most 1000 starts per period: the claim keeps each start of the window in the row.
 RATE_RE = re.compile(r"([1-9][0-9]{0,2}|1000)/([smh])")
 RATE_PERIODS = {"s": 1, "m": 60, "h": 3600}
 MAX_WEIGHT = 1000  # as runworker --queues accepts
+# A key's rate (a queue's `key_rate`, a submission's `rate_limit`): starts or submissions
+# per period of whole seconds. Each counted event is a row of jobs_keyhit.
+KEY_RATE_LIMIT_MAX = 1000
+KEY_RATE_PERIOD_MAX = 86400
 
 
 def parse_rate(text: Any) -> tuple[int, int]:
@@ -39,6 +43,25 @@ def parse_rate(text: Any) -> tuple[int, int]:
             f"rate must look like 5/s, 100/m or 1000/h (N from 1 to 1000), got {text!r}"
         )
     return int(match[1]), RATE_PERIODS[match[2]]
+
+
+def parse_key_rate(value: Any, name: str = "key_rate") -> tuple[int, int]:
+    """`{"limit": N, "period": S}` → (N, S); ValueError says what is wrong."""
+    ok = isinstance(value, dict) and set(value) == {"limit", "period"}
+    limit, period = (value.get("limit"), value.get("period")) if ok else (None, None)
+    for number, top in ((limit, KEY_RATE_LIMIT_MAX), (period, KEY_RATE_PERIOD_MAX)):
+        if isinstance(number, bool) or not isinstance(number, int) or not 1 <= number <= top:
+            ok = False
+    if not ok:
+        raise ValueError(
+            f'{name} must be {{"limit": N, "period": S}} with N from 1 to {KEY_RATE_LIMIT_MAX} '
+            f"and S whole seconds from 1 to {KEY_RATE_PERIOD_MAX}, got {value!r}"
+        )
+    return limit, period
+
+
+def format_key_rate(limit: int | None, period: int | None) -> str:
+    return "" if limit is None or period is None else f"{limit}/{period}s per key"
 
 
 def format_rate(limit: int | None, period: int | None) -> str:
@@ -61,6 +84,9 @@ def _check_value(key: str, value: Any) -> None:
     elif key == "rate":
         if value is not None:
             parse_rate(value)
+    elif key == "key_rate":
+        if value is not None:
+            parse_key_rate(value)
     elif key == "weight":
         if (
             isinstance(value, bool)

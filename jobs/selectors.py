@@ -30,7 +30,9 @@ from jobs.lifecycle import (
     CANCELLED,
     NON_TERMINAL,
     Status,
+    WaitReason,
     due_sql,
+    hot_sql,
     sql_list,
 )
 from jobs.models import Job, JobEvent, Queue, WorkerProcess
@@ -259,14 +261,17 @@ class QueueControl:
     weight: float | None
     fair: bool = False
     key_concurrency: int | None = None
+    key_rate_limit: int | None = None
+    key_rate_period: int | None = None
 
     @property
     def limited(self) -> bool:
-        """Claimed under the queue's row lock (a cap, a rate or a per-key cap)."""
+        """Claimed under the queue's row lock (a cap, a rate, a per-key cap or rate)."""
         return (
             self.concurrency is not None
             or self.rate_limit is not None
             or self.key_concurrency is not None
+            or self.key_rate_limit is not None
         )
 
 
@@ -278,7 +283,7 @@ def queue_controls() -> dict[str, QueueControl]:
     """Every jobs_queue row (a handful: one per declared queue), by name."""
     fields = (
         "name", "paused", "concurrency", "rate_limit", "rate_period", "weight", "fair",
-        "key_concurrency",
+        "key_concurrency", "key_rate_limit", "key_rate_period",
     )  # fmt: skip
     return {r[0]: QueueControl(*r) for r in Queue.objects.values_list(*fields)}
 
@@ -288,6 +293,23 @@ def queue_controls() -> dict[str, QueueControl]:
 LAST_DRAWN_SQL = """
 SELECT COALESCE(pg_sequence_last_value(pg_get_serial_sequence(%s, 'id')::regclass), 0)
 """
+
+
+_DUE_DELIVERIES_SQL = f"""
+SELECT j.id FROM {T} j JOIN jobs_webhookdelivery d ON d.job_id = j.id
+WHERE j.status = '{Status.QUEUED}' AND {hot_sql("j")} AND j.queue = %(queue)s
+  AND j.run_at <= now() AND d.webhook_id = %(webhook)s
+ORDER BY j.priority DESC, j.run_at, j.id
+LIMIT %(limit)s
+"""
+
+
+def due_deliveries(webhook_id: int, queue: str, limit: int) -> list[int]:
+    """The delivery jobs of one endpoint that are due now, in claim order: an endpoint's
+    run takes them a batch at a time (jobs.events.batches)."""
+    with connection.cursor() as cur:
+        cur.execute(_DUE_DELIVERIES_SQL, {"webhook": webhook_id, "queue": queue, "limit": limit})
+        return [r[0] for r in cur.fetchall()]
 
 
 def last_drawn_id(table: str = "jobs_jobevent") -> int:
@@ -335,7 +357,8 @@ def wait_reason(job: Job) -> str | None:
 
 # --- durable jobs and workflows ------------------------------------------------------
 
-JOB_STEPS_SQL = "SELECT name, result, now() FROM jobs_jobstep WHERE job_id = %s"
+# In commit order (a replay checks the code asks for the same steps in the same order).
+JOB_STEPS_SQL = "SELECT name, result, now() FROM jobs_jobstep WHERE job_id = %s ORDER BY id"
 JOB_SIGNAL_SQL = "SELECT payload FROM jobs_jobsignal WHERE job_id = %s AND key = %s"
 PARENT_OUTCOMES_SQL = f"""
 SELECT wn.key, p.status, p.result, p.error
@@ -355,6 +378,13 @@ def job_steps(job_id: int) -> tuple[dict[str, Any], Any]:
     if not rows:
         return {}, db_now()
     return {r[0]: _json_value(r[1]) for r in rows}, rows[0][2]
+
+
+def trace_context(job_id: int) -> str | None:
+    """The trace context a job was submitted in (jobs.observability; read only while
+    tracing is on, so the claim stays as it was)."""
+    rows = replica.fetch(f"SELECT trace_context FROM {T} WHERE id = %s", [job_id])
+    return rows[0][0] if rows else None
 
 
 def job_signal(job_id: int, key: str) -> tuple[bool, Any]:
@@ -438,6 +468,37 @@ def workflow_detail(workflow_id: int, client_id: int | None = None) -> dict[str,
         "finished_at": finished_at,
         "steps": steps,
     }
+
+
+JOB_HISTORY_SQL = """
+SELECT count(*) FILTER (WHERE left(name, 1) <> '~'),
+       count(*) FILTER (WHERE left(name, 1) = '~'), coalesce(sum(pg_column_size(result)), 0)
+FROM jobs_jobstep WHERE job_id = %s"""
+
+
+def job_history(job_id: int) -> dict[str, int]:
+    """A durable run's stored history: its steps, its waits (and patch markers) and the
+    bytes of their results."""
+    steps, waits, size = replica.fetch(JOB_HISTORY_SQL, [job_id])[0]
+    return {"steps": int(steps), "waits": int(waits), "bytes": int(size)}
+
+
+def open_wait_is_old(job: Job) -> bool:
+    """A job parked on a signal wait without a timeout, created longer than
+    JOBS_OPEN_WAIT_WARN_AGE ago (the database clock)."""
+    if job.status != Status.QUEUED or job.wait_reason != WaitReason.SIGNAL:
+        return False
+    if job.run_at is None or job.run_at.year < 9999:  # a timeout: a timer, not an open wait
+        return False
+    return job.created_at < db_now() - timedelta(seconds=float(settings.JOBS_OPEN_WAIT_WARN_AGE))
+
+
+IN_WORKFLOW_SQL = "SELECT EXISTS (SELECT 1 FROM jobs_workflownode WHERE job_id = %s)"
+
+
+def in_workflow(job_id: int) -> bool:
+    """Whether the job is a step of a workflow."""
+    return bool(replica.fetch(IN_WORKFLOW_SQL, [job_id])[0][0])
 
 
 WORKFLOWS_RUNNING_SQL = "SELECT EXISTS (SELECT 1 FROM jobs_workflow WHERE finished_at IS NULL)"

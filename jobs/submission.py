@@ -16,9 +16,13 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
+from itertools import groupby
 from typing import Any
+
+from django.db import transaction
 
 from jobs import metrics, queues, services
 from jobs.backpressure import check_room, check_share, count_accepted, due_soon, queue_depth
@@ -28,17 +32,22 @@ from jobs.exceptions import (  # noqa: F401  (re-exported: jobs.submission.Queue
     BatchIdempotencyConflict,
     BatchInvalid,
     ClientQueueFull,
+    DebounceConflict,
     IdempotencyConflict,
     InvalidSubmission,
     PayloadTooLarge,
     QueueFull,
+    RateLimited,
     RequestInvalid,
     SubmissionError,
     UnknownQueue,
     UnknownTask,
 )
+from jobs.flow import pipeline as flow
+from jobs.flow import rules as flow_rules
 from jobs.logconfig import job_log_fields
 from jobs.models import Client, Job
+from jobs.observability import hooks
 from jobs.services import Submitted
 from jobs.validation import parse_run_at, validate
 
@@ -58,6 +67,8 @@ def submit(
     unique_key: str | None = None,
     concurrency_key: str | None = None,
     timeout: float | None = None,
+    sequence_key: str | None = None,
+    **flow_fields: Any,
 ) -> tuple[Job, bool]:
     """Validate and enqueue a job inside the caller's transaction.
 
@@ -66,11 +77,13 @@ def submit(
     request under the same key raises IdempotencyConflict. With `unique_key`,
     while a job of the same client with that key is queued, enqueue_failed or
     processing, that job is returned (created=False, `job.duplicate` True). A
-    `concurrency_key` counts against its queue's `key_concurrency`. Raises UnknownTask,
+    `concurrency_key` counts against its queue's `key_concurrency`; jobs with one
+    `sequence_key` run one at a time in submission order (jobs.flow). Raises UnknownTask,
     InvalidSubmission, PayloadTooLarge or QueueFull and writes nothing when the
     submission is refused. The Redis push runs when the caller's transaction
     commits; if it fails the job is parked as enqueue_failed (the reaper
-    repairs it), never lost.
+    repairs it), never lost. `flow_fields`: debounce_key, debounce_seconds,
+    debounce_max_wait, key_strategy, rate_limit (jobs.flow, docs/queue-controls.md).
     """
     metric_queue = _metric_queue(queue)
     try:
@@ -86,6 +99,8 @@ def submit(
             unique_key=unique_key,
             concurrency_key=concurrency_key,
             timeout=timeout,
+            sequence_key=sequence_key,
+            flow_fields=flow_fields,
         )
     except SubmissionError as exc:
         metrics.SUBMISSIONS_REJECTED.labels(metric_queue, exc.code).inc()
@@ -106,7 +121,12 @@ def _submit(
     unique_key: str | None = None,
     concurrency_key: str | None = None,
     timeout: float | None = None,
+    sequence_key: str | None = None,
+    flow_fields: dict[str, Any] | None = None,
 ) -> tuple[Job, bool]:
+    unknown = sorted(set(flow_fields or {}) - set(flow_rules.FIELDS))
+    if unknown:
+        raise TypeError(f"submit() got unexpected keyword argument(s) {', '.join(unknown)}")
     run_at, max_retries, digest, payload_json, timeout = validate(
         task,
         payload,
@@ -118,31 +138,33 @@ def _submit(
         unique_key,
         concurrency_key,
         timeout,
+        sequence_key,
         for_client=client is not None,
     )
-    return submit_checked(
-        {
-            "task": task,
-            "payload": payload,
-            "queue": queue,
-            "priority": priority,
-            "run_at": run_at,
-            "max_retries": max_retries,
-            "idempotency_key": idempotency_key,
-            "request_hash": digest,
-            "payload_json": payload_json,
-            "unique_key": unique_key,
-            "concurrency_key": concurrency_key,
-            "timeout": timeout,
-        },
-        client,
-    )
+    item = {
+        "task": task,
+        "payload": payload,
+        "queue": queue,
+        "priority": priority,
+        "run_at": run_at,
+        "max_retries": max_retries,
+        "idempotency_key": idempotency_key,
+        "request_hash": digest,
+        "payload_json": payload_json,
+        "unique_key": unique_key,
+        "concurrency_key": concurrency_key,
+        "timeout": timeout,
+        "sequence_key": sequence_key,
+        **(flow_fields or {}),
+    }
+    flow_rules.check(item)
+    return submit_checked(item, client)
 
 
 def submit_checked(item: dict[str, Any], client: Client | None) -> tuple[Job, bool]:
     """Backpressure and the write, for a submission validate (or checked_request) has
     passed. A SubmissionError is raised before any write, uncounted."""
-    task, payload, queue = item["task"], item["payload"], item["queue"]
+    task, queue = item["task"], item["queue"]
     idempotency_key, digest = item["idempotency_key"], item["request_hash"]
     limit = settings.JOBS_MAX_QUEUE_DEPTH
     depth = queue_depth(queue, limit)
@@ -162,22 +184,14 @@ def submit_checked(item: dict[str, Any], client: Client | None) -> tuple[Job, bo
         if existing.request_hash != digest:
             raise IdempotencyConflict(existing) from None
         return existing, False
-    job, created = services.submit(
-        task,
-        payload,
-        queue=queue,
-        priority=item["priority"],
-        run_at=item["run_at"],
-        max_retries=item["max_retries"],
-        client_id=client.pk if client is not None else None,
-        idempotency_key=idempotency_key,
-        request_hash=digest,
-        actor=f"client:{client.name}" if client is not None else "app",
-        payload_json=item["payload_json"],
-        unique_key=item.get("unique_key"),
-        concurrency_key=item.get("concurrency_key"),
-        timeout=item.get("timeout"),
-    )
+    actor = f"client:{client.name}" if client is not None else "app"
+    with hooks.sending(queue, task) as sent:  # the producer span (jobs.observability)
+        insert = _inserter(item, client, actor, sent.context)
+        if flow_rules.wanted(item):  # debounce, a key's rate or strategy: jobs.flow
+            job, created = _flow_submit(item, client, actor, insert)
+        else:
+            job, created = insert()
+        sent.job(job.pk)
     if created:
         count_accepted({queue: 1}, client.pk if client is not None else None)
         log.debug(  # per job on the hot path: quiet unless LOG_LEVEL=DEBUG
@@ -192,6 +206,49 @@ def submit_checked(item: dict[str, Any], client: Client | None) -> tuple[Job, bo
             ),
         )
     return job, created
+
+
+def _inserter(
+    item: dict[str, Any], client: Client | None, actor: str, trace_context: str | None
+) -> Callable[..., tuple[Job, bool]]:
+    """The write of one checked item (services.submit); `run_at` given by jobs.flow."""
+
+    def insert(run_at: datetime | None = None) -> tuple[Job, bool]:
+        return services.submit(
+            item["task"],
+            item["payload"],
+            queue=item["queue"],
+            priority=item["priority"],
+            run_at=item["run_at"] if run_at is None else run_at,
+            max_retries=item["max_retries"],
+            client_id=client.pk if client is not None else None,
+            idempotency_key=item["idempotency_key"],
+            request_hash=item["request_hash"],
+            actor=actor,
+            payload_json=item["payload_json"],
+            unique_key=item.get("unique_key"),
+            concurrency_key=item.get("concurrency_key"),
+            timeout=item.get("timeout"),
+            trace_context=trace_context,
+            sequence_key=item.get("sequence_key"),
+        )
+
+    return insert
+
+
+def _flow_submit(
+    item: dict[str, Any],
+    client: Client | None,
+    actor: str,
+    insert: Callable[..., tuple[Job, bool]],
+) -> tuple[Job, bool]:
+    return flow.submit(
+        item,
+        client.pk if client is not None else 0,
+        actor,
+        insert,
+        lambda: _existing(client, item["idempotency_key"]) is not None,
+    )
 
 
 def _metric_queue(queue: Any) -> str:
@@ -210,9 +267,15 @@ def _existing(client: Client | None, idempotency_key: str | None) -> Job | None:
 # --- requests as JSON (both API endpoints) -------------------------------------------
 
 JOB_FIELDS = ("task", "payload", "queue", "priority", "run_at", "max_retries", "timeout")
-REQUEST_FIELDS = (*JOB_FIELDS, "unique_key", "concurrency_key")
-# Unique keys: single submissions only.
-BATCH_FIELDS = (*JOB_FIELDS, "idempotency_key", "concurrency_key")
+REQUEST_FIELDS = (*JOB_FIELDS, "unique_key", "concurrency_key", "sequence_key", *flow_rules.FIELDS)
+# Unique keys: single submissions only. Flow fields: per item, in item order (D360).
+BATCH_FIELDS = (
+    *JOB_FIELDS,
+    "idempotency_key",
+    "concurrency_key",
+    "sequence_key",
+    *flow_rules.FIELDS,
+)
 
 
 def _request_item(
@@ -247,6 +310,7 @@ def _request_item(
         "unique_key": raw.get("unique_key"),
         "concurrency_key": raw.get("concurrency_key"),
         "timeout": raw.get("timeout"),
+        "sequence_key": raw.get("sequence_key"),
     }
     if item["payload"] is None:
         errors.append(
@@ -262,6 +326,9 @@ def _request_item(
             item["payload_json"],
             item["timeout"],
         ) = validate(**item, for_client=for_client)
+        if "debounce_key" in allowed:
+            item |= {name: raw.get(name) for name in flow_rules.FIELDS}
+            flow_rules.check(item)
     except SubmissionError as exc:
         errors.append(exc)
     return ({}, errors) if errors else (item, [])
@@ -332,7 +399,9 @@ def submit_batch_request(body: Any, *, client: Client | None = None) -> list[Sub
     return submit_many(body["jobs"], client=client)
 
 
-def submit_many(raw_items: Sequence[Any], *, client: Client | None = None) -> list[Submitted]:
+def submit_many(
+    raw_items: Sequence[Any], *, client: Client | None = None, batch_id: int | None = None
+) -> list[Submitted]:
     """Validate and enqueue up to MAX_BATCH jobs in one INSERT, all or nothing.
 
     Every job is held to the rules of `submit`; if any is refused, BatchInvalid
@@ -369,28 +438,8 @@ def submit_many(raw_items: Sequence[Any], *, client: Client | None = None) -> li
     due = Counter(item["queue"] for item in items if due_soon(item["run_at"]))
     check_room(per_queue, lambda: _new_per_queue(items, client), client, due)
 
-    new_jobs = [
-        services.NewJob(
-            i["task"],
-            i["payload"],
-            i["queue"],
-            i["priority"],
-            i["run_at"],
-            i["max_retries"],
-            i["idempotency_key"],
-            i["request_hash"],
-            i["payload_json"],
-            i["concurrency_key"],
-            i["timeout"],
-        )
-        for i in items
-    ]
     try:
-        out = services.submit_many(
-            new_jobs,
-            client_id=client.pk if client is not None else None,
-            actor=f"client:{client.name}" if client is not None else "app",
-        )
+        out = _write_many(items, client, batch_id)
     except BatchIdempotencyConflict as exc:
         for n in exc.conflicts:
             metrics.SUBMISSIONS_REJECTED.labels(items[n]["queue"], "idempotency_conflict").inc()
@@ -406,6 +455,83 @@ def submit_many(raw_items: Sequence[Any], *, client: Client | None = None) -> li
             extra={"client": client.name if client is not None else None},
         )
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class FlowSubmitted(Submitted):
+    """A batch item that went through jobs.flow: whether it joined a debounced job or
+    its key_strategy skipped it (the single answer's `debounced` / `skipped`)."""
+
+    debounced: bool = False
+    skipped: bool = False
+
+
+def _write_many(
+    items: list[dict[str, Any]], client: Client | None, batch_id: int | None
+) -> list[Submitted]:
+    """The batch's writes, in item order, in one transaction: each run of plain items is
+    one INSERT (services.submit_many); an item with flow fields goes through jobs.flow as
+    a single submission would (D360). A refusal of any item undoes the whole batch."""
+    actor = f"client:{client.name}" if client is not None else "app"
+    trace_context = hooks.current_context()  # each job's process span links to it
+    out: list[Submitted] = []
+    with transaction.atomic():
+        for flowed, group in groupby(enumerate(items), key=lambda p: flow_rules.wanted(p[1])):
+            run = list(group)
+            start = run[0][0]
+            if flowed:
+                out += [_flow_item(n, i, client, actor, trace_context) for n, i in run]
+                continue
+            try:
+                out += services.submit_many(
+                    [_new_job(i, trace_context) for _, i in run],
+                    client_id=client.pk if client is not None else None,
+                    actor=actor,
+                    batch_id=batch_id,  # jobs.flow.batches
+                )
+            except BatchIdempotencyConflict as exc:  # indexes of the run → of the batch
+                if not start:
+                    raise
+                raise BatchIdempotencyConflict(
+                    {start + n: job for n, job in exc.conflicts.items()}
+                ) from None
+    return out
+
+
+def _new_job(i: dict[str, Any], trace_context: str | None) -> services.NewJob:
+    return services.NewJob(
+        i["task"],
+        i["payload"],
+        i["queue"],
+        i["priority"],
+        i["run_at"],
+        i["max_retries"],
+        i["idempotency_key"],
+        i["request_hash"],
+        i["payload_json"],
+        i["concurrency_key"],
+        i["timeout"],
+        trace_context,
+        i["sequence_key"],
+    )
+
+
+def _flow_item(
+    n: int, item: dict[str, Any], client: Client | None, actor: str, trace_context: str | None
+) -> Submitted:
+    """One batch item through jobs.flow; a refusal names the item (`jobs.N.<field>`)."""
+    try:
+        job, created = _flow_submit(
+            item, client, actor, _inserter(item, client, actor, trace_context)
+        )
+    except (RateLimited, DebounceConflict) as exc:
+        exc.field = f"jobs.{n}.{exc.field}"
+        metrics.SUBMISSIONS_REJECTED.labels(_metric_queue(item["queue"]), exc.code).inc()
+        raise
+    return FlowSubmitted(
+        job.pk, created, job.status, job.queue, job.task, job.created_at, job.run_at,
+        debounced=job.debounced, skipped=job.skipped,
+    )  # fmt: skip
 
 
 def _new_per_queue(items: list[dict[str, Any]], client: Client | None) -> dict[str, int]:

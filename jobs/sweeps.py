@@ -15,10 +15,12 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from jobs import metrics, partitions, selectors, services
+from jobs.flow import retention
 from jobs.lifecycle import Status
 from jobs.transport import NullTransport, Transport, TransportError
 
 log = logging.getLogger(__name__)
+FLOW_PRUNE_EVERY = 60.0  # seconds between the reaper's passes over jobs.flow's rows
 
 
 @dataclass
@@ -31,6 +33,7 @@ class SweepReport:
     came_due: int = 0
     lost_signal: int = 0
     moved: int = 0  # not counted in total(): a move repairs nothing
+    flow_pruned: int = 0  # nor this: bookkeeping rows of jobs.flow (D361)
     seconds: float = 0.0
     errors: list[str] = field(default_factory=list)
 
@@ -111,6 +114,7 @@ class Sweep:
         self.gone_grace = gone_grace
         self.crash_detection = crash_detection
         self.resignals = resignals
+        self._next_flow_prune = 0.0
 
     def reap_gone(self, report: SweepReport) -> None:
         """Jobs of workers whose session is gone (kill -9, OOM, host loss)."""
@@ -157,6 +161,10 @@ class Sweep:
         services.forget_workers(self.gone_grace, 2 * self.lease)
         # 7. Partitions ahead, and finished jobs out of the hot partition (D163).
         report.moved = partitions.maintain()
+        # 8. Per-key bookkeeping no live job needs (D361), once a minute at most.
+        if time.monotonic() >= self._next_flow_prune:
+            report.flow_pruned = retention.prune(batch=self.batch).total
+            self._next_flow_prune = time.monotonic() + FLOW_PRUNE_EVERY
         report.seconds = time.monotonic() - started
         metrics.REAPER_SWEEPS.inc()
         metrics.REAPER_SWEEP_DURATION.observe(report.seconds)

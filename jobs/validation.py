@@ -113,6 +113,7 @@ def request_hash(
     unique_key: str | None = None,
     concurrency_key: str | None = None,
     timeout: float | None = None,
+    sequence_key: str | None = None,
 ) -> str:
     """SHA-256 of the normalised request, canonical JSON: what an idempotent replay must match.
     A unique_key, concurrency_key or timeout counts only when given, so hashes of requests
@@ -131,6 +132,8 @@ def request_hash(
         doc["concurrency_key"] = concurrency_key
     if timeout is not None:
         doc["timeout"] = timeout
+    if sequence_key is not None:
+        doc["sequence_key"] = sequence_key
     canonical = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
@@ -177,6 +180,7 @@ def validate(
     unique_key: Any = None,
     concurrency_key: Any = None,
     timeout: Any = None,
+    sequence_key: Any = None,
     *,
     for_client: bool = False,
 ) -> tuple[datetime | None, int, str | None, str, float | None]:
@@ -222,11 +226,13 @@ def validate(
         "idempotency_key": "invalid_idempotency_key",
         "unique_key": "invalid_unique_key",
         "concurrency_key": "invalid_concurrency_key",
+        "sequence_key": "invalid_sequence_key",
     }
     for field, key in (
         ("idempotency_key", idempotency_key),
         ("unique_key", unique_key),
         ("concurrency_key", concurrency_key),
+        ("sequence_key", sequence_key),
     ):
         if key is not None and (not isinstance(key, str) or not IDEMPOTENCY_KEY_RE.fullmatch(key)):
             shown = "idempotency key" if field == "idempotency_key" else field
@@ -254,6 +260,7 @@ def validate(
             unique_key,
             concurrency_key,
             timeout,
+            sequence_key,
         )
     return run_at, max_retries, digest, payload_json, timeout
 

@@ -10,6 +10,7 @@ import django
 import environ
 
 from jobs import conf
+from jobservice import observability
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -266,6 +267,13 @@ LOGGING = {
         "jobs": {"handlers": ["console"], "level": LOG_LEVEL, "propagate": False},
     },
 }
+
+# Traces to an OTLP collector and errors to Sentry, when their variables are set
+# (docs/observability.md); log lines carry trace_id/span_id and the running job.
+LOGGING["filters"] = {"jobs": {"()": "jobs.observability.logs.JobContextFilter"}}
+LOGGING["handlers"]["console"]["filters"] = ["jobs"]
+observability.configure_tracing()
+observability.configure_sentry()
 
 if LOG_FORMAT == "json":
     # Python warnings (a library's UserWarning) go out as JSON log lines too, through

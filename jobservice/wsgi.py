@@ -10,6 +10,7 @@ django_application = get_wsgi_application()
 
 from jobs.api.fastlane import FastLane  # noqa: E402  (needs the apps loaded)
 from jobs.lending import LendingApp  # noqa: E402
+from jobservice import observability  # noqa: E402
 from jobservice.serve import web_threads  # noqa: E402
 
-application = LendingApp(FastLane(django_application), web_threads())
+application = observability.wsgi(LendingApp(FastLane(django_application), web_threads()))

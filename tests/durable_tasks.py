@@ -90,3 +90,55 @@ def signal_after_step(payload: dict, ctx: Any) -> Any:
 
     ctx.step("gate", gate)
     return ctx.wait_for_signal("go", timeout=30)
+
+
+def _log_step(directory: str, i: int, job_id: int, lease_version: int) -> int:
+    """One line per run of iteration i's step ("i job lease"), in one append-only file:
+    a run under a later lease than the committed one would be a committed step run twice."""
+    with (Path(directory) / "loop-steps").open("a") as f:
+        f.write(f"{i} {job_id} {lease_version}\n")
+    return i
+
+
+@task("durable.loop", durable=True)
+def loop(payload: dict, ctx: Any) -> dict:
+    """A long-lived loop (issue 45): a step and a durable sleep per iteration, and
+    continue-as-new every payload["every"] iterations, carrying the count forward."""
+    start = i = payload.get("i", 0)
+    while i < payload["total"]:
+        ctx.step(f"it-{i}", _log_step, payload["dir"], i, ctx.job_id, ctx.lease_version)
+        ctx.sleep(payload.get("sleep", 0))
+        i += 1
+        if i - start >= payload["every"] and i < payload["total"]:
+            ctx.continue_as_new({**payload, "i": i})
+    return {"i": i, "run_started_at": start}
+
+
+@task("durable.chained_signal", durable=True)
+def chained_signal(payload: dict, ctx: Any) -> Any:
+    """Run 1 continues as new at once; run 2 waits for the signal "go"."""
+    if payload.get("run", 1) == 1:
+        ctx.step("first", lambda: 1)
+        ctx.continue_as_new({"run": 2})
+    return ctx.wait_for_signal("go", timeout=60)
+
+
+# The code version the "durable.versioned" task runs (tests change it between attempts,
+# as a deploy changes a task under a parked job).
+VERSION = {"v": 1}
+
+
+@task("durable.versioned", durable=True)
+def versioned(payload: dict, ctx: Any) -> dict:
+    a = ctx.step("a", lambda: "a")
+    if VERSION["v"] == 1:
+        b = ctx.step("b", lambda: "old")
+    elif VERSION["v"] == 2:  # the step renamed: replaying an old run is nondeterministic
+        b = ctx.step("b-renamed", lambda: "renamed")
+    elif ctx.patched("new-b"):  # v3: new runs take the new branch, old runs the old one
+        b = ctx.step("b-new", lambda: "new")
+    else:
+        b = ctx.step("b", lambda: "old")
+    ctx.sleep(payload.get("sleep", 0))
+    c = ctx.step("c", lambda: "c")
+    return {"a": a, "b": b, "c": c}

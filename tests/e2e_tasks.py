@@ -143,3 +143,14 @@ def hold(payload: Any, ctx: JobContext) -> Any:
         if not ctx.sleep(0.05):
             raise RetryableError("stopped before the gate opened")
     return {"held_by": ctx.worker_id}
+
+
+@task("e2e.sequence_step")
+def sequence_step(payload: Any, ctx: JobContext) -> Any:
+    """Works `seconds`, then fails permanently while the file `gate` exists: a sequence's
+    halt that a test lifts by removing the file before it resumes."""
+    time.sleep(float(payload.get("seconds", 0)))
+    gate = payload.get("gate")
+    if gate and Path(gate).exists():
+        raise PermanentError(f"gate {gate} is closed")
+    return {"i": payload.get("i")}

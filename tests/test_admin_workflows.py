@@ -91,3 +91,28 @@ def test_workflow_page_draws_the_graph_with_states_and_links(client):
     assert xs["a"] < xs["b"] == xs["c"] < xs["d"]
     listing = client.get(reverse("admin:jobs_workflow_changelist")).content.decode()
     assert "diamond" in listing
+
+
+def test_job_page_shows_the_history_size_and_flags_an_old_open_wait(client, settings):
+    client.force_login(make_staff("sam", "view_job"))
+    job = _parked_job()  # a step and a signal wait with no timeout
+    page = client.get(reverse("admin:jobs_job_change", args=[job.pk])).content.decode()
+    assert "1 steps, 1 waits" in page and "of 1000)" in page
+    assert "waits for a signal with no timeout" not in page  # a young run
+    Job.objects.filter(pk=job.pk).update(created_at="2000-01-01T00:00:00Z")
+    page = client.get(reverse("admin:jobs_job_change", args=[job.pk])).content.decode()
+    assert "waits for a signal with no timeout" in page
+    settings.JOBS_MAX_STEPS = 2
+    page = client.get(reverse("admin:jobs_job_change", args=[job.pk])).content.decode()
+    assert "continue as new before the limit" in page
+
+
+def test_job_page_links_the_runs_of_a_continued_job(client):
+    client.force_login(make_staff("sam", "view_job"))
+    job, _ = services.submit("echo", {})
+    lease = services.claim("w-admin", job.pk)
+    second = services.continue_as_new(lease, '{"n": 2}')
+    page = client.get(reverse("admin:jobs_job_change", args=[second])).content.decode()
+    assert "run 2 of chain" in page and f"/jobs/job/{job.pk}/change/" in page
+    page = client.get(reverse("admin:jobs_job_change", args=[job.pk])).content.decode()
+    assert "continued as" in page and f"/jobs/job/{second}/change/" in page

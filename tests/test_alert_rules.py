@@ -19,6 +19,7 @@ from jobs import metrics
 from jobs.collectors import (
     ConsumersCollector,
     DepthCollector,
+    DurableHistoryCollector,
     PartitionCollector,
     QueueControlsCollector,
     WebhookCircuitsCollector,
@@ -104,6 +105,8 @@ def exported() -> dict[str, set[str]]:
     for family in WebhookCircuitsCollector(cache_seconds=5).describe():
         names[family.name] = {"state"}
     for family in PartitionCollector(cache_seconds=5).describe():
+        names[family.name] = set()
+    for family in DurableHistoryCollector(cache_seconds=5).describe():
         names[family.name] = set()
     for family in OutboxLagCollector().describe():
         names[family.name] = {"subscriber"}

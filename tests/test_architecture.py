@@ -34,8 +34,13 @@ LAYERS: list[tuple[str, list[str]]] = [
         "jobs.logconfig", "jobs.queues", "jobs.tasks", "jobs.tasks_compat", "jobs.dispatch",
         "jobs.templatetags", "jobs.templatetags.*", "jobs.management",
         "jobs.management.commands", "jobs.schedules", "jobs.schedules.timing",
-        "jobs.watchdog",
+        "jobs.watchdog", "jobs.flow",
+        # The OpenTelemetry and Sentry calls, each guarded (jobs.observability).
+        "jobs.observability", "jobs.observability.context", "jobs.observability.tracing",
+        "jobs.observability.errors",
     ]),
+    # The logging filter that puts the trace and the running job on every line.
+    ("log fields", ["jobs.observability.logs"]),
     # @periodic: what a declaration runs, resolved through the task registry (D223).
     ("task declarations", ["jobs.schedules.periodic"]),
     # Talk to the outside world; transport is the only module that imports redis.
@@ -51,13 +56,15 @@ LAYERS: list[tuple[str, list[str]]] = [
                         "jobs.lending",
                         # Parquet files of archived periods: the only pyarrow import
                         "jobs.archive.files"]),
-    ("models", ["jobs.models", "jobs.graph"]),
+    ("models", ["jobs.models", "jobs.graph", "jobs.flow.triggers"]),
     # Caches of model rows that the writes keep honest (the API clients by token hash).
     # jobs.waiting: one Redis subscription per process wakes the callers waiting on a job.
     ("model caches", ["jobs.clientcache", "jobs.waiting"]),
     # What a submission is checked against before anything is written: the rules of one
     # job (jobs.validation) and the room in its queue and its client's share of it.
     ("submission checks", ["jobs.validation", "jobs.backpressure"]),
+    # Rates per concurrency key counted in jobs_keyhit: the claim's and the submission's.
+    ("per-key rates", ["jobs.flow.keyrate", "jobs.flow.rules"]),
     # Every write, one compare-and-set each, in rooms that follow the job's life (issue
     # 43). First what they share: the lease, a finished row, how a statement runs.
     ("service statements", ["jobs.services.common"]),
@@ -74,17 +81,24 @@ LAYERS: list[tuple[str, list[str]]] = [
     # The services' one face (what callers import) and every read.
     # jobs.partitions: partitions ahead and the mover (D163), the reaper's.
     # jobs.gauges: the readings behind the exported gauges.
+    # jobs.flow.retention: the reaper's pass over the per-key rows (D361).
     ("services and selectors", ["jobs.services", "jobs.selectors", "jobs.gauges",
-                                "jobs.partitions"]),
+                                "jobs.partitions", "jobs.flow.retention"]),
+    # What the pipeline calls around submissions, attempts, steps and outgoing calls: the
+    # spans and error reports of jobs.observability (reads a job's trace context).
+    ("observability hooks", ["jobs.observability.hooks"]),
     # Staff repairs (admin actions and `manage.py jobs`) and the Python cancel, each a
     # service call with its audit.
-    ("staff and caller controls", ["jobs.staff", "jobs.cancelling"]),
+    ("staff and caller controls", ["jobs.staff", "jobs.cancelling", "jobs.flow.sequences"]),
     # One pass of the reaper's repairs (the reaper is the process that paces them).
     ("recovery sweeps", ["jobs.sweeps"]),
     # Retention by partition, the PostgreSQL side: periods, DETACH, DROP, ATTACH.
     ("archive tables", ["jobs.archive.tables"]),
     # A schedule's slots: the scheduler_runs row and the job it makes, in one statement.
     ("schedule firing", ["jobs.schedules.firing"]),
+    # Flow control at submission: debounce, and what a new job does when its key is busy.
+    ("flow control at submission", ["jobs.flow.debounce", "jobs.flow.strategies"]),
+    ("flow pipeline", ["jobs.flow.pipeline"]),
     # Queue controls: the Queue rows synced from JOBS_QUEUES and a worker's view of them.
     # jobs.events: publish()/@subscriber; the Redis stream; the Kafka sink; endpoints'
     # slots and circuit breakers. jobs.starts: a worker's started marks (prefetched
@@ -92,13 +106,26 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("pipeline and presence", ["jobs.submission", "jobs.presence", "jobs.queuecontrol",
                                "jobs.events", "jobs.events.streams", "jobs.events.kafka",
                                "jobs.events.circuit", "jobs.starts"]),
+    # The webhooks fan-out's write: a batch's delivery rows and their jobs (D262).
+    ("webhook fan-out", ["jobs.events.fanout"]),
     # An endpoint's slots as a delivery process holds them (D240): it shares them out by
     # the live delivery workers (jobs.presence).
     ("endpoint slots", ["jobs.events.endpoints"]),
+    # An endpoint's due deliveries in runs on a slot a delivery holds (D260): claimed,
+    # called and written back a batch at a time.
+    ("endpoint runs", ["jobs.events.batches"]),
     # Schedules held to the submission rules of the jobs they make.
     ("schedule definitions", ["jobs.schedules.define"]),
+    # A durable job's parts (issue 45): what handlers raise; then replay and history,
+    # waits, continue-as-new and the after-end hooks, one concern each; then the
+    # context that mixes them.
+    ("durable errors", ["jobs.durable.errors"]),
+    ("durable parts", ["jobs.durable.history", "jobs.durable.waits", "jobs.durable.chain",
+                       "jobs.durable.hooks"]),
+    ("durable context", ["jobs.durable.context"]),
     # Durable jobs (steps, waits) and workflows: built on the services and the pipeline.
-    ("durable jobs and workflows", ["jobs.durable", "jobs.workflows", "jobs.signals"]),
+    ("durable jobs and workflows", ["jobs.durable", "jobs.workflows", "jobs.signals",
+                                    "jobs.flow.batches"]),
     # The worker's rooms (issue 27): what they share, then one concern each, as mixins
     # of jobs.worker.Worker.
     ("worker attempts", ["jobs.worker.attempts"]),
@@ -137,6 +164,9 @@ OWNED_IMPORTS = {
     "redis": {"jobs.transport"},
     "confluent_kafka": {"jobs.events.kafka"},
     "pyarrow": {"jobs.archive.files"},
+    # The deployment configures the SDK and the Sentry client (jobservice.observability).
+    "opentelemetry": {"jobs.observability.tracing", "jobservice.observability", "jobservice.wsgi"},
+    "sentry_sdk": {"jobs.observability.errors", "jobservice.observability"},
 }
 
 # What the packages around `jobs` must never import.

@@ -539,3 +539,93 @@ def test_a_partition_left_detach_pending_is_reported():
     finally:
         assert partitions.attach_pending_detaches() == 1
     assert run(checks.partitions_whole) == []
+
+
+def _sequence(n: int = 3) -> list[int]:
+    return [services.submit("echo", {}, sequence_key="s")[0].pk for _ in range(n)]
+
+
+def test_a_sequence_run_one_at_a_time_in_order_passes():
+    ids = _sequence()
+    for job_id in ids:
+        services.complete([(services.claim(A, job_id), 1)])
+    assert run(checks.sequences_serial) == []
+
+
+def test_overlapping_or_reordered_jobs_of_a_sequence_are_reported():
+    ids = _sequence()
+    services.claim(A, ids[0])  # still runs
+    # The broken build: the third job made due at once, run before the second.
+    raw("UPDATE jobs_job SET run_at = now() WHERE id = %s", [ids[2]])
+    assert services.claim(B, ids[2]) is not None
+    found = run(checks.sequences_serial)
+    assert found and all(v.job_id == ids[2] for v in found)
+    assert any("while job" in v.detail for v in found)
+
+
+def test_a_chain_of_runs_from_the_real_services_passes_and_a_lost_run_is_reported():
+    job = JobFactory.create()
+    second = services.continue_as_new(services.claim(A, job.pk), '{"run": 2}')
+    third = services.continue_as_new(services.claim(B, second), '{"run": 3}')
+    assert services.complete([(services.claim(A, third), 1)])
+    assert run(checks.chains_whole) == []
+    raw("UPDATE jobs_job SET run_number = 4 WHERE id = %s", [third])  # the broken build
+    found = run(checks.chains_whole)
+    assert [v.check for v in found] == ["chains_whole"] and "lost or doubled" in found[0].detail
+
+
+def _debounced(n: int, key: str = "k") -> services.Lease | None:
+    from jobs.submission import submit
+
+    payload = {"n": n, checks.DEBOUNCE_MARK: key}
+    return submit("echo", payload, debounce_key=key, debounce_seconds=30)[0]
+
+
+def test_debounced_jobs_made_one_after_another_start_pass():
+    first = _debounced(1)
+    assert _debounced(2).pk == first.pk  # joined
+    raw("UPDATE jobs_job SET run_at = now() WHERE id = %s", [first.pk])
+    services.complete([(services.claim(A, first.pk), 1)])
+    second = _debounced(3)  # the first started: a new job
+    assert second.pk != first.pk and _debounced(4).pk == second.pk
+    assert run(checks.debounce_gathers) == []
+
+
+def test_a_second_waiting_job_of_a_debounce_key_is_reported():
+    first = _debounced(1)
+    # The broken build: a submission of the key that made a job instead of joining.
+    other = services.submit("echo", {"n": 2, checks.DEBOUNCE_MARK: "k"})[0]
+    _debounced(3, key="another")
+    found = run(checks.debounce_gathers)
+    assert [(v.check, v.job_id) for v in found] == [("debounce_gathers", other.pk)]
+    assert f"job {first.pk}" in found[0].detail
+
+
+def _throttle(key_rate: dict | None) -> None:
+    from jobs import queuecontrol
+
+    queuecontrol.sync({"default": {}, "crm": {"key_rate": key_rate} if key_rate else {}})
+
+
+def _keyed(n: int, key: str = "acct") -> list[int]:
+    return [services.submit("echo", {}, queue="crm", concurrency_key=key)[0].pk for _ in range(n)]
+
+
+def test_starts_within_a_keys_rate_pass():
+    _throttle({"limit": 2, "period": 60})
+    _keyed(3)
+    _keyed(1, "other")
+    gated = services.claim_limited_under_queue_lock(A, "crm", 10)
+    assert len(gated.leases) == 3  # two of acct, one of other; the third of acct waits
+    assert run(checks.key_rate_held) == []
+
+
+def test_a_key_started_past_its_rate_is_reported():
+    ids = _keyed(3)
+    _throttle(None)  # the broken build: claims that never counted the key's window
+    for job_id in ids:
+        assert services.claim(A, job_id) is not None
+    _throttle({"limit": 2, "period": 60})
+    found = run(checks.key_rate_held)
+    assert [v.check for v in found] == ["key_rate_held"]
+    assert "3 starts" in found[0].detail and "acct" in found[0].detail

@@ -44,8 +44,8 @@ def test_short_fault_suite_passes():
     assert not missing, f"fault kinds never injected: {missing}"
     assert re.search(r"^  PASS  lost_or_stuck$", report, re.M)
     # Durable steps and workflows ran under the faults, and their invariants held.
-    for check in ("steps_under_held_lease", "children_after_parents"):
+    for check in ("steps_under_held_lease", "children_after_parents", "sequences_serial"):
         assert re.search(rf"^  PASS  {check}$", report, re.M), check
     # chaos.die killed process-pool children (issue 27): their attempts ended failed.
-    for seen in ("step_checkpoints", "workflows", "parked_sleeps", "child_deaths"):
+    for seen in ("step_checkpoints", "workflows", "parked_sleeps", "child_deaths", "sequence_jobs"):
         assert re.search(rf"\b{seen}\s+[1-9]", report), f"no {seen} in the run"

@@ -45,6 +45,7 @@ SKIPPED = {
     "webhooks": "the suite runs its tests at 200 jobs; test_sized_target_runs_suite_tests",
     "schedules-long": "the suite runs its test for 25 s; test_sized_target_runs_suite_tests",
     "workflow-bench": "the suite runs its test at 100 nodes; test_sized_target_runs_suite_tests",
+    "durable-loop": "the suite runs its test at 400 iterations; test_sized_target_runs_suite_tests",
     "fresh-project": "the suite runs its test with this checkout's dependencies; "
     "test_sized_target_runs_suite_tests",
     "test-matrix": ".ci/run runs it after make test; tests/test_packaging.py checks its cells",
@@ -59,6 +60,7 @@ QUICK = {
     "fuzz": ["FUZZ_EXAMPLES=2", "FUZZ_ARGS=-k positive"],
     "crash-bench": ["CRASH_KILLS=1"],
     "workflow-linear": ["WORKFLOW_LINEAR_ARGS=--repeat 1"],
+    "flow-batch": ["FLOW_BATCH_JOBS=300"],  # tests/test_flow_batches.py holds the rows
     "fillfactor": ["FILLFACTOR_JOBS=1000"],
 }
 # Targets that run tests of this suite at full size, by the variable those tests read.
@@ -66,6 +68,7 @@ SIZED = {
     "webhooks": "WEBHOOK_JOBS",
     "schedules-long": "SCHEDULE_E2E_SECONDS",
     "workflow-bench": "WORKFLOW_NODES",
+    "durable-loop": "DURABLE_LOOP_TOTAL",
     "fresh-project": "FRESH_PROJECT_FULL",
 }
 # A skipped target whose recipe is exactly what another test runs.

@@ -60,7 +60,7 @@ def test_step_limit_fails_the_job_clearly(settings):
     assert run_once(job.pk) == OutcomeKind.FAIL
     job.refresh_from_db()
     assert job.status == "failed" and job.retry_count == 0  # permanent: no retry spent
-    assert "step limit reached: a job may have at most 5 steps" in job.error
+    assert "step limit reached: a run may have at most 5 steps" in job.error
     assert JobStep.objects.filter(job_id=job.pk).count() == 5
 
 

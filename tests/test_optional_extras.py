@@ -54,6 +54,29 @@ def test_check_names_the_extra_a_setting_needs(
     assert extra_errors() == []  # the feature is off: its library is not needed
 
 
+@pytest.mark.parametrize(
+    "variable, value, module, extra, setting, distribution",
+    [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318", "opentelemetry.sdk.trace",
+         "otel", "OTEL_TRACES_EXPORTER or OTEL_EXPORTER_OTLP_ENDPOINT", "opentelemetry-sdk"),
+        ("SENTRY_DSN", "http://key@127.0.0.1:9/1", "sentry_sdk", "sentry", "SENTRY_DSN",
+         "sentry-sdk"),
+    ],
+)  # fmt: skip
+def test_check_names_the_extra_a_variable_needs(
+    monkeypatch, variable, value, module, extra, setting, distribution
+):
+    """Traces and error reports are turned on by their tools' own variables (D302)."""
+    for name in ("OTEL_TRACES_EXPORTER", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", variable):
+        monkeypatch.delenv(name, raising=False)
+    without(monkeypatch, module)
+    assert extra_errors() == []  # not asked for: its library is not needed
+    monkeypatch.setenv(variable, value)
+    (error,) = extra_errors()
+    assert error.msg == f"{setting} is set, but {distribution} is not installed"
+    assert f"pip install 'jobservice[{extra}]'" in error.hint
+
+
 def test_the_kafka_sink_and_command_refuse_naming_the_extra(settings, monkeypatch):
     from jobs.events import kafka
 
@@ -135,11 +158,12 @@ def test_the_tasks_check_is_registered_without_importing_the_framework():
 
 def test_every_module_of_the_app_imports_without_the_optional_extras():
     """The admin, the API, the commands and the worker load with neither pyarrow nor
-    confluent-kafka (nor granian): only the features that need them refuse."""
+    confluent-kafka (nor granian, OpenTelemetry or sentry-sdk): only the features that
+    need them refuse."""
     done = run_python(
         """
         import sys
-        for name in ("pyarrow", "confluent_kafka", "granian"):
+        for name in ("pyarrow", "confluent_kafka", "granian", "opentelemetry", "sentry_sdk"):
             sys.modules[name] = None
         import django
         django.setup()

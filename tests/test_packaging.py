@@ -98,11 +98,12 @@ def test_the_optional_libraries_are_extras(dist):
     meta = metadata(dist)
     assert meta["Requires-Python"] == ">=3.11"
     assert set(meta.get_all("Provides-Extra")) >= {
-        "kafka", "archive", "server", "deploy", "tasks-backport"
+        "kafka", "archive", "server", "otel", "sentry", "deploy", "tasks-backport"
     }  # fmt: skip
     plain = {r.name.lower(): r for r in requirements(meta) if r.marker is None}
     assert str(plain["django"].specifier) == "<6.2,>=5.2"
-    for name in ("confluent-kafka", "pyarrow", "granian", "gunicorn", "django-tasks"):
+    for name in ("confluent-kafka", "pyarrow", "granian", "gunicorn", "django-tasks",
+                 "opentelemetry-api", "opentelemetry-sdk", "sentry-sdk"):  # fmt: skip
         assert name not in plain, f"{name} is installed without its extra"
 
     def needed(name: str, **env: str) -> bool:
@@ -118,13 +119,15 @@ def test_the_optional_libraries_are_extras(dist):
         assert needed("django-tasks", **bare) == (python == "3.11")
         assert needed("django-tasks", python_version=python, extra="tasks-backport")
     for extra, name in (("kafka", "confluent-kafka"), ("archive", "pyarrow"),
-                        ("server", "granian")):  # fmt: skip
+                        ("server", "granian"), ("otel", "opentelemetry-sdk"),
+                        ("otel", "opentelemetry-exporter-otlp-proto-http"),
+                        ("sentry", "sentry-sdk")):  # fmt: skip
         assert needed(name, python_version="3.12", extra=extra), extra
     # `make install` (deploy,dev) brings every feature the full suite exercises.
     deploy = [r for r in requirements(meta) if r.marker and r.marker.evaluate({"extra": "deploy"})]
     (itself,) = [r for r in deploy if r.name == "jobservice"]
-    assert itself.extras == {"kafka", "archive", "server"}
-    for module in ("confluent_kafka", "pyarrow", "granian"):
+    assert itself.extras == {"kafka", "archive", "server", "otel", "sentry"}
+    for module in ("confluent_kafka", "pyarrow", "granian", "opentelemetry.sdk", "sentry_sdk"):
         assert importlib.util.find_spec(module), f"make install did not install {module}"
 
 

@@ -51,6 +51,17 @@ def test_claim_bumps_lease_and_sets_owner():
     assert lease.lease_version == 1 and row["claimed_at"] is not None
 
 
+@pytest.mark.parametrize("payload", ["hello", '{"not": "an object"}', "", 7, 1.5, True,
+                                     [1, "two"], {"k": "v"}])  # fmt: skip
+def test_a_claim_hands_over_every_json_payload_as_it_was_stored(payload):
+    """The claim reads rows in binary, so a payload arrives parsed: a JSON string stays
+    that string (parsing it again failed the whole claim, every job of it unclaimed)."""
+    job = JobFactory.create(queue="strings", payload=payload)
+    (lease,) = services.claim_next(W, ["strings"], 5)
+    assert (lease.job_id, lease.payload) == (job.pk, payload)
+    assert services.claim_ids("w-2", [JobFactory.create(payload=payload).pk])[0].payload == payload
+
+
 def test_second_claim_of_same_job_is_a_duplicate():
     job = JobFactory.create()
     assert services.claim(W, job.pk) is not None

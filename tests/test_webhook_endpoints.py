@@ -15,7 +15,7 @@ import pytest
 from jobs.events import endpoints
 from jobs.events.deadline import DeadlineExceeded
 from jobs.events.webhooks import post
-from tests.harness import database_url
+from tests.harness import database_url, wait_until
 
 WEBHOOK = 4141
 
@@ -144,3 +144,28 @@ def test_a_kept_alive_connection_is_reused_and_still_ends_at_the_deadline(settin
     finally:
         slot.close_connections()
         receiver.close()
+
+
+def test_a_delivery_lends_its_call_to_the_run_holding_its_endpoints_slot(slots):
+    assert slots.lend(WEBHOOK, lambda slot: (200, b"", {}), 0.05) is None  # no run: take
+    got: list = []
+
+    def lend(answer: bytes) -> threading.Thread:
+        thread = threading.Thread(
+            target=lambda: got.append(slots.lend(WEBHOOK, lambda slot: (200, answer, {}), 5))
+        )
+        thread.start()
+        return thread
+
+    with slots.running(WEBHOOK):
+        first = lend(b"made by the run")
+        wait_until(lambda: slots.waiting_calls(WEBHOOK) == 1, 5, "the call lent")
+        (item,) = slots.lent(WEBHOOK)
+        item.answer, item.called = item.call(None), True
+        item.done.set()
+        first.join(5)
+        assert got[0].answer == (200, b"made by the run", {})
+        second = lend(b"never made")
+        wait_until(lambda: slots.waiting_calls(WEBHOOK) == 1, 5, "the call lent")
+    second.join(5)  # the run ended with it untaken: back uncalled, the caller takes a slot
+    assert got[1] is None and slots.waiting_calls(WEBHOOK) == 0

@@ -159,11 +159,15 @@ def test_waiting_gauge_counts_parked_and_blocked_jobs_by_reason():
     def read() -> dict[str, float]:
         return {s.labels["reason"]: s.value for f in collector.collect() for s in f.samples}
 
-    assert read() == {"sleep": 0, "signal": 0, "parents": 0}
+    none = {"sleep": 0, "signal": 0, "parents": 0, "sequence": 0, "sequence_halted": 0}
+    assert read() == none
     workflows.Workflow("w").step("a", "echo").step("b", "echo", after=["a"]).submit()
     job, _ = services.submit("echo", {})
     services.suspend(services.claim("w-wf", job.pk), reason=WaitReason.SLEEP, seconds=60)
-    assert read() == {"sleep": 1, "signal": 0, "parents": 1}
+    assert read() == {**none, "sleep": 1, "parents": 1}
+    services.submit("echo", {}, sequence_key="k")
+    services.submit("echo", {}, sequence_key="k")  # waits its turn
+    assert read() == {**none, "sleep": 1, "parents": 1, "sequence": 1}
 
 
 def test_pruning_a_finished_job_takes_its_steps_signals_and_links_along(sql):

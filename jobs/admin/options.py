@@ -47,7 +47,7 @@ from jobs.admin.display import (
 from jobs.admin.filters import InternalFilter, QueueFilter, StuckFilter, TaskFilter
 from jobs.admin.paginator import CappedCountPaginator
 from jobs.admin.readonly import ListsFromReplica, SeenWithJobs, WrittenByServices
-from jobs.admin.workflows import JobSignalInline, JobStepInline, send_signal_view
+from jobs.admin.workflows import DurableFields, JobSignalInline, JobStepInline, send_signal_view
 from jobs.archive.restore import archived_period_of
 from jobs.conf import settings
 from jobs.lifecycle import TERMINAL, Status
@@ -117,7 +117,7 @@ class JobChangeList(ChangeList):
         return super().get_queryset(request, exclude_parameters).defer("error_traceback")
 
 
-class JobAdmin(ListsFromReplica, WrittenByServices, admin.ModelAdmin):
+class JobAdmin(ListsFromReplica, WrittenByServices, DurableFields, admin.ModelAdmin):
     """Jobs, read-only, with the staff actions of `jobs.admin.actions` and a dashboard."""
 
     list_display = (
@@ -160,7 +160,8 @@ class JobAdmin(ListsFromReplica, WrittenByServices, admin.ModelAdmin):
             {"fields": ("lease_version", "owned_by", "claimed", "heartbeat", "heartbeat_age")},
         ),
         (gettext_lazy("Progress"), {"fields": ("progress_detail", "cancel_requested")}),
-        (gettext_lazy("Waiting for"), {"fields": ("waiting_for", "wait_key")}),
+        (gettext_lazy("Waiting for"), {"fields": ("waiting_for", "wait_key", "open_wait")}),
+        (gettext_lazy("Durable history"), {"fields": ("history_size", "chain_runs")}),
         (gettext_lazy("Retries"), {"fields": ("retries", "max_retries", "run", "error_text")}),
         (
             gettext_lazy("Times"),

@@ -20,10 +20,11 @@ from jobs.staff import tally
 
 class QueueAdmin(admin.ModelAdmin):
     list_display = ["name", "state", "concurrency", "rate", "weight", "fair", "key_concurrency",
-                    "updated_at"]  # fmt: skip
+                    "key_rate", "updated_at"]  # fmt: skip
     list_filter = ["paused"]
     fields = ["name", "paused", "concurrency", "rate_limit", "rate_period", "weight", "fair",
-              "key_concurrency", "declared", "updated_at"]  # fmt: skip
+              "key_concurrency", "key_rate_limit", "key_rate_period", "declared",
+              "updated_at"]  # fmt: skip
     readonly_fields = ["name", "paused", "declared", "updated_at"]
     actions = ["pause_queues", "resume_queues"]
 
@@ -43,6 +44,10 @@ class QueueAdmin(admin.ModelAdmin):
     @admin.display(description=gettext_lazy("rate"))
     def rate(self, obj: Queue) -> str:
         return queues.format_rate(obj.rate_limit, obj.rate_period) or "-"
+
+    @admin.display(description=gettext_lazy("throttle per key"))
+    def key_rate(self, obj: Queue) -> str:
+        return queues.format_key_rate(obj.key_rate_limit, obj.key_rate_period) or "-"
 
     def _set_paused(self, request: HttpRequest, queryset, paused: bool) -> None:
         verb = "paused" if paused else "resumed"

@@ -15,13 +15,15 @@ from django.http import HttpRequest, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import reverse
+from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
-from jobs import signals, workflows
+from jobs import selectors, signals, workflows
 from jobs.admin.actions import log_change, staff_actor
 from jobs.admin.display import iso_time, time_column
 from jobs.admin.readonly import ListsFromReplica, SeenWithJobs, WrittenByServices
+from jobs.durable import max_steps
 from jobs.exceptions import SubmissionError
 from jobs.models import Job, JobSignal, JobStep, Workflow
 
@@ -86,6 +88,50 @@ class JobSignalInline(_JobPartInline):
 
 
 # --- send signal ----------------------------------------------------------------------
+
+
+def _job_link(job_id: int) -> str:
+    url = reverse("admin:jobs_job_change", args=[job_id])
+    return format_html('<a href="{}">{}</a>', url, job_id)
+
+
+class DurableFields:
+    """A job's durable side on its page: its history's size against JOBS_MAX_STEPS, its
+    runs (continue-as-new) and a warning for a signal wait without a timeout on an old
+    run (D319)."""
+
+    @admin.display(description=gettext_lazy("history"))
+    def history_size(self, obj: Job) -> str:
+        h = selectors.job_history(obj.pk)
+        used = h["steps"] + h["waits"]
+        text = _("%(steps)d steps, %(waits)d waits, %(bytes)d bytes (%(used)d of %(max)d)") % {
+            **h, "used": used, "max": max_steps()}  # fmt: skip
+        if used >= 0.8 * max_steps():
+            return format_html('<strong class="errornote">{}</strong> {}', text,
+                               _("continue as new before the limit"))  # fmt: skip
+        return text
+
+    @admin.display(description=gettext_lazy("runs"))
+    def chain_runs(self, obj: Job) -> str:
+        if obj.chain_id is None:
+            return "-"
+        parts = [format_html(_("run {} of chain {}"), obj.run_number or 1, _job_link(obj.chain_id))]
+        if obj.previous_run_ids:
+            links = format_html_join(", ", "{}", ((_job_link(i),) for i in obj.previous_run_ids))
+            parts.append(format_html(_("previous: {}"), links))
+        if obj.next_run_id is not None:
+            parts.append(format_html(_("continued as {}"), _job_link(obj.next_run_id)))
+        return format_html_join("; ", "{}", ((p,) for p in parts))
+
+    @admin.display(description=gettext_lazy("open wait"))
+    def open_wait(self, obj: Job) -> str:
+        if not selectors.open_wait_is_old(obj):
+            return "-"
+        warning = _(
+            "waits for a signal with no timeout on a run older than JOBS_OPEN_WAIT_WARN_AGE: "
+            "prefer wait_for_signal(key, timeout=...) in a loop that continues as new"
+        )
+        return format_html('<strong class="errornote">{}</strong>', warning)
 
 
 class SignalForm(forms.Form):

@@ -33,6 +33,8 @@ _STATUS_FOR = {
     refusals.QueueFull: status.HTTP_429_TOO_MANY_REQUESTS,
     refusals.ClientQueueFull: status.HTTP_429_TOO_MANY_REQUESTS,
     refusals.QuotaExceeded: status.HTTP_400_BAD_REQUEST,
+    refusals.RateLimited: status.HTTP_429_TOO_MANY_REQUESTS,
+    refusals.DebounceConflict: status.HTTP_409_CONFLICT,
     refusals.IdempotencyConflict: status.HTTP_409_CONFLICT,
     refusals.BatchInvalid: status.HTTP_400_BAD_REQUEST,
     refusals.BatchIdempotencyConflict: status.HTTP_409_CONFLICT,
@@ -112,8 +114,12 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
             more["workflow_id"] = exc.workflow_id
         if isinstance(exc, refusals.BatchIdempotencyConflict):
             more["job_ids"] = {str(n): job_id for n, job_id in exc.conflicts.items()}
-        if isinstance(exc, refusals.QueueFull):
+        if isinstance(exc, refusals.QueueFull | refusals.RateLimited):
             headers["Retry-After"] = str(exc.retry_after)
+        if isinstance(exc, refusals.RateLimited):
+            more["retry_after"] = exc.retry_after
+        if isinstance(exc, refusals.DebounceConflict):
+            more["job_id"] = exc.job_id
         return Response(
             error_body(exc.message, code, errors, **more),
             status=_STATUS_FOR.get(type(exc), status.HTTP_400_BAD_REQUEST),

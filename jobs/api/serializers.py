@@ -9,6 +9,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from jobs import queues, selectors, validation
+from jobs.flow import rules as flow_rules
 from jobs.lifecycle import STATUSES, Role, Status, actor_role
 from jobs.models import PRIORITY_MAX, PRIORITY_MIN, Job, JobEvent, Schedule
 from jobs.selectors import progress_of
@@ -31,6 +32,15 @@ class WaitReasonField(serializers.CharField):
 
     def to_representation(self, job: Job) -> str | None:
         return selectors.wait_reason(job)
+
+
+class KeyRateSerializer(serializers.Serializer):
+    """A rate per concurrency key: `limit` events in any window of `period` seconds."""
+
+    limit = serializers.IntegerField(min_value=1, max_value=queues.KEY_RATE_LIMIT_MAX)
+    period = serializers.IntegerField(
+        min_value=1, max_value=queues.KEY_RATE_PERIOD_MAX, help_text="Whole seconds."
+    )
 
 
 class JobSubmitSerializer(serializers.Serializer):
@@ -88,11 +98,58 @@ class JobSubmitSerializer(serializers.Serializer):
         "Per client. In a queue with `key_concurrency: N`, at most N of your jobs "
         "with this key are processing at once; the others wait their turn, queued."
     )
+    sequence_key = _key_field(
+        "Per client. Jobs with this key run strictly one at a time, in the order they "
+        "were submitted, across all workers; a job that fails halts the sequence (later "
+        "ones wait with `wait_reason: sequence_halted`) until staff resume or skip it."
+    )
+    # Flow control per key (jobs.flow, docs/queue-controls.md).
+    debounce_key = _key_field(
+        "Per client. Submissions with this key gather into one job that runs "
+        "`debounce_seconds` after the last of them, with the last payload; each is "
+        "answered with that job (200, `debounced: true`, once it exists). Not with "
+        "`run_at`, `unique_key` or an Idempotency-Key."
+    )
+    debounce_seconds = serializers.FloatField(
+        required=False,
+        allow_null=True,
+        default=None,
+        min_value=0,
+        max_value=flow_rules.DEBOUNCE_SECONDS_MAX,
+        help_text="Seconds (> 0) after the last submission of the `debounce_key` the job runs.",
+    )
+    debounce_max_wait = serializers.FloatField(
+        required=False,
+        allow_null=True,
+        default=None,
+        min_value=0,
+        max_value=flow_rules.DEBOUNCE_MAX_WAIT_MAX,
+        help_text="Seconds after the first submission the job runs at the latest, however "
+        "many follow (at least `debounce_seconds`).",
+    )
+    key_strategy = serializers.ChoiceField(
+        choices=flow_rules.STRATEGIES,
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="When the `concurrency_key` has a live job: `queue` (wait, the default), "
+        "`cancel_running` (stop the key's running job cooperatively and cancel its queued "
+        "ones; this one runs) or `skip_new` (this job ends at once, failed with a `skipped:` "
+        "error; answered with `skipped: true`).",
+    )
+    rate_limit = KeyRateSerializer(
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="Past `limit` accepted submissions of the `concurrency_key` in the last "
+        "`period` seconds, this one is refused: 429 `rate_limited` with Retry-After (the "
+        "seconds until one fits). Idempotent replays are answered, never counted.",
+    )
 
 
 class BatchItemSerializer(JobSubmitSerializer):
-    """One job of a batch: the single body, with its own idempotency key (unique keys
-    are for single submissions)."""
+    """One job of a batch: the single body, with its own idempotency key (unique keys are
+    for single submissions; flow fields apply per job, in the batch's order: D360)."""
 
     unique_key = None
 
@@ -116,6 +173,12 @@ class BatchJobSerializer(serializers.Serializer):
     idempotency_key = serializers.CharField(allow_null=True)
     run_at = serializers.DateTimeField()
     created_at = serializers.DateTimeField()
+    debounced = serializers.BooleanField(
+        help_text="True: this job joined the waiting job of its `debounce_key`."
+    )
+    skipped = serializers.BooleanField(
+        help_text="True: its `concurrency_key` was busy and `key_strategy: skip_new` ended it."
+    )
 
 
 class BatchResultSerializer(serializers.Serializer):
@@ -156,9 +219,26 @@ class JobSerializer(serializers.ModelSerializer):
         read_only=True,
         allow_null=True,
         help_text="Why a queued job is not running: sleep or signal (parked by its "
-        "handler), parents (a workflow step whose parents have not ended), queue_paused "
+        "handler), parents (a workflow step whose parents have not ended), sequence (an "
+        "earlier job of its sequence_key has not ended), sequence_halted (an earlier one "
+        "failed: staff resume or skip it), queue_paused "
         "(its queue is paused); null otherwise.",
     )
+
+    batch = serializers.IntegerField(
+        source="batch_id",
+        read_only=True,
+        allow_null=True,
+        help_text="The batch this job belongs to (its id, GET /api/v1/batches/<id>/), or null.",
+    )
+
+    run_number = serializers.SerializerMethodField(
+        help_text="Its run in a durable job's chain (continue-as-new): 1 for a first run."
+    )
+
+    @extend_schema_field(OpenApiTypes.INT)
+    def get_run_number(self, job: Job) -> int:
+        return job.run_number or 1
 
     @extend_schema_field(ProgressSerializer(allow_null=True))
     def get_progress(self, job: Job) -> dict[str, Any] | None:
@@ -193,12 +273,27 @@ class JobSerializer(serializers.ModelSerializer):
             "cancel_too_late",
             "unique_key",
             "concurrency_key",
+            "sequence_key",
+            "batch",
             "schedule",
             "fire_time",
             "wait_reason",
+            "chain_id",
+            "run_number",
+            "previous_run_ids",
+            "next_run_id",
         ]
         read_only_fields = fields
         extra_kwargs = {
+            "chain_id": {"help_text": "The first run's id once a durable job continued as new."},
+            "previous_run_ids": {
+                "help_text": "The ids of the chain's earlier runs, oldest first (at most "
+                "JOBS_CHAIN_IDS_KEPT); null for a first run."
+            },
+            "next_run_id": {
+                "help_text": "The run this one continued as: it ended done and the job goes "
+                "on there (signals sent here are delivered there)."
+            },
             "schedule": {"help_text": "The schedule that made this job (its id), or null."},
             "fire_time": {"help_text": "The schedule's slot this job was made for, or null."},
         }
@@ -223,6 +318,32 @@ class JobSerializer(serializers.ModelSerializer):
         return out
 
 
+class HistorySerializer(serializers.Serializer):
+    """A durable run's stored history (JOBS_MAX_STEPS bounds steps + waits)."""
+
+    steps = serializers.IntegerField(help_text="Checkpointed steps (ctx.step).")
+    waits = serializers.IntegerField(help_text="Sleeps, signal waits and patch markers.")
+    bytes = serializers.IntegerField(help_text="Stored bytes of their results.")
+
+
+class JobDetailSerializer(JobSerializer):
+    """One job as GET /jobs/<id>/ answers it: with its durable history's size."""
+
+    history = serializers.SerializerMethodField(
+        help_text="The run's stored durable history: steps, waits and bytes."
+    )
+
+    @extend_schema_field(HistorySerializer)
+    def get_history(self, job: Job) -> dict[str, int]:
+        return selectors.job_history(job.pk)
+
+    _bound_fields = None
+
+    class Meta(JobSerializer.Meta):
+        fields = [*JobSerializer.Meta.fields, "history"]
+        read_only_fields = fields
+
+
 class SubmittedJobSerializer(JobSerializer):
     """The answer to a submission: the job, and whether a live job with the same
     `unique_key` was returned instead of a new one."""
@@ -230,13 +351,28 @@ class SubmittedJobSerializer(JobSerializer):
     duplicate = serializers.SerializerMethodField(
         help_text="True: a live job of yours already held this `unique_key`; this is it."
     )
+    debounced = serializers.SerializerMethodField(
+        help_text="True: this submission joined the waiting job of its `debounce_key`."
+    )
+    skipped = serializers.SerializerMethodField(
+        help_text="True: the `concurrency_key` was busy and `key_strategy: skip_new` ended "
+        "this job at once."
+    )
 
     @extend_schema_field(OpenApiTypes.BOOL)
     def get_duplicate(self, job: Job) -> bool:
         return job.duplicate
 
+    @extend_schema_field(OpenApiTypes.BOOL)
+    def get_debounced(self, job: Job) -> bool:
+        return job.debounced
+
+    @extend_schema_field(OpenApiTypes.BOOL)
+    def get_skipped(self, job: Job) -> bool:
+        return job.skipped
+
     class Meta(JobSerializer.Meta):
-        fields = [*JobSerializer.Meta.fields, "duplicate"]
+        fields = [*JobSerializer.Meta.fields, "duplicate", "debounced", "skipped"]
         read_only_fields = fields
 
     _bound_fields = None

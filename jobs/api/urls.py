@@ -11,6 +11,13 @@ from rest_framework.permissions import AllowAny
 from rest_framework.renderers import JSONRenderer
 
 from jobs.api.errors import api_not_found
+from jobs.api.flow import (
+    BatchCreateView,
+    BatchDetailView,
+    SequenceDetailView,
+    SequenceResumeView,
+    SequenceSkipView,
+)
 from jobs.api.schedules import ScheduleViewSet
 from jobs.api.schema import extend_schema  # and the token scheme, registered on import
 from jobs.api.views import JobHistoryView, JobViewSet
@@ -74,6 +81,11 @@ urlpatterns = [
     path("workflows/", WorkflowCreateView.as_view(), name="workflow-list"),
     path("workflows/<int:pk>/", WorkflowDetailView.as_view(), name="workflow-detail"),
     path("workflows/<int:pk>/cancel/", WorkflowCancelView.as_view(), name="workflow-cancel"),
+    path("batches/", BatchCreateView.as_view(), name="batch-list"),
+    path("batches/<int:pk>/", BatchDetailView.as_view(), name="batch-detail"),
+    path("sequences/", SequenceDetailView.as_view(), name="sequence-detail"),
+    path("sequences/resume/", SequenceResumeView.as_view(), name="sequence-resume"),
+    path("sequences/skip/", SequenceSkipView.as_view(), name="sequence-skip"),
     path(
         "webhooks/", WebhookViewSet.as_view({"get": "list", "post": "create"}), name="webhook-list"
     ),

@@ -31,6 +31,7 @@ from jobs.api.serializers import (
     BatchResultSerializer,
     BatchSubmitSerializer,
     ErrorSerializer,
+    JobDetailSerializer,
     JobEventSerializer,
     JobSerializer,
     JobSubmitSerializer,
@@ -190,8 +191,9 @@ def wait_seconds(raw: str | None) -> float:
 
 def as_stored(job: Job) -> Job:
     """A new job as its row now reads: one that is not queued had its push fail and was
-    parked (enqueue_failed) after the object was made, so it is read again."""
-    return job if job.status == Status.QUEUED else Job.objects.get(pk=job.pk)
+    parked (enqueue_failed) after the object was made, so it is read again. A job its
+    key_strategy skipped was read after it ended (jobs.flow.strategies)."""
+    return job if job.status == Status.QUEUED or job.skipped else Job.objects.get(pk=job.pk)
 
 
 def job_location(pk: int) -> str:
@@ -278,7 +280,10 @@ class JobViewSet(APIPolicy, viewsets.GenericViewSet):
         "its own `idempotency_key`: a replay returns the existing job with `created: false`; "
         "a key reused with a different request is a 409 for the whole batch. Backpressure "
         "counts the jobs the batch would create (replays do not count). One Redis push "
-        "signals every due job after the commit.",
+        "signals every due job after the commit. A job may carry flow fields "
+        "(`debounce_key`, `key_strategy`, `rate_limit`): it is submitted as a single one "
+        "would be, in the batch's order and transaction, and answered with `debounced` / "
+        "`skipped`; a `rate_limit` refusal is a 429 for the whole batch.",
         request=BatchSubmitSerializer,
         responses=_submission_responses(
             BatchResultSerializer,
@@ -320,6 +325,8 @@ class JobViewSet(APIPolicy, viewsets.GenericViewSet):
                     "idempotency_key": key,
                     "run_at": o.run_at,
                     "created_at": o.created_at,
+                    "debounced": getattr(o, "debounced", False),  # jobs.flow (D360)
+                    "skipped": getattr(o, "skipped", False),
                 }
                 for o, key in zip(out, keys, strict=True)
             ]
@@ -343,18 +350,18 @@ class JobViewSet(APIPolicy, viewsets.GenericViewSet):
                 description="Seconds to wait for the job to end (0 to the server's maximum).",
             )
         ],
-        responses={200: JobSerializer, **_errors(400, 401, 404)},
+        responses={200: JobDetailSerializer, **_errors(400, 401, 404)},
     )
     def retrieve(self, request: Request, pk: int) -> Response:
         wait = wait_seconds(request.query_params.get("wait"))
         job = self.get_object()
         if not wait or job.status in TERMINAL:
-            response = Response(JobSerializer(job).data)
+            response = Response(JobDetailSerializer(job).data)
             if wait:
                 response["Jobs-Wait"] = "ended"
             return response
         if not wait_slots.acquire():
-            response = Response(JobSerializer(job).data)
+            response = Response(JobDetailSerializer(job).data)
             response["Jobs-Wait"] = "busy"
             return response
         try:
@@ -363,7 +370,7 @@ class JobViewSet(APIPolicy, viewsets.GenericViewSet):
             job = self.get_object()
         finally:
             wait_slots.release()
-        response = Response(JobSerializer(job).data)
+        response = Response(JobDetailSerializer(job).data)
         response["Jobs-Wait"] = "ended" if ended or job.status in TERMINAL else "timeout"
         return response
 

@@ -25,7 +25,10 @@ import random
 import socket
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import psycopg
 import urllib3
@@ -43,6 +46,9 @@ MAX_ENDPOINT_CONCURRENCY = 255
 # endpoint's recent call time × the deliveries ahead of it) is at most this; longer, it
 # parks. So a slow endpoint's deliveries hold no thread, a fast one's never park.
 WAIT_LIMIT = 0.25
+# How long a run of an endpoint's deliveries goes on, at most, once a delivery of its
+# process waits for its slot (jobs.events.batches).
+RUN_HANDOVER = 0.25
 # A slot nobody here used for this long goes back (its advisory lock released).
 LINGER_SECONDS = 0.2
 # Lock sessions kept open for the next slot taken (each costs a connect otherwise).
@@ -148,20 +154,41 @@ class Taken:
     slots: Slots
     given: bool = False
 
+    seconds: float | None = None
+
+    def note(self, seconds: float) -> None:
+        """A call took `seconds`: counted when the slot goes back."""
+        self.seconds = seconds
+
     def give(self, seconds: float | None = None) -> None:
-        """Back after a call that took `seconds` (None: no call)."""
+        """Back after a call that took `seconds` (None: no call, or the one noted)."""
         if not self.given:
             self.given = True
-            self.slots._give(self.slot, seconds)
+            self.slots._give(self.slot, self.seconds if seconds is None else seconds)
+
+
+@dataclass(eq=False)
+class Lent:
+    """A delivery's call handed to the run that holds its endpoint's slot in this
+    process: made on the run's slot, its answer (or error) handed back (D261)."""
+
+    call: Callable[[Slot], Any]
+    done: threading.Event = field(default_factory=threading.Event)
+    called: bool = False
+    answer: Any = None
+    error: BaseException | None = None
+    seconds: float = 0.0
 
 
 @dataclass(eq=False)
 class _Endpoint:
+    lent: list[Lent] = field(default_factory=list)
     held: list[Slot] = field(default_factory=list)
     free: list[Slot] = field(default_factory=list)
     taking: int = 0  # threads trying for one more slot in the database now
     waiters: int = 0
     call_seconds: float = 0.0  # moving average of a call's duration here
+    runs: int = 0  # runs of its due deliveries going on here (jobs.events.batches)
 
 
 class Slots:
@@ -216,7 +243,8 @@ class Slots:
                 if not endpoint.held:
                     return None  # other processes hold every slot
                 expected = endpoint.call_seconds * (endpoint.waiters + 1) / len(endpoint.held)
-                left = until - time.monotonic()
+                # A run hands its slot over to a waiter within RUN_HANDOVER.
+                left = until + (RUN_HANDOVER if endpoint.runs else 0.0) - time.monotonic()
                 if expected > WAIT_LIMIT or left <= 0:
                     return None
                 endpoint.waiters += 1
@@ -224,6 +252,66 @@ class Slots:
                     self._freed.wait(left)
                 finally:
                     endpoint.waiters -= 1
+
+    def waiting(self, webhook_id: int) -> bool:
+        """Whether a delivery of this process waits for one of the endpoint's slots."""
+        with self._lock:
+            endpoint = self._endpoints.get(webhook_id)
+            return endpoint is not None and endpoint.waiters > 0
+
+    @contextmanager
+    def running(self, webhook_id: int) -> Iterator[None]:
+        """A run of the endpoint's deliveries holds one of its slots meanwhile: the
+        process's other deliveries to it lend it their calls, and one that waits for a
+        slot waits RUN_HANDOVER longer before it parks. Calls lent and not taken when
+        the run ends go back uncalled."""
+        with self._lock:
+            endpoint = self._endpoints.setdefault(webhook_id, _Endpoint())
+            endpoint.runs += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                endpoint.runs -= 1
+                back = endpoint.lent if not endpoint.runs else []
+                if back:
+                    endpoint.lent = []
+            for item in back:
+                item.done.set()
+
+    def lend(self, webhook_id: int, call: Callable[[Slot], Any], wait: float) -> Lent | None:
+        """Hand `call` to a run of the endpoint going on here, for it to make on its slot;
+        the item once called, or None: no run, or none took it within `wait` seconds (the
+        caller then takes a slot as usual)."""
+        item = Lent(call)
+        with self._lock:
+            endpoint = self._endpoints.get(webhook_id)
+            if endpoint is None or not endpoint.runs:
+                return None
+            endpoint.lent.append(item)
+        if not item.done.wait(wait):
+            with self._lock:
+                if item in endpoint.lent:
+                    endpoint.lent.remove(item)
+                    return None
+            item.done.wait()  # taken: its call ends within its own deadline
+        return item if item.called else None
+
+    def waiting_calls(self, webhook_id: int) -> int:
+        """Calls lent to the endpoint's run and not taken yet."""
+        with self._lock:
+            endpoint = self._endpoints.get(webhook_id)
+            return 0 if endpoint is None else len(endpoint.lent)
+
+    def lent(self, webhook_id: int) -> list[Lent]:
+        """The calls lent to this endpoint's run so far (the run makes each, or sets
+        `done` without calling it)."""
+        with self._lock:
+            endpoint = self._endpoints.get(webhook_id)
+            if endpoint is None or not endpoint.lent:
+                return []
+            items, endpoint.lent = endpoint.lent, []
+            return items
 
     def _use(self, slot: Slot) -> Taken:
         return Taken(slot, self)

@@ -31,6 +31,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from jobs import extras, metrics
 from jobs.conf import settings
+from jobs.observability import hooks
 from jobs.transport import TransportError
 
 try:
@@ -162,7 +163,11 @@ class KafkaSink:
                     self.topic,
                     key=e.key.encode(),
                     value=e.body.encode(),
-                    headers=[("id", e.msg_id.encode()), ("type", e.type.encode())],
+                    headers=[
+                        ("id", e.msg_id.encode()),
+                        ("type", e.type.encode()),
+                        *hooks.record_headers(getattr(e, "trace", None)),
+                    ],
                     on_delivery=partial(self._delivered, e.msg_id),
                 )
         except (BufferError, ck.KafkaException) as exc:

@@ -25,21 +25,25 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
+from bisect import bisect_right
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
+import orjson
+import psycopg
 from django.db import DatabaseError, InterfaceError, close_old_connections, connection, transaction
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from jobs import backpressure, metrics, selectors, services
 from jobs.conf import settings
-from jobs.events import domain_event_body, kafka, signing
+from jobs.events import domain_event_body, fanout, kafka, signing
 from jobs.events.streams import StreamPublisher
 from jobs.lifecycle import TERMINAL, sql_list
 from jobs.runtime import Backoff
@@ -101,7 +105,7 @@ SELECT e.id, e.job_id, e.at, e.from_status, e.to_status, e.lease_version, e.seq,
        j.client_id, j.task, j.queue, j.priority, j.status, j.payload, j.result, j.error,
        j.retry_count, j.max_retries, j.lease_version, j.idempotency_key, j.run_at,
        j.created_at, j.updated_at, j.finished_at, j.progress, j.cancel_requested_at,
-       d.id, d.webhook_id, d.source_job_id
+       d.id, d.webhook_id, d.source_job_id, j.trace_context
 FROM jobs_jobevent e
 LEFT JOIN jobs_job j ON j.id = e.job_id
 LEFT JOIN jobs_webhookdelivery d ON d.job_id = e.job_id
@@ -115,8 +119,28 @@ _JOB_FIELDS = ("task", "queue", "priority", "status", "payload", "result", "erro
                "cancel_requested_at")  # fmt: skip
 
 
+# What orjson may write differently from json.dumps(ensure_ascii=True), besides anything
+# outside printable ASCII (json escapes it as \uXXXX, DEL included): a float (the two
+# spell some apart: 1e-05 and 0.00001), whose token ends in a fraction or an exponent.
+# A match inside a string only costs the fallback.
+_FLOAT = re.compile(rb"[.eE][-+]?\d+[,}\]]")
+
+
 def _iso(value: Any) -> Any:
     return value.isoformat().replace("+00:00", "Z") if isinstance(value, datetime) else value
+
+
+def _dumps(body: dict[str, Any]) -> str:
+    """json.dumps(body, separators=(",", ":")) with datetimes as _iso, byte for byte:
+    by orjson (several times faster, the relay's main cost per event) where nothing in
+    its output can differ, else by json."""
+    try:
+        out = orjson.dumps(body, option=orjson.OPT_UTC_Z)
+    except (orjson.JSONEncodeError, TypeError):  # an integer past 64 bits, a deep nesting
+        out = None
+    if out is None or not out.isascii() or b"\x7f" in out or _FLOAT.search(out):
+        return json.dumps(body, separators=(",", ":"), default=_iso)
+    return out.decode()
 
 
 @dataclass(slots=True)
@@ -130,34 +154,44 @@ class OutboxEvent:
     seq: int | None
     to_status: str
     msg_id: str
-    body: str
     # Set when the job is itself a webhook delivery: (delivery id, webhook, source job).
     delivery: tuple[int, int, int] | None
+    row: Sequence[Any] | None = field(repr=False)  # None: read narrow (with_rows reads it)
+    _body: str | None = field(default=None, repr=False)
+    trace: str | None = None  # the job's trace context (jobs.observability), carried on
 
     @property
     def key(self) -> str:
         """The Kafka key: the job id, so one job's events share a partition."""
         return str(self.job_id)
 
+    @property
+    def body(self) -> str:
+        """The message, made when a subscriber first needs it: the webhooks fan-out
+        needs it only for the events a webhook takes."""
+        if self._body is None:
+            self._body = _body(self.row, self.msg_id, self.type)
+        return self._body
+
 
 def _event(row: Sequence[Any]) -> OutboxEvent:
-    event_id, job_id, at, from_status, to_status, lease_version, seq = row[:7]
-    client_id = row[7]
+    event_id, job_id, to_status, seq, client_id = row[0], row[1], row[4], row[6], row[7]
+    return OutboxEvent(
+        event_id, job_id, client_id, signing.event_type(to_status), seq, to_status,
+        signing.message_id(event_id), tuple(row[25:28]) if row[25] is not None else None, row,
+        trace=row[28],
+    )  # fmt: skip
+
+
+def _body(row: Sequence[Any], msg_id: str, kind: str) -> str:
+    _, job_id, at, from_status, to_status, lease_version, seq = row[:7]
     job: dict[str, Any] = {"id": job_id}
     if row[8] is not None:  # None: the job was deleted by retention since
-        for name, value in zip(_JOB_FIELDS, row[8:25], strict=True):
-            job[name] = json.loads(value) if isinstance(value, str) and name in (
-                "payload", "result", "progress") else _iso(value)  # fmt: skip
+        job.update(zip(_JOB_FIELDS, row[8:25], strict=True))  # read binary: JSON parsed
     job.update({"from": from_status, "to": to_status, "lease_version": lease_version,
                 "seq": seq})  # fmt: skip
-    kind = signing.event_type(to_status)
-    msg_id = signing.message_id(event_id)
-    body = {"id": msg_id, "type": kind, "created_at": _iso(at), "data": job}
-    return OutboxEvent(
-        event_id, job_id, client_id, kind, seq, to_status, msg_id,
-        json.dumps(body, separators=(",", ":")),
-        tuple(row[25:28]) if row[25] is not None else None,
-    )  # fmt: skip
+    body = {"id": msg_id, "type": kind, "created_at": at, "data": job}
+    return _dumps(body)
 
 
 # --- domain events ----------------------------------------------------------------------
@@ -206,6 +240,9 @@ class Source:
     # Which cursors are this source's, and which of its rows count as lag.
     cursors_sql: str
     rows_sql: str
+    # Read in binary: timestamps by psycopg's C loaders, JSON parsed by psycopg (a JSON
+    # string too), a third of the read's CPU in text.
+    binary: bool = False
 
     @property
     def newest_sql(self) -> str:
@@ -218,10 +255,43 @@ class Source:
 
 HISTORY = Source("jobs_jobevent", "", _EVENTS_SQL, _event,
                  cursors_sql="c.name NOT LIKE '%%.domain'",
-                 rows_sql="e.kind = 'transition'")  # fmt: skip
+                 rows_sql="e.kind = 'transition'", binary=True)  # fmt: skip
 DOMAIN = Source("jobs_domainevent", ".domain", _DOMAIN_EVENTS_SQL, _domain_event,
                 cursors_sql="c.name LIKE '%%.domain'", rows_sql="true")  # fmt: skip
 SOURCES = (HISTORY, DOMAIN)
+
+# What the webhooks fan-out needs of every event: whose job it is and whether the job is
+# a delivery. The whole row (the body) is read for the events a webhook takes only.
+_FANOUT_EVENTS_SQL = (
+    "SELECT e.id, e.job_id, e.to_status, e.seq, j.client_id, d.id, d.webhook_id, "
+    "d.source_job_id\n" + _EVENTS_SQL[_EVENTS_SQL.index("FROM jobs_jobevent e") :]
+)
+_EVENTS_BY_ID_SQL = _EVENTS_SQL.replace(
+    "WHERE e.id > %s AND e.id <= %s AND e.kind = 'transition'\nORDER BY e.id\nLIMIT %s",
+    "WHERE e.id = ANY(%s)",
+)
+
+
+def _fanout_event(row: Sequence[Any]) -> OutboxEvent:
+    event_id, job_id, to_status, seq, client_id = row[:5]
+    return OutboxEvent(
+        event_id, job_id, client_id, signing.event_type(to_status), seq, to_status,
+        signing.message_id(event_id), tuple(row[5:8]) if row[5] is not None else None, None,
+    )  # fmt: skip
+
+
+def with_rows(events: Sequence[OutboxEvent]) -> None:
+    """Read the whole row of each event read narrow (FANOUT_HISTORY), in one statement."""
+    missing = {e.id: e for e in events if e.row is None}
+    if missing:
+        with connection.cursor() as cur:
+            cur.execute(_EVENTS_BY_ID_SQL, [list(missing)])
+            for row in cur.fetchall():
+                missing[row[0]].row = row
+
+
+# The history as the webhooks fan-out reads it: the same events, narrow rows (D262).
+FANOUT_HISTORY = replace(HISTORY, events_sql=_FANOUT_EVENTS_SQL, event=_fanout_event)
 
 
 # --- webhooks ---------------------------------------------------------------------------
@@ -231,28 +301,6 @@ SOURCES = (HISTORY, DOMAIN)
 _WEBHOOKS_SQL = """
 SELECT id, client_id, events, COALESCE(after_event_id, 0)
 FROM jobs_webhook WHERE enabled AND client_id = ANY(%s)
-"""
-# Chains (webhook, source job) whose delivery job has not finished: the rest waits.
-_BUSY_SQL = f"""
-SELECT DISTINCT d.webhook_id, d.source_job_id
-FROM jobs_webhookdelivery d JOIN jobs_job j ON j.id = d.job_id
-WHERE (d.webhook_id, d.source_job_id) IN (
-        SELECT * FROM unnest(%s::bigint[], %s::bigint[]))
-  AND j.status NOT IN ({sql_list(TERMINAL)})
-"""
-_INSERT_DELIVERIES_SQL = """
-INSERT INTO jobs_webhookdelivery
-  (webhook_id, event_id, source_job_id, seq, type, body, attempts, last_error, created_at)
-SELECT *, 0, '', now() FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[], %s::int[],
-                                   %s::text[], %s::text[])
-ON CONFLICT (webhook_id, event_id) DO NOTHING
-"""
-# The first waiting delivery of each idle chain, in seq order.
-_NEXT_HELD_SQL = """
-SELECT DISTINCT ON (webhook_id, source_job_id) id FROM jobs_webhookdelivery
-WHERE (webhook_id, source_job_id) IN (SELECT * FROM unnest(%s::bigint[], %s::bigint[]))
-  AND job_id IS NULL
-ORDER BY webhook_id, source_job_id, seq, id
 """
 # Idle chains whose first waiting delivery has no job: those a full queue held back
 # (D110). The partial index delivery_waiting_idx holds waiting deliveries only.
@@ -269,11 +317,12 @@ _ATTACH_SQL = """
 UPDATE jobs_webhookdelivery d SET job_id = u.job_id
 FROM unnest(%s::bigint[], %s::bigint[]) AS u(id, job_id) WHERE d.id = u.id
 """
-
-
-def _pairs(chains) -> list[list[int]]:
-    chains = sorted(chains)
-    return [[c[0] for c in chains], [c[1] for c in chains]]
+# A delivery job goes on in its source job's trace (D303): its call's `traceparent`.
+_CARRY_TRACE_SQL = """
+UPDATE jobs_job j SET trace_context = s.trace_context
+FROM jobs_webhookdelivery d JOIN jobs_job s ON s.id = d.source_job_id
+WHERE d.id = ANY(%s) AND j.id = d.job_id AND s.trace_context IS NOT NULL
+"""
 
 
 class WebhookFanout:
@@ -290,25 +339,24 @@ class WebhookFanout:
 
     def handle(self, events: Sequence[OutboxEvent]) -> int:
         hooks = self._webhooks({e.client_id for e in events if e.client_id is not None})
-        rows: list[tuple] = []
+        taken: list[tuple[int, OutboxEvent]] = []
         for e in events:
             for hook_id, types, after in hooks.get(e.client_id, ()):
                 if e.id > after and (signing.ALL_EVENTS in types or e.type in types):
-                    rows.append((hook_id, e.id, e.job_id, e.seq or 0, e.type, e.body))
+                    taken.append((hook_id, e))
+        with_rows([e for _, e in taken])
+        rows = [(hook_id, e.id, e.job_id, e.seq or 0, e.type, e.body) for hook_id, e in taken]
         chains = {(r[0], r[2]) for r in rows}
         chains |= {(d[1], d[2]) for d in (e.delivery for e in events) if d is not None}
         if not chains:
             return 0
-        with connection.cursor() as cur:
-            if rows:
-                cur.execute(_INSERT_DELIVERIES_SQL, [list(c) for c in zip(*rows, strict=True)])
-            cur.execute(_BUSY_SQL, _pairs(chains))
-            idle = chains - {tuple(r) for r in cur.fetchall()}
-            ready: list[int] = []
-            if idle:
-                cur.execute(_NEXT_HELD_SQL, _pairs(idle))
-                ready = [r[0] for r in cur.fetchall()]
-            self._release(cur, ready)
+        # The rows, the idle chains' jobs and their attachment: one statement (D262).
+        done = fanout.fan_out(rows, chains, self._room(), "api:outbox")
+        if done.held:
+            self._maybe_held = True
+            transaction.on_commit(lambda: metrics.WEBHOOK_DELIVERIES_HELD.inc(done.held))
+        if done.released:
+            backpressure.count_accepted({signing.WEBHOOK_QUEUE: done.released})
         return len(rows)
 
     def release_held(self) -> int:
@@ -350,6 +398,7 @@ class WebhookFanout:
                 actor="api:outbox",
             )  # fmt: skip
             cur.execute(_ATTACH_SQL, [ready, [s.job_id for s in submitted]])
+            cur.execute(_CARRY_TRACE_SQL, [ready])
             backpressure.count_accepted({signing.WEBHOOK_QUEUE: len(ready)})
         return len(ready)
 
@@ -368,12 +417,75 @@ class WebhookFanout:
 # --- the dispatcher ----------------------------------------------------------------------
 
 
+def _read(cur, source: Source, after: int, upto: int, limit: int) -> list:
+    """The source's first `limit` events after `after` up to `upto`, built."""
+    params = [after, upto, limit]
+    if source.binary:
+        with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as raw:
+            raw.execute(source.events_sql, params, binary=True)
+            rows = raw.fetchall()
+    else:
+        cur.execute(source.events_sql, params)
+        rows = cur.fetchall()
+    return [source.event(r) for r in rows]
+
+
+class _Built:
+    """The events a dispatcher of this process built last, for the others (issue 41):
+    the webhooks, the stream and the Kafka sink read the same rows, and reading and
+    building them was most of each one's CPU. It holds, per source, a window (lo, hi]
+    with every event in it: read at or below a settled horizon, where every id is
+    committed or gone for good, so the rows of a range never change. A dispatcher
+    further back or ahead reads the database as before. A body then shows the job as it
+    was when the first dispatcher read it, as any of them might have."""
+
+    def __init__(self, keep: int) -> None:
+        self.keep = keep
+        self._lock = threading.Lock()
+        self._windows: dict[str, tuple[int, int, list]] = {}
+        self.hits = 0  # events served from a window (tests)
+
+    def read(self, cur, source: Source, after: int, upto: int, limit: int) -> list:
+        """What `_read` answers, from the window where it holds them."""
+        with self._lock:
+            lo, hi, built = self._windows.get(source.table, (0, 0, []))
+        cached: list = []
+        if lo <= after < hi:
+            ids = [e.id for e in built]
+            start, end = bisect_right(ids, after), bisect_right(ids, min(upto, hi))
+            cached = built[start : min(end, start + limit)]
+            if len(cached) == limit or hi >= upto:
+                self.hits += len(cached)
+                return cached
+            after = hi
+        self.hits += len(cached)
+        fresh = _read(cur, source, after, upto, limit - len(cached))
+        # Every event after `after` up to here is in `fresh`.
+        reached = fresh[-1].id if len(fresh) == limit - len(cached) else upto
+        self._add(source.table, after, reached, fresh)
+        return cached + fresh
+
+    def _add(self, table: str, after: int, reached: int, fresh: list) -> None:
+        with self._lock:
+            lo, hi, built = self._windows.get(table, (0, 0, []))
+            if after == hi:  # the window goes on
+                built = built + fresh
+            elif reached > hi:  # ahead of it, or none yet: a new one
+                lo, built = after, list(fresh)
+            else:
+                return
+            if len(built) > self.keep:
+                lo, built = built[-self.keep - 1].id, built[-self.keep :]
+            self._windows[table] = (lo, reached, built)
+
+
 class Dispatcher:
     """Hands every new history row to each subscriber, each behind its own cursor."""
 
     def __init__(self, subscribers: Sequence | None = None, batch: int = 500,
                  interval: float | None = None,
-                 sources: Sequence[Source] = (HISTORY,)) -> None:  # fmt: skip
+                 sources: Sequence[Source] = (HISTORY,),
+                 built: _Built | None = None) -> None:  # fmt: skip
         if subscribers is None:
             subscribers = [WebhookFanout()]
             if settings.REDIS_URL:
@@ -382,6 +494,8 @@ class Dispatcher:
         self.batch = batch
         self.interval = settings.JOBS_OUTBOX_INTERVAL if interval is None else interval
         self.sources = tuple(sources)
+        # Shared with the process's other dispatchers by dispatchers(); else its own.
+        self.built = _Built(keep=2 * batch) if built is None else built
         self._not_started_logged: dict[str, float] = {}
 
     def tick(self) -> int:
@@ -418,8 +532,7 @@ class Dispatcher:
             upto = horizon_id if settled and horizon_id is not None else last_id
             events: list = []
             if upto > last_id:
-                cur.execute(source.events_sql, [last_id, upto, self.batch])
-                events = [source.event(r) for r in cur.fetchall()]
+                events = self.built.read(cur, source, last_id, upto, self.batch)
             if events:
                 subscriber.handle(events)
             release_held = getattr(subscriber, "release_held", None)
@@ -491,11 +604,13 @@ def dispatchers() -> list[Dispatcher]:
     stream (with Redis) and the Kafka sink (when configured), so none waits for another's
     tick (a broker that is slow or away, a fan-out of many deliveries) and each keeps up
     with a drain on its own (issue 41)."""
-    found = [Dispatcher([WebhookFanout()], batch=DISPATCH_BATCH)]
+    built = _Built(keep=2 * DISPATCH_BATCH)  # read and built once for stream and Kafka
+    found = [Dispatcher([WebhookFanout()], batch=DISPATCH_BATCH, sources=(FANOUT_HISTORY,))]
     if settings.REDIS_URL:
-        found.append(Dispatcher([StreamPublisher()], batch=DISPATCH_BATCH))
+        found.append(Dispatcher([StreamPublisher()], batch=DISPATCH_BATCH, built=built))
     if kafka.configured():  # the domain events of publish() too, behind a cursor of their own
-        found.append(Dispatcher([kafka.KafkaSink()], batch=kafka.BATCH, sources=SOURCES))
+        found.append(Dispatcher([kafka.KafkaSink()], batch=kafka.BATCH, sources=SOURCES,
+                                built=built))  # fmt: skip
     return found
 
 

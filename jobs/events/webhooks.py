@@ -19,6 +19,7 @@ from __future__ import annotations
 import http.client
 import logging
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import NoReturn
@@ -29,9 +30,10 @@ from django.db import connection
 from jobs import metrics
 from jobs.conf import settings
 from jobs.durable import Suspend
-from jobs.events import circuit, endpoints, signing, ssrf
+from jobs.events import batches, circuit, endpoints, signing, ssrf
 from jobs.events.deadline import Deadline, DeadlineExceeded
 from jobs.lifecycle import Status, WaitReason
+from jobs.observability import hooks
 from jobs.tasks import JobContext, PermanentError, RetryableError, task
 
 log = logging.getLogger(__name__)
@@ -205,6 +207,13 @@ def deliver(payload: dict, ctx: JobContext) -> dict:
                                 "error": str(exc)[:500]})  # fmt: skip
         _outcome("refused")
         raise PermanentError(f"not called: {exc}") from None
+    call = _Call(ctx, fence, delivery_id, webhook_id, url, addresses[0], salt, event_id,
+                 event_at, body)  # fmt: skip
+    # A run of this endpoint going on in this process makes the call on its slot, its
+    # circuit admitted by the run's first answer (D261).
+    lent = endpoints.SLOTS.lend(webhook_id, call.post, LEND_WAIT)
+    if lent is not None:
+        return call.answered(lent.error or lent.answer, lent.seconds, _CLEAN, None)
     slot = endpoints.SLOTS.take(webhook_id)
     if slot is None:
         _park(ctx, webhook_id, circuit.busy_wait(), "the endpoint's slots are busy")
@@ -212,8 +221,15 @@ def deliver(payload: dict, ctx: JobContext) -> dict:
         verdict = circuit.admit(webhook_id, fence)
         if not verdict.go:
             _park(ctx, webhook_id, verdict.wait, f"circuit {verdict.reason}")
-        return _attempt(ctx, fence, delivery_id, webhook_id, url, addresses[0], salt,
-                        event_id, event_at, body, slot, verdict)  # fmt: skip
+        started = time.monotonic()
+        try:
+            answer = call.post(slot.slot)
+        except urllib3.exceptions.HTTPError as exc:
+            answer = exc
+        result = call.answered(answer, time.monotonic() - started, verdict, slot)
+        if not slot.given:  # a fast answer: the endpoint's next deliveries on this slot
+            result["run"] = batches.run(ctx, webhook_id, slot, post, retry_after)
+        return result
     finally:
         slot.give()
 
@@ -228,49 +244,83 @@ def _park(ctx: JobContext, webhook_id: int, seconds: float, why: str) -> NoRetur
     raise Suspend(WaitReason.SLEEP, seconds=seconds)
 
 
-def _attempt(ctx: JobContext, fence: dict, delivery_id: int, webhook_id: int, url: str,
-             address: str, salt: str, event_id: int, event_at, body: str,
-             slot: endpoints.Taken, verdict: circuit.Verdict) -> dict:  # fmt: skip
-    """One call, the circuit's verdict on the endpoint, and its bookkeeping. The slot
-    goes back once the verdict is written (the next call sees this one's failure
-    counted), before the rest of the bookkeeping. An answer to a circuit that was
-    closed with no failure counted writes nothing (and reads nothing more): a failure
-    counted meanwhile by a concurrent call is reset by the next answer instead."""
-    headers = signing.sign(salt, signing.message_id(event_id), datetime.now(UTC), body)
-    started = time.monotonic()
-    try:
-        code, head, headers_in = post(url, address, headers, body, slot=slot.slot)
-    except urllib3.exceptions.HTTPError as exc:
-        circuit.failed(webhook_id, fence)
-        slot.give(time.monotonic() - started)
-        error = f"{exc.__class__.__name__}: {exc}"[:500]
-        _execute(_ATTEMPT_SQL, {**fence, "delivery": delivery_id, "code": None, "error": error})
-        _outcome("timeout" if isinstance(exc, urllib3.exceptions.TimeoutError) else "error")
-        raise RetryableError(f"webhook {webhook_id}: {error}") from None
-    seconds = time.monotonic() - started
-    if code >= 500 or code == 429:
-        circuit.failed(webhook_id, fence)
-    elif not verdict.clean and circuit.answered(webhook_id, fence):
-        log.info("webhook %s answered %s: circuit closed", webhook_id, code,
-                 extra={"job_id": ctx.job_id, "lease_version": ctx.lease_version,
-                        "worker_id": ctx.worker_id})  # fmt: skip
-    slot.give(seconds)
-    error = "" if 200 <= code < 300 else head.decode("utf-8", "replace")[:500]
-    _execute(_ATTEMPT_SQL, {**fence, "delivery": delivery_id, "code": code, "error": error})
-    if 200 <= code < 300:
-        _outcome("delivered")
-        if event_at is not None:
-            metrics.WEBHOOK_LAG.observe(max(0.0, time.time() - event_at.timestamp()))
-        return {"status": code, "seconds": round(seconds, 3)}
-    if code == 410:
-        _execute(_DISABLE_SQL, {**fence, "webhook": webhook_id, "reason": "410 Gone"})
-        _outcome("gone")
-        log.warning("webhook %s answered 410: disabled", webhook_id, extra={"job_id": ctx.job_id})
-        raise Gone(f"webhook {webhook_id} answered 410 Gone: disabled")
-    _outcome("http_error")
-    raise RetryableError(
-        f"webhook {webhook_id} answered HTTP {code}", retry_after=retry_after(headers_in)
-    )
+# How long a delivery waits for the run holding its endpoint's slot to make its call.
+LEND_WAIT = 0.5
+_CLEAN = circuit.Verdict(True, clean=True)
+
+
+@dataclass
+class _Call:
+    """One attempt's call to its endpoint and its bookkeeping."""
+
+    ctx: JobContext
+    fence: dict
+    delivery_id: int
+    webhook_id: int
+    url: str
+    address: str
+    salt: str
+    event_id: int
+    event_at: datetime | None
+    body: str
+
+    def post(self, slot: endpoints.Slot) -> tuple[int, bytes, dict]:
+        headers = signing.sign(self.salt, signing.message_id(self.event_id), datetime.now(UTC),
+                               self.body)  # fmt: skip
+        with hooks.http_call("POST", self.url, headers) as call:  # the client span
+            answer = post(self.url, self.address, headers, self.body, slot=slot)
+            call.answered(answer[0])
+        return answer
+
+    def answered(self, answer: tuple | BaseException, seconds: float,
+                 verdict: circuit.Verdict, slot: endpoints.Taken | None) -> dict:  # fmt: skip
+        """The circuit's verdict on the endpoint and the attempt's bookkeeping. The slot
+        goes back once the verdict is written (the next call sees this one's failure
+        counted), before the rest of the bookkeeping; kept after a fast 2xx, for a run.
+        An answer to a circuit that was closed with no failure counted writes nothing
+        (and reads nothing more): a failure counted meanwhile by a concurrent call is
+        reset by the next answer instead."""
+        ctx, fence, webhook_id = self.ctx, self.fence, self.webhook_id
+        attempt = {**fence, "delivery": self.delivery_id}
+        if isinstance(answer, BaseException):
+            if not isinstance(answer, urllib3.exceptions.HTTPError):
+                raise answer  # as if raised here: the worker fails the attempt
+            circuit.failed(webhook_id, fence)
+            if slot is not None:
+                slot.give(seconds)
+            error = f"{answer.__class__.__name__}: {answer}"[:500]
+            _execute(_ATTEMPT_SQL, {**attempt, "code": None, "error": error})
+            timeout = isinstance(answer, urllib3.exceptions.TimeoutError)
+            _outcome("timeout" if timeout else "error")
+            raise RetryableError(f"webhook {webhook_id}: {error}") from None
+        code, head, headers_in = answer
+        if code >= 500 or code == 429:
+            circuit.failed(webhook_id, fence)
+        elif not verdict.clean and circuit.answered(webhook_id, fence):
+            log.info("webhook %s answered %s: circuit closed", webhook_id, code,
+                     extra={"job_id": ctx.job_id, "lease_version": ctx.lease_version,
+                            "worker_id": ctx.worker_id})  # fmt: skip
+        if slot is not None and 200 <= code < 300 and batches.worth_running(seconds):
+            slot.note(seconds)  # kept for the endpoint's run (jobs.events.batches)
+        elif slot is not None:
+            slot.give(seconds)
+        error = "" if 200 <= code < 300 else head.decode("utf-8", "replace")[:500]
+        _execute(_ATTEMPT_SQL, {**attempt, "code": code, "error": error})
+        if 200 <= code < 300:
+            _outcome("delivered")
+            if self.event_at is not None:
+                metrics.WEBHOOK_LAG.observe(max(0.0, time.time() - self.event_at.timestamp()))
+            return {"status": code, "seconds": round(seconds, 3)}
+        if code == 410:
+            _execute(_DISABLE_SQL, {**fence, "webhook": webhook_id, "reason": "410 Gone"})
+            _outcome("gone")
+            log.warning("webhook %s answered 410: disabled", webhook_id,
+                        extra={"job_id": ctx.job_id})  # fmt: skip
+            raise Gone(f"webhook {webhook_id} answered 410 Gone: disabled")
+        _outcome("http_error")
+        raise RetryableError(
+            f"webhook {webhook_id} answered HTTP {code}", retry_after=retry_after(headers_in)
+        )
 
 
 def retry_after(headers: dict[str, str]) -> float | None:

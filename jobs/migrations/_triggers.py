@@ -829,3 +829,221 @@ CREATE TRIGGER jobs_job_history_update AFTER UPDATE ON jobs_job
   REFERENCING OLD TABLE AS jobs_job_old NEW TABLE AS jobs_job_new
   FOR EACH STATEMENT EXECUTE FUNCTION jobs_job_history_update();
 """
+
+
+# Sequences and batches (jobs.flow.triggers), installed by 0027.
+FLOW_TRIGGERS_0027 = """
+CREATE OR REPLACE FUNCTION jobs_sequence_wake(seq bigint) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+  w record;
+  woken bigint;
+BEGIN
+  LOOP
+    SELECT id, job_id INTO w FROM jobs_sequencewait WHERE sequence_id = seq
+    ORDER BY position LIMIT 1;
+    IF NOT FOUND THEN
+      UPDATE jobs_sequence SET active_job_id = NULL, updated_at = now() WHERE id = seq;
+      RETURN NULL;
+    END IF;
+    DELETE FROM jobs_sequencewait WHERE id = w.id;
+    UPDATE jobs_job SET run_at = now(), due_at = now(), wait_reason = NULL,
+           updated_by = 'api'
+    WHERE id = w.job_id AND status = 'queued' AND wait_reason IN ('sequence', 'sequence_halted')
+      AND period = 'infinity'
+    RETURNING id INTO woken;
+    IF woken IS NOT NULL THEN
+      UPDATE jobs_sequence SET active_job_id = woken, updated_at = now() WHERE id = seq;
+      RETURN woken;
+    END IF;
+  END LOOP;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION jobs_job_sequence_enter() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+  s record;
+BEGIN
+  IF NEW.status IN ('done', 'failed') THEN  -- a finished job the mover moves between partitions
+    RETURN NEW;
+  END IF;
+  INSERT INTO jobs_sequence AS q (owner, key, last_position, created_at, updated_at)
+  VALUES (COALESCE(NEW.client_id, 0), NEW.sequence_key, 0, now(), now())
+  ON CONFLICT (owner, key) DO UPDATE SET updated_at = now()
+  RETURNING q.id, q.active_job_id, q.halted_job_id, q.last_position INTO s;
+  IF TG_OP = 'UPDATE' THEN
+    DELETE FROM jobs_sequencewait WHERE sequence_id = s.id AND job_id = NEW.id;
+    IF s.halted_job_id = NEW.id THEN  -- the job that halted it, retried: resume
+      UPDATE jobs_sequence SET halted_job_id = NULL, halted_at = NULL,
+             active_job_id = NEW.id, updated_at = now() WHERE id = s.id;
+      UPDATE jobs_job SET wait_reason = 'sequence'
+      WHERE id = ANY(ARRAY(SELECT job_id FROM jobs_sequencewait WHERE sequence_id = s.id))
+        AND status = 'queued' AND wait_reason = 'sequence_halted' AND period = 'infinity';
+      RETURN NEW;
+    END IF;
+  END IF;
+  IF s.halted_job_id IS NULL AND (
+       s.active_job_id IS NULL OR s.active_job_id = NEW.id
+       OR NOT EXISTS (SELECT 1 FROM jobs_job j WHERE j.id = s.active_job_id
+                      AND j.status IN ('enqueue_failed', 'processing', 'queued') AND j.period = 'infinity')) THEN
+    UPDATE jobs_sequence SET active_job_id = NEW.id WHERE id = s.id;
+    RETURN NEW;
+  END IF;
+  UPDATE jobs_sequence SET last_position = s.last_position + 1 WHERE id = s.id;
+  INSERT INTO jobs_sequencewait (sequence_id, position, job_id)
+  VALUES (s.id, s.last_position + 1, NEW.id);
+  NEW.run_at := '9999-01-01 00:00:00+00';
+  NEW.wait_reason := CASE WHEN s.halted_job_id IS NULL THEN 'sequence'
+                          ELSE 'sequence_halted' END;
+  RETURN NEW;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION jobs_batch_finish(b bigint) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+  bt record;
+  cb record;
+  summary jsonb;
+  made bigint;
+  ids bigint[] := '{}';
+BEGIN
+  SELECT * INTO bt FROM jobs_batch WHERE id = b;
+  summary := jsonb_build_object(
+    'id', bt.id,
+    'name', bt.name,
+    'total', bt.total,
+    'succeeded', bt.succeeded,
+    'failed', bt.failed,
+    'failed_ids', COALESCE((SELECT jsonb_agg(job_id ORDER BY job_id)
+                            FROM jobs_batchfailure WHERE batch_id = b), '[]'::jsonb));
+  FOR cb IN
+    SELECT k.kind, bt.callbacks -> k.kind AS spec
+    FROM unnest(ARRAY['on_complete', 'on_success', 'on_failure']) WITH ORDINALITY AS k(kind, ord)
+    WHERE bt.callbacks ? k.kind
+      AND (k.kind = 'on_complete' OR (k.kind = 'on_success') = (bt.failed = 0))
+    ORDER BY k.ord
+  LOOP
+    INSERT INTO jobs_job (task, payload, queue, priority, max_retries, timeout, client_id,
+                     updated_by, status, retry_count, lease_version)
+    VALUES (cb.spec ->> 'task',
+            CASE WHEN (cb.spec ->> 'kwargs')::boolean
+                 THEN jsonb_set(cb.spec -> 'payload', '{kwargs,batch}', summary)
+                 ELSE (cb.spec -> 'payload') || jsonb_build_object('batch', summary) END,
+            cb.spec ->> 'queue', (cb.spec ->> 'priority')::int,
+            (cb.spec ->> 'max_retries')::int, (cb.spec ->> 'timeout')::float8,
+            bt.client_id, 'api', 'queued', 0, 0)
+    RETURNING id INTO made;
+    ids := ids || made;
+  END LOOP;
+  UPDATE jobs_batch SET callback_job_ids = ids WHERE id = b;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION jobs_job_flow() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+  e record;
+  s record;
+  finished bigint[];
+  b bigint;
+BEGIN
+  IF NOT EXISTS (SELECT 1 FROM jobs_job_flow_new
+                 WHERE sequence_key IS NOT NULL OR batch_id IS NOT NULL) THEN
+    RETURN NULL;
+  END IF;
+
+  FOR e IN
+    SELECT n.id, n.status, n.error, n.client_id, n.sequence_key
+    FROM (SELECT id, status, error, client_id, sequence_key FROM jobs_job_flow_new
+          WHERE sequence_key IS NOT NULL AND status IN ('done', 'failed')) n
+    JOIN (SELECT id FROM jobs_job_flow_old
+          WHERE sequence_key IS NOT NULL AND status NOT IN ('done', 'failed')) o ON o.id = n.id
+    ORDER BY n.id
+  LOOP
+    SELECT id, active_job_id INTO s FROM jobs_sequence
+    WHERE owner = COALESCE(e.client_id, 0) AND key = e.sequence_key FOR UPDATE;
+    IF FOUND AND s.active_job_id = e.id THEN
+      IF e.status = 'failed' AND e.error IS DISTINCT FROM 'cancelled' THEN
+        UPDATE jobs_sequence SET active_job_id = NULL, halted_job_id = e.id,
+               halted_at = now(), updated_at = now() WHERE id = s.id;
+        UPDATE jobs_job SET wait_reason = 'sequence_halted'
+      WHERE id = ANY(ARRAY(SELECT job_id FROM jobs_sequencewait WHERE sequence_id = s.id))
+        AND status = 'queued' AND wait_reason = 'sequence' AND period = 'infinity';
+      ELSE
+        PERFORM jobs_sequence_wake(s.id);
+      END IF;
+    END IF;
+  END LOOP;
+
+  WITH ch AS MATERIALIZED (
+    SELECT n.id, n.batch_id, n.status AS now_status, o.status AS was_status
+    FROM (SELECT id, batch_id, status FROM jobs_job_flow_new WHERE batch_id IS NOT NULL) n
+    JOIN (SELECT id, status FROM jobs_job_flow_old WHERE batch_id IS NOT NULL) o ON o.id = n.id
+    WHERE (n.status IN ('done', 'failed')) <> (o.status IN ('done', 'failed'))
+  ), failures AS (
+    INSERT INTO jobs_batchfailure (batch_id, job_id)
+    SELECT batch_id, id FROM ch WHERE now_status = 'failed'
+    ON CONFLICT DO NOTHING
+  ), revived AS (
+    DELETE FROM jobs_batchfailure f USING ch
+    WHERE ch.was_status = 'failed' AND f.batch_id = ch.batch_id AND f.job_id = ch.id
+  ), counted AS (
+    SELECT batch_id,
+           sum(CASE WHEN now_status IN ('done', 'failed') THEN -1 ELSE 1 END) AS d_pending,
+           count(*) FILTER (WHERE now_status = 'done')
+             - count(*) FILTER (WHERE was_status = 'done') AS d_done,
+           count(*) FILTER (WHERE now_status = 'failed')
+             - count(*) FILTER (WHERE was_status = 'failed') AS d_failed
+    FROM ch GROUP BY batch_id
+  ), updated AS (
+    UPDATE jobs_batch bt SET pending = bt.pending + c.d_pending,
+           succeeded = bt.succeeded + c.d_done, failed = bt.failed + c.d_failed,
+           finished_at = CASE WHEN bt.pending + c.d_pending <= 0 THEN statement_timestamp() END
+    FROM counted c WHERE bt.id = c.batch_id AND bt.finished_at IS NULL
+    RETURNING bt.id, bt.finished_at
+  )
+  SELECT array_agg(id ORDER BY id) INTO finished FROM updated WHERE finished_at IS NOT NULL;
+  IF finished IS NOT NULL THEN
+    FOREACH b IN ARRAY finished LOOP
+      PERFORM jobs_batch_finish(b);
+    END LOOP;
+  END IF;
+  RETURN NULL;
+END
+$$;
+ALTER FUNCTION jobs_job_flow() SET enable_nestloop = off;
+DO $do$ BEGIN
+  IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = 'jobs_job'::regclass
+                 AND tgname = 'jobs_job_sequence_enter') THEN
+    CREATE TRIGGER jobs_job_sequence_enter BEFORE INSERT ON jobs_job FOR EACH ROW
+      WHEN (NEW.sequence_key IS NOT NULL AND NEW.status NOT IN ('done', 'failed'))
+      EXECUTE FUNCTION jobs_job_sequence_enter();
+  END IF;
+END $do$;
+DO $do$ BEGIN
+  IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = 'jobs_job'::regclass
+                 AND tgname = 'jobs_job_sequence_revive') THEN
+    CREATE TRIGGER jobs_job_sequence_revive BEFORE UPDATE ON jobs_job FOR EACH ROW
+      WHEN (NEW.sequence_key IS NOT NULL AND OLD.status IN ('done', 'failed')
+            AND NEW.status NOT IN ('done', 'failed'))
+      EXECUTE FUNCTION jobs_job_sequence_enter();
+  END IF;
+END $do$;
+DO $do$ BEGIN
+  IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = 'jobs_job'::regclass
+                 AND tgname = 'jobs_job_flow') THEN
+    CREATE TRIGGER jobs_job_flow AFTER UPDATE ON jobs_job
+      REFERENCING OLD TABLE AS jobs_job_flow_old NEW TABLE AS jobs_job_flow_new
+      FOR EACH STATEMENT EXECUTE FUNCTION jobs_job_flow();
+  END IF;
+END $do$;
+"""
+
+DROP_FLOW_TRIGGERS_0027 = """
+DROP TRIGGER IF EXISTS jobs_job_flow ON jobs_job;
+DROP TRIGGER IF EXISTS jobs_job_sequence_revive ON jobs_job;
+DROP TRIGGER IF EXISTS jobs_job_sequence_enter ON jobs_job;
+DROP FUNCTION IF EXISTS jobs_job_flow();
+DROP FUNCTION IF EXISTS jobs_job_sequence_enter();
+DROP FUNCTION IF EXISTS jobs_batch_finish(bigint);
+DROP FUNCTION IF EXISTS jobs_sequence_wake(bigint);
+"""

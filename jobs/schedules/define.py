@@ -15,6 +15,7 @@ from django.db import IntegrityError, transaction
 from jobs import quotas, tasks, validation
 from jobs.exceptions import InvalidSubmission, RequestInvalid, SubmissionError
 from jobs.models import Client, Schedule
+from jobs.observability import hooks
 from jobs.schedules import periodic, timing
 from jobs.selectors import db_now
 
@@ -159,6 +160,7 @@ def create(values: dict[str, Any], *, client: Client | None, origin: str) -> Sch
     checked = check({**DEFAULTS, **values}, for_client=client is not None)
     schedule = Schedule(client=client, origin=origin, **{k: checked[k] for k in FIELDS})
     schedule.next_fire_at = first_slot(checked) if checked["enabled"] else None
+    schedule.trace_context = hooks.link_context()  # its jobs link to the creating trace
     with transaction.atomic():
         if client is not None:
             quotas.check_room(quotas.SCHEDULES, client.pk)

@@ -69,10 +69,11 @@ WITH s AS (
 ), job AS (
   INSERT INTO {J} (id, task, payload, queue, priority, run_at, max_retries, client_id,
                    updated_by, schedule_id, fire_time, timeout, status, retry_count,
-                   lease_version, concurrency_key)
+                   lease_version, concurrency_key, trace_context)
   SELECT run.job_id, s.task, s.payload, s.queue, s.priority, now(),
          COALESCE(s.max_retries, %(default_retries)s), s.client_id, %(actor)s, s.id,
-         run.fire_time, s.timeout, '{Status.QUEUED}', 0, 0, s.concurrency_key
+         run.fire_time, s.timeout, '{Status.QUEUED}', 0, 0, s.concurrency_key,
+         s.trace_context
   FROM run, s WHERE run.job_id IS NOT NULL
   RETURNING id, queue, task, run_at <= now() AS due
 )

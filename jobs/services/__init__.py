@@ -8,9 +8,9 @@ the rows it returns say whether it held. Callers import the names below from her
 rooms import each other only downward (tests/test_architecture.py).
 """
 
-from jobs.services.claims.limited import CAP_RECHECK_SECONDS, Gated, claim_limited_under_queue_lock
+from jobs.services.claims.limited import Gated, claim_limited_under_queue_lock
 from jobs.services.claims.plain import claim, claim_ids, claim_next
-from jobs.services.claims.turns import Turns, claim_fair
+from jobs.services.claims.turns import CAP_RECHECK_SECONDS, Turns, claim_fair
 from jobs.services.common import Finished, Lease, moved_retry, worker_actor
 from jobs.services.fencing import (
     Held,
@@ -49,7 +49,13 @@ from jobs.services.signals import (
     signal_after_commit,
     signal_woken_children,
 )
-from jobs.services.waits import SignalRefused, checkpoint_step, deliver_signal, suspend
+from jobs.services.waits import (
+    SignalRefused,
+    checkpoint_step,
+    continue_as_new,
+    deliver_signal,
+    suspend,
+)
 from jobs.services.workflows import create_workflow
 
 __all__ = [
@@ -70,6 +76,7 @@ __all__ = [
     "claim_limited_under_queue_lock",
     "claim_next",
     "complete",
+    "continue_as_new",
     "create_workflow",
     "deactivate_clients",
     "deliver_signal",

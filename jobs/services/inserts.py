@@ -30,8 +30,8 @@ _JOB_FIELDS = [f.attname for f in Job._meta.concrete_fields]
 _INSERT_SQL = f"""
 INSERT INTO {T} (task, payload, queue, priority, run_at, max_retries, client_id,
                  idempotency_key, request_hash, updated_by, unique_key, concurrency_key,
-                 timeout, status, retry_count, lease_version)
-VALUES (%s, %s::jsonb, %s, %s, COALESCE(%s, now()), %s, %s, %s, %s, %s, %s, %s, %s,
+                 timeout, trace_context, sequence_key, status, retry_count, lease_version)
+VALUES (%s, %s::jsonb, %s, %s, COALESCE(%s, now()), %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,
         '{Status.QUEUED}', 0, 0)
 ON CONFLICT DO NOTHING
 RETURNING {", ".join(_JOB_FIELDS)}, run_at <= now()
@@ -103,6 +103,8 @@ def submit(
     payload_json: str | None = None,
     concurrency_key: str | None = None,
     timeout: float | None = None,
+    trace_context: str | None = None,
+    sequence_key: str | None = None,
 ) -> tuple[Job, bool]:
     """Insert a queued job inside the caller's transaction (the outbox of seed 002).
 
@@ -132,6 +134,8 @@ def submit(
         unique_key,
         concurrency_key,
         timeout,
+        trace_context,
+        sequence_key,  # the database blocks it behind its sequence (jobs.flow.triggers)
     ]
     for _ in range(_KEY_ROUNDS):
         if idempotency_key is None:
@@ -200,6 +204,8 @@ class NewJob:
     payload_json: str | None = None  # the payload already serialised (saves a second dumps)
     concurrency_key: str | None = None
     timeout: float | None = None  # seconds one attempt may run (jobs.watchdog)
+    trace_context: str | None = None  # W3C traceparent[\ntracestate] (jobs.tracing)
+    sequence_key: str | None = None  # one at a time per key, in order (jobs.flow)
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,15 +226,17 @@ WITH input AS MATERIALIZED (
   SELECT u.*, nextval(pg_get_serial_sequence('{T}', 'id')) AS id
   FROM unnest(%(tasks)s::text[], %(payloads)s::text[], %(queues)s::text[],
               %(priorities)s::int[], %(run_ats)s::timestamptz[], %(max_retries)s::int[],
-              %(keys)s::text[], %(hashes)s::text[], %(ckeys)s::text[], %(timeouts)s::float8[])
+              %(keys)s::text[], %(hashes)s::text[], %(ckeys)s::text[], %(timeouts)s::float8[],
+              %(traces)s::text[], %(skeys)s::text[])
        WITH ORDINALITY AS u(task, payload, queue, priority, run_at, max_retries, key, hash,
-                            ckey, timeout, ord)
+                            ckey, timeout, trace, skey, ord)
 ), ins AS (
   INSERT INTO {T} (id, task, payload, queue, priority, run_at, max_retries, client_id,
-                   idempotency_key, request_hash, updated_by, concurrency_key, timeout, status,
-                   retry_count, lease_version)
+                   idempotency_key, request_hash, updated_by, concurrency_key, timeout,
+                   trace_context, status, retry_count, lease_version, sequence_key, batch_id)
   SELECT id, task, payload::jsonb, queue, priority, COALESCE(run_at, now()), max_retries,
-         %(client)s, key, hash, %(actor)s, ckey, timeout, '{Status.QUEUED}', 0, 0
+         %(client)s, key, hash, %(actor)s, ckey, timeout, trace, '{Status.QUEUED}', 0, 0, skey,
+         %(batch)s::bigint
   FROM input ORDER BY ord
   ON CONFLICT DO NOTHING
   RETURNING id, created_at, run_at
@@ -246,7 +254,7 @@ FROM {T} WHERE client_id IS NOT DISTINCT FROM %s
 
 
 _MANY_ARRAYS = ("tasks", "payloads", "queues", "priorities", "run_ats", "max_retries",
-                "keys", "hashes", "ckeys", "timeouts")  # fmt: skip
+                "keys", "hashes", "ckeys", "timeouts", "traces", "skeys")  # fmt: skip
 
 
 def _submit_many_rows(items: Sequence[NewJob], params: dict[str, Any]) -> list[tuple]:
@@ -280,7 +288,11 @@ def _submit_many_rows(items: Sequence[NewJob], params: dict[str, Any]) -> list[t
 
 
 def submit_many(
-    items: Sequence[NewJob], *, client_id: int | None = None, actor: str = "app"
+    items: Sequence[NewJob],
+    *,
+    client_id: int | None = None,
+    actor: str = "app",
+    batch_id: int | None = None,
 ) -> list[Submitted]:
     """Insert many queued jobs in one statement; one Redis push for all of them on commit.
 
@@ -308,6 +320,9 @@ def submit_many(
         "hashes": [i.request_hash for i in items],
         "ckeys": [i.concurrency_key for i in items],
         "timeouts": [i.timeout for i in items],
+        "traces": [i.trace_context for i in items],
+        "skeys": [i.sequence_key for i in items],
+        "batch": batch_id,  # a batch's jobs (jobs.flow.batches)
         "client": client_id,
         "actor": actor,
     }

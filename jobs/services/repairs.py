@@ -117,22 +117,25 @@ def revoke(job_ids: Sequence[int], actor: str) -> list[int]:
 
 
 _CANCEL_SQL = f"""
-UPDATE {T} j SET status = '{Status.FAILED}', error = '{CANCELLED}', finished_at = now(),
+UPDATE {T} j SET status = '{Status.FAILED}', error = %(error)s, finished_at = now(),
        result = NULL, updated_by = %(actor)s
 WHERE id = ANY(%(ids)s) AND {lifecycle.CANCEL.where()}
       {{client_clause}}
 RETURNING {_FINISH_RETURNING}"""
 
 
-def cancel(job_ids: Sequence[int], actor: str, client_id: int | None = None) -> list[int]:
-    """queued / enqueue_failed → failed with error "cancelled": only jobs not started.
+def cancel(
+    job_ids: Sequence[int], actor: str, client_id: int | None = None, error: str = CANCELLED
+) -> list[int]:
+    """queued / enqueue_failed → failed with error "cancelled" (or `error`, which
+    says why the job never ran): only jobs not started.
 
     With `client_id`, only that client's jobs are touched.
     """
     client_clause = "AND client_id = %(client)s" if client_id is not None else ""
     rows = _rows(
         _CANCEL_SQL.replace("{client_clause}", client_clause),
-        {"actor": actor, "ids": list(job_ids), "client": client_id},
+        {"actor": actor, "ids": list(job_ids), "client": client_id, "error": error},
     )
     if actor_role(actor) == Role.STAFF:
         _count_on_commit(metrics.STAFF_ACTIONS.labels("cancel"), len(rows))

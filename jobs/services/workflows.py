@@ -33,11 +33,11 @@ _WORKFLOW_IDS_SQL = (
 _WORKFLOW_JOBS_SQL = f"""
 INSERT INTO {T} (id, task, payload, queue, priority, run_at, max_retries, client_id,
                  updated_by, status, retry_count, lease_version, wait_reason, concurrency_key,
-                 timeout)
+                 timeout, trace_context)
 SELECT u.id, u.task, u.payload::jsonb, u.queue, u.priority,
        CASE WHEN u.blocked THEN %(blocked)s::timestamptz ELSE now() END,
        u.max_retries, %(client)s, %(actor)s, '{Status.QUEUED}', 0, 0,
-       CASE WHEN u.blocked THEN '{WaitReason.PARENTS}' END, u.ckey, u.timeout
+       CASE WHEN u.blocked THEN '{WaitReason.PARENTS}' END, u.ckey, u.timeout, %(trace)s
 FROM unnest(%(ids)s::bigint[], %(tasks)s::text[], %(payloads)s::text[], %(queues)s::text[],
             %(priorities)s::int[], %(max_retries)s::int[], %(blocked_flags)s::boolean[],
             %(ckeys)s::text[], %(timeouts)s::float8[])
@@ -61,6 +61,7 @@ def create_workflow(
     actor: str = "app",
     idempotency_key: str | None = None,
     request_hash: str | None = None,
+    trace_context: str | None = None,
 ) -> tuple[int, bool]:
     """Insert a checked workflow (jobs.workflows.build): every job, node and edge in one
     (nested) transaction. Each step is (id, parent ids, checked submission arguments).
@@ -99,6 +100,7 @@ def create_workflow(
                 "blocked_flags": [bool(after) for _, after, _ in steps],
                 "ckeys": [j.get("concurrency_key") for j in jobs],
                 "timeouts": [j.get("timeout") for j in jobs],
+                "trace": trace_context,
                 "blocked": BLOCKED_RUN_AT,
                 "client": client_id,
                 "actor": actor,

@@ -23,6 +23,7 @@ from django.db import (
 from jobs import durable, tasks
 from jobs.errors import AttemptError, PerKeyRateLimit, log_failed_attempt, storable
 from jobs.lifecycle import Status
+from jobs.observability import hooks
 from jobs.services import Lease
 from jobs.tasks import InvalidPayload, JobContext, PermanentError
 
@@ -192,6 +193,7 @@ def guarded(
     except durable.Suspend as wait:
         return park(lease, ctx, wait)
     except durable.FencedOff:  # a stale checkpoint, refused and recorded
+        hooks.ended(lease, "step", stale=True)
         return Outcome(lease, OutcomeKind.SETTLED)
     except InvalidPayload as exc:
         return failed(lease, exc, True, f"invalid payload: {exc}")
@@ -231,6 +233,7 @@ def failed_outcome(
 ) -> Outcome:
     """A failed attempt: storable error text, class and traceback, logged (rate-limited)."""
     err = AttemptError.of(exc, message, skip_from=WORKER_DIR)
+    hooks.failed(lease, exc, err.error_class)
     log_failed_attempt(
         log, limiter, lease.task, exc, err.message,
         lease.log_fields(permanent=permanent, error_class=err.error_class),

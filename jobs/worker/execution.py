@@ -18,6 +18,7 @@ from jobs.errors import (
     class_path,
 )
 from jobs.lifecycle import CANCELLED
+from jobs.observability import hooks
 from jobs.services import Lease
 from jobs.starts import Verdict
 from jobs.tasks import JobContext
@@ -120,7 +121,8 @@ class Execution:
         execute: Callable[[Lease, JobContext], Outcome] | None = None,
     ) -> None:
         started = time.monotonic()
-        outcome = (execute or self._execute)(lease, ctx)
+        with hooks.attempt(lease):
+            outcome = (execute or self._execute)(lease, ctx)
         durable.observe_steps(lease, ctx)
         took = time.monotonic() - started
         metrics.child(metrics.DURATION, lease.queue, lease.task).observe(took)
@@ -209,6 +211,7 @@ class Execution:
                     raise _FenceRejected
         except _FenceRejected:
             services.record_fence_rejections([lease], "complete")
+            hooks.ended(lease, OutcomeKind.DONE, stale=True)
             return Outcome(lease, OutcomeKind.SETTLED)
         except _Cancelled:
             return Outcome(lease, OutcomeKind.FAIL, error=CANCELLED, permanent=True)
@@ -232,6 +235,7 @@ class Execution:
     def _settle(self, outcome: Outcome) -> None:
         self.starter.ended(outcome.lease)
         if outcome.kind == OutcomeKind.SETTLED:
+            hooks.ended(outcome.lease, OutcomeKind.SETTLED)
             self._forget([outcome.lease])
             self._quiet.set()  # written by the handler itself: an idle dispatcher resumes
         else:

@@ -20,7 +20,9 @@ from jobs.errors import (
     class_path,
     storable,
 )
+from jobs.flow import sequences
 from jobs.lifecycle import TERMINAL
+from jobs.observability import hooks
 from jobs.runtime import Backoff
 from jobs.worker.attempts import (
     _ROW_DATA_ERRORS,
@@ -159,11 +161,14 @@ class WriteBack:
         stale_ops.update({item[0].job_id: "fail" for item in failed})
         for op in ("complete", "fail"):
             services.record_fence_rejections([s for s in stale if stale_ops[s.job_id] == op], op)
+        hooks.written(batch, ok_done, ok_fail, stale)
         self._count_finished(
             len(ok_done) + sum(1 for f in ok_fail.values() if f.status in TERMINAL)
         )
         # Workflow children these ends made due: pushed now, not at the next poll.
-        durable.after_ends([*ok_done, *(i for i, f in ok_fail.items() if f.status in TERMINAL)])
+        ended = [*ok_done, *(i for i, f in ok_fail.items() if f.status in TERMINAL)]
+        durable.after_ends(ended)
+        sequences.after_ends(ended)  # sequence jobs and batch callbacks, likewise
         for o in batch:
             if o.kind == OutcomeKind.RELEASE and o.lease.job_id in ok_rel:
                 log.info("released on shutdown", extra=o.lease.log_fields())

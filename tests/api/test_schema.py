@@ -34,6 +34,11 @@ EXPECTED_OPERATIONS = {
     ("POST", "/api/v1/webhooks/{id}/rotate-secret/"),
     ("GET", "/api/v1/webhooks/{webhook_pk}/deliveries/"),
     ("POST", "/api/v1/webhooks/{webhook_pk}/deliveries/{id}/redeliver/"),
+    ("POST", "/api/v1/batches/"),
+    ("GET", "/api/v1/batches/{id}/"),
+    ("GET", "/api/v1/sequences/"),
+    ("POST", "/api/v1/sequences/resume/"),
+    ("POST", "/api/v1/sequences/skip/"),
 }
 HTTP_METHODS = {"get", "put", "post", "delete", "patch", "options", "head", "trace"}
 

@@ -36,10 +36,18 @@ JOB_FIELDS = {
     "cancel_too_late",
     "unique_key",
     "concurrency_key",
+    "sequence_key",
+    "batch",
     "schedule",
     "fire_time",
     "duplicate",
+    "debounced",
+    "skipped",
     "wait_reason",
+    "chain_id",
+    "run_number",
+    "previous_run_ids",
+    "next_run_id",
 }
 
 

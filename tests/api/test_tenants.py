@@ -124,6 +124,13 @@ OWNER_PATH = {
     "JobDependency": "child__client",
     "Webhook": "client",
     "WebhookDelivery": "webhook__client",
+    # Flow control per key (jobs.flow): a client's id, 0 for code's own keys.
+    "KeyHit": "client_key",
+    "Debounce": "client_key",
+    "Sequence": "owner",
+    "SequenceWait": "sequence__owner",
+    "Batch": "client",
+    "BatchFailure": "batch__client",
 }
 
 

@@ -7,8 +7,19 @@ import logging
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from jobs import gauges, queuecontrol, queues, selectors
+from jobs.flow import batches, sequences
 
 log = logging.getLogger(__name__)
+
+
+def _key_controls(q: gauges.QueueState) -> str:
+    """The queue's controls per client and key, when it has any (docs/queue-controls.md)."""
+    parts = ["fair"] if q.fair else []
+    if q.key_concurrency is not None:
+        parts.append(f"{q.key_concurrency} processing per key")
+    if q.key_rate_limit is not None:
+        parts.append(f"throttle {queues.format_key_rate(q.key_rate_limit, q.key_rate_period)}")
+    return f"\t{', '.join(parts)}" if parts else ""
 
 
 class Command(BaseCommand):
@@ -38,7 +49,14 @@ class Command(BaseCommand):
                 tokens = "" if q.rate_tokens is None else f" ({q.rate_tokens} left)"
                 # What a job of a paused queue shows as its wait_reason, API and admin.
                 state = f"paused (jobs wait: {selectors.QUEUE_PAUSED})" if q.paused else "active"
-                self.stdout.write(f"{q.name}\t{state}\tprocessing {cap}\trate {rate}{tokens}")
+                keys = _key_controls(q)
+                self.stdout.write(f"{q.name}\t{state}\tprocessing {cap}\trate {rate}{tokens}{keys}")
+            # Controls per key of work (jobs.flow): what they hold back now.
+            seqs = sequences.counts()
+            halted = ", ".join(s.key for s in sequences.halted(5))
+            self.stdout.write(f"sequences\t{seqs['running']} running\t{seqs['halted']} halted"
+                              + (f" ({halted})" if halted else ""))  # fmt: skip
+            self.stdout.write(f"batches\t{batches.open_count()} open")
             return
         name = opts["name"]
         try:

@@ -11,6 +11,7 @@ from jobs import metrics, replica
 from jobs.collectors import (
     ConsumersCollector,
     DepthCollector,
+    DurableHistoryCollector,
     PartitionCollector,
     QueueControlsCollector,
     WaitingCollector,
@@ -95,6 +96,7 @@ class Command(BaseCommand):
             REGISTRY.register(ConsumersCollector(depth))
             REGISTRY.register(QueueControlsCollector())
             REGISTRY.register(WaitingCollector(depth))  # parked and blocked jobs by reason
+            REGISTRY.register(DurableHistoryCollector())  # the largest live durable history
             REGISTRY.register(WebhookCircuitsCollector())
             REGISTRY.register(PartitionCollector())  # hot rows, mover lag, runway
             REGISTRY.register(reaper_gauges(reaper))

@@ -14,7 +14,11 @@ from django.db import transaction
 
 from jobs.lifecycle import Status
 from jobs.services.claims.plain import QT, _claim_queue_sql, _leases, claim_next
-from jobs.services.claims.turns import _TURN_CLIENT, _claim_in_turns_under_queue_lock
+from jobs.services.claims.turns import (
+    _TURN_CLIENT,
+    CAP_RECHECK_SECONDS,
+    _claim_in_turns_under_queue_lock,
+)
 from jobs.services.common import Lease, T, _hot_rows, _rows, worker_actor
 
 # The same claim under the queue's row lock, with the limit its controls allow.
@@ -22,8 +26,8 @@ _CLAIM_LIMITED_SQL = _claim_queue_sql()
 
 
 _QUEUE_LOCK_SQL = (
-    "SELECT paused, concurrency, rate_limit, rate_period, fair, key_concurrency"
-    f" FROM {QT} WHERE name = %s FOR UPDATE"
+    "SELECT paused, concurrency, rate_limit, rate_period, fair, key_concurrency,"
+    f" key_rate_limit, key_rate_period FROM {QT} WHERE name = %s FOR UPDATE"
 )
 _QUEUE_STATE_SQL = f"""
 SELECT statement_timestamp(), rate_starts,
@@ -37,7 +41,6 @@ _CLAIM_LIMITED_SQL = _CLAIM_LIMITED_SQL.replace(
     "timeout\nFROM u", "timeout, statement_timestamp()\nFROM u"
 )
 assert "timeout, statement_timestamp()\nFROM u" in _CLAIM_LIMITED_SQL
-CAP_RECHECK_SECONDS = 0.2  # when a slot frees is not known: how soon to look again
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +78,7 @@ def claim_limited_under_queue_lock(
         rows = _rows(_QUEUE_LOCK_SQL, [queue])
         if not rows:  # no controls row (not synced yet): an open queue
             return Gated(claim_next(worker_id, [queue], limit, start=start))
-        paused, cap, rate, period, fair, key_cap = rows[0]
+        paused, cap, rate, period, fair, key_cap, key_rate, key_period = rows[0]
         if paused:
             return Gated([], float("inf"))
         now, starts, running = _rows(_QUEUE_STATE_SQL, {"queue": queue})[0]
@@ -95,12 +98,13 @@ def claim_limited_under_queue_lock(
         if allowed <= 0:
             return Gated([], blocked_for)
         last_client = after
-        if fair or key_cap is not None:
-            rows, keys_full = _claim_in_turns_under_queue_lock(
-                worker_id, queue, allowed, fair=fair, key_cap=key_cap, after=after, start=start
-            )
-            if keys_full:
-                blocked_for = max(blocked_for or 0.0, CAP_RECHECK_SECONDS)
+        if fair or key_cap is not None or key_rate is not None:
+            rows, keys_wait = _claim_in_turns_under_queue_lock(
+                worker_id, queue, allowed, fair=fair, key_cap=key_cap, after=after,
+                start=start, key_rate=None if key_rate is None else (key_rate, key_period),
+            )  # fmt: skip
+            if keys_wait is not None:
+                blocked_for = max(blocked_for or 0.0, keys_wait)
             last_client = rows[-1][_TURN_CLIENT] if fair and rows else after
         else:
             rows = _hot_rows(

@@ -7,7 +7,6 @@ ways; a queue with controls is never claimed here, whatever a worker's view of i
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from collections.abc import Sequence
 
@@ -38,7 +37,10 @@ FROM u ORDER BY priority DESC, run_at, id
 QT = Queue._meta.db_table
 # An open queue: no row in jobs_queue says paused or limited. Uncorrelated, so one
 # primary-key probe per statement (an InitPlan), evaluated before any job row is read.
-_LIMITED = "q.concurrency IS NOT NULL OR q.rate_limit IS NOT NULL OR q.key_concurrency IS NOT NULL"
+_LIMITED = (
+    "q.concurrency IS NOT NULL OR q.rate_limit IS NOT NULL OR q.key_concurrency IS NOT NULL"
+    " OR q.key_rate_limit IS NOT NULL"
+)
 _CONTROLLED = f"(q.paused OR q.fair OR {_LIMITED})"
 _QUEUE_OPEN = f"NOT EXISTS (SELECT FROM {QT} q WHERE q.name = %(queue)s AND {_CONTROLLED})"
 
@@ -76,11 +78,9 @@ WITH c AS (
 def _leases(rows: list[tuple], worker_id: str) -> list[Lease]:
     leases = []
     per_queue: dict[str, int] = defaultdict(int)
-    loads = json.loads
-    for r in rows:
-        payload = loads(r[3]) if isinstance(r[3], str) else r[3]
+    for r in rows:  # read in binary (_hot_rows): the payload arrives parsed, a string too
         leases.append(
-            Lease(r[0], r[1], worker_id, r[2], payload, r[4], r[5], r[6], r[7], r[8], r[9], r[10])
+            Lease(r[0], r[1], worker_id, r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10])
         )
         per_queue[r[4]] += 1
     for queue, n in per_queue.items():

@@ -12,6 +12,7 @@ from typing import Any
 from django.db import transaction
 
 from jobs import lifecycle
+from jobs.flow import keyrate
 from jobs.lifecycle import NOT_STARTED, Status
 from jobs.services.claims.plain import _LIMITED, QT, _leases
 from jobs.services.common import Lease, T, _hot_rows, _rows, worker_actor
@@ -100,12 +101,12 @@ _KEYED = f"""
   FROM c
 ), picked AS (
   SELECT id, k, ord FROM keyed
-  WHERE key IS NULL OR nth + (
+  WHERE key IS NULL OR ((%(key_cap)s::int IS NULL OR nth + (
     SELECT count(*) FROM {T} x
     WHERE x.status = '{Status.PROCESSING}' AND x.queue = %(queue)s
       AND x.concurrency_key = keyed.key
       AND x.client_id IS NOT DISTINCT FROM nullif(keyed.k, 0)
-  ) <= %(key_cap)s
+  ) <= %(key_cap)s::int){keyrate.PICK_SQL})
 )"""
 
 
@@ -187,6 +188,7 @@ SELECT COALESCE(client_id, 0), concurrency_key, count(*) FROM {T}
 WHERE status = '{Status.PROCESSING}' AND queue = %(queue)s AND concurrency_key IS NOT NULL
 GROUP BY 1, 2 HAVING count(*) >= %(key_cap)s"""
 KEYED_ROUNDS = 8  # each round claims at least one job or finds none left
+CAP_RECHECK_SECONDS = 0.2  # when a slot frees is not known: how soon to look again
 
 
 def _claim_in_turns_under_queue_lock(
@@ -198,24 +200,35 @@ def _claim_in_turns_under_queue_lock(
     key_cap: int | None,
     after: int,
     start: int | None,
-) -> tuple[list[tuple], bool]:
+    key_rate: tuple[int, int] | None = None,
+) -> tuple[list[tuple], float | None]:
     """The claim of a fair or keyed queue, inside claim_limited_under_queue_lock's
-    transaction. Returns the rows and whether a key at its cap held jobs back.
+    transaction. Returns the rows and, when keys at their cap or rate held jobs back,
+    the seconds until one may start again (else None).
 
     Under the queue's lock no other claim of the queue runs, so the processing rows
-    counted per key stay counted until this transaction commits. A batch that keys
-    at their cap cut short is claimed again, the full keys skipped, so the jobs of
-    other keys behind a full key's backlog still start.
+    and starts (jobs.flow.keyrate) counted per key stay counted until this
+    transaction commits. A batch that keys at their cap or rate cut short is claimed
+    again, the full keys skipped, so the jobs of other keys behind a full key's
+    backlog still start.
     """
-    sql = _CLAIM_TURNS_SQL[(fair, key_cap is not None)]
+    sql = _CLAIM_TURNS_SQL[(fair, key_cap is not None or key_rate is not None)]
     _rows(_GENERIC_PLAN_SQL, [])
     params: dict[str, Any] = {
         "queue": queue, "after": after, "worker": worker_id,
         "actor": worker_actor(worker_id), "key_cap": key_cap, "start": start,
+        **keyrate.NO_RATE,
     }  # fmt: skip
-    if key_cap is None:
-        return _hot_rows(sql, {**params, "limit": allowed}), False
-    full = {(r[0], r[1]) for r in _rows(_KEYS_FULL_SQL, params)}
+    if key_cap is None and key_rate is None:
+        return _hot_rows(sql, {**params, "limit": allowed}), None
+
+    def keys_full() -> tuple[set[tuple[int, str]], keyrate.Window | None]:
+        capped = {(r[0], r[1]) for r in _rows(_KEYS_FULL_SQL, params)} if key_cap else set()
+        window = None if key_rate is None else keyrate.start_window(queue, *key_rate)
+        return capped, window
+
+    capped, window = keys_full()
+    full = capped | (window.full if window is not None else set())
     out: list[tuple] = []
     for _ in range(KEYED_ROUNDS):
         want = allowed - len(out)
@@ -225,18 +238,26 @@ def _claim_in_turns_under_queue_lock(
             sql,
             {**params, "limit": want, "full_clients": [k for k, _ in full],
              "full_keys": [key for _, key in full],
-             "start": None if start is None else max(0, start - len(out))},
+             "start": None if start is None else max(0, start - len(out)),
+             **(window.params() if window is not None else {})},
         )  # fmt: skip
+        if window is not None and rows:
+            keyrate.record_starts([r[0] for r in rows], rows[-1][-1])
         out += rows
         if len(rows) == want:
             break
-        # Fewer than asked: either no due row is left, or keys reached their cap.
-        now_full = {(r[0], r[1]) for r in _rows(_KEYS_FULL_SQL, params)}
+        # Fewer than asked: either no due row is left, or keys reached their cap or rate.
+        capped, window = keys_full()
+        now_full = capped | (window.full if window is not None else set())
         if now_full <= full or not rows:
             full = now_full
             break
         full = now_full
-    return out, bool(full) and len(out) < allowed
+    if not full or len(out) >= allowed:
+        return out, None
+    waits = [CAP_RECHECK_SECONDS] if capped else []
+    due = window.next_due() if window is not None else None
+    return out, min([*waits, *([due] if due is not None else [])], default=CAP_RECHECK_SECONDS)
 
 
 # The queue's row lock serialises every claim of a limited queue (and its pause). The

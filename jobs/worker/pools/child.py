@@ -116,6 +116,9 @@ class ChildContext(durable.DurableContext):
     def _write_checkpoint(self, name: str, text: str) -> bool:
         return self.channel.call("checkpoint", name, text)
 
+    def _in_workflow(self) -> bool:
+        return self.channel.call("workflow")
+
     def progress(self, done: float, total: float | None = None, message: str = "") -> None:
         super().progress(done, total, message)
         self.channel.progress(self._progress)
@@ -239,6 +242,9 @@ def run(lease: Lease, ctx: ChildContext, channel: Channel, limiter: PerKeyRateLi
         return unknown_task(lease)
 
     def park(lease: Lease, ctx: JobContext, wait: durable.Suspend) -> Outcome:
+        if isinstance(wait, durable.ContinueAsNew):
+            channel.call("continue", wait.payload_json)
+            return Outcome(lease, OutcomeKind.SETTLED)
         channel.call("park", wait.reason, wait.key, wait.seconds, wait.until, wait.checkpoint)
         return Outcome(lease, OutcomeKind.SETTLED)
 

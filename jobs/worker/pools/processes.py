@@ -221,6 +221,11 @@ class Slot:
                     ctx.stop.set()
                     services.record_fence_rejections([lease], "step")
                 return True, held
+            if op == "workflow":
+                return True, selectors.in_workflow(lease.job_id)
+            if op == "continue":
+                self.worker._park(lease, ctx, durable.ContinueAsNew(*args))
+                return True, None
             if op == "park":
                 reason, key, seconds, until, checkpoint = args
                 wait = durable.Suspend(

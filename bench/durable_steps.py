@@ -1,0 +1,172 @@
+"""`python -m bench.durable_steps [--jobs N] [--steps S] [--baseline REF] [--dbos]`.
+
+Durable steps per second (issue 45): N jobs of S no-op checkpointed steps
+(`bench.durable_steps`) submitted first, then one default `runworker` drains them on
+a scratch database and a private redis-server; steps/s is N x S over first start ->
+last finish (database clock). Also the rows written and the transactions committed per
+job (pg_stat counters of the scratch database, every process included). `--baseline
+REF` runs the same with the worker of a git ref, side by side; `--dbos` the same
+workload on DBOS Transact (not a dependency: `pip install dbos==3.4.0` by hand, as the
+pgqueuer peer, D248): S @DBOS.step no-ops in a @DBOS.workflow, N workflows enqueued on
+a queue and run by DBOS's in-process queue worker on the same PostgreSQL server. It
+reports; it never asserts a timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+_COUNTERS_SQL = """
+SELECT (SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()),
+       (SELECT coalesce(sum(n_tup_ins), 0) FROM pg_stat_user_tables),
+       (SELECT coalesce(sum(n_tup_upd), 0) FROM pg_stat_user_tables)"""
+
+
+def _counters(url: str) -> tuple[int, int, int]:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        return tuple(int(v) for v in conn.execute(_COUNTERS_SQL).fetchone())
+
+
+def run_jobservice(ref: str | None, jobs: int, steps: int) -> dict:
+    from bench.env import Code, processes, scratch_database, setup_django
+    from harness import RedisServer, wait_until
+
+    code = Code(ref)
+    db = scratch_database().create()
+    redis = RedisServer().start()
+    try:
+        setup_django(db.url(), redis.url)
+        from django.db import connection, connections
+
+        from jobs import services
+        from jobs.services import NewJob
+
+        services.submit_many([NewJob("bench.durable_steps", {"steps": steps})] * jobs)
+        connections.close_all()
+        time.sleep(1.0)  # the stats collector's last report
+        before = _counters(db.url())
+        with tempfile.TemporaryDirectory() as logs:
+            procs = processes(db.url(), redis.url, Path(logs))
+            try:
+                procs.reaper(root=code.root)  # repairs a push a busy machine's Redis refused
+                procs.worker(root=code.root)
+                wait_until(lambda: _finished(db.url()) >= jobs, 600, "jobs done", interval=0.2)
+            finally:
+                procs.stop_all()
+        time.sleep(1.0)
+        after = _counters(db.url())
+        with connection.cursor() as cur:
+            cur.execute(
+                "SELECT extract(epoch FROM max(finished_at) - min(started_at)),"
+                " count(*) FILTER (WHERE status = 'done') FROM jobs_job"
+            )
+            span, done = cur.fetchone()
+        connections.close_all()
+        per = [(a - b) / jobs for a, b in zip(after, before, strict=True)]
+        return {"label": code.label, "span": float(span), "done": done, "per_job": per}
+    finally:
+        redis.stop()
+        db.drop()
+        code.close()
+
+
+def _finished(url: str) -> int:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        return conn.execute("SELECT count(*) FROM jobs_job WHERE status = 'done'").fetchone()[0]
+
+
+def run_dbos(jobs: int, steps: int) -> dict | None:
+    try:
+        from dbos import DBOS
+    except ImportError:
+        return None
+    from bench.env import scratch_database
+
+    db = scratch_database().create()
+    try:
+        DBOS(config={"name": "bench", "system_database_url": db.url(), "log_level": "WARNING"})
+
+        @DBOS.step()
+        def noop(i: int) -> int:
+            return i
+
+        @DBOS.workflow()
+        def five(n: int) -> int:
+            for i in range(n):
+                noop(i)
+            return n
+
+        DBOS.launch()
+        queue = DBOS.register_queue("bench")
+        handles = [queue.enqueue(five, steps) for _ in range(jobs)]
+        started = time.perf_counter()
+        for h in handles:
+            h.get_result()
+        span = time.perf_counter() - started
+        DBOS.destroy()
+        return {"label": "DBOS Transact", "span": span, "done": jobs, "per_job": None}
+    finally:
+        db.drop()
+
+
+def _one(kind: str, ref: str | None, jobs: int, steps: int) -> dict:
+    """One variant in a process of its own (Django is set up once per process)."""
+    import json
+    import subprocess
+    import sys
+
+    args = [sys.executable, "-m", "bench.durable_steps", "--jobs", str(jobs), "--steps",
+            str(steps), "--only", kind] + (["--ref", ref] if ref else [])  # fmt: skip
+    out = subprocess.run(args, capture_output=True, text=True, timeout=1800)
+    lines = [x for x in out.stdout.splitlines() if x.startswith("{")]
+    if out.returncode != 0 or not lines:
+        return {"label": f"{kind} {ref or ''}: FAILED\n{out.stderr[-2000:]}"}
+    return json.loads(lines[-1])
+
+
+def main(argv: list[str] | None = None) -> None:
+    import json
+
+    p = argparse.ArgumentParser(prog="python -m bench.durable_steps", description=__doc__)
+    p.add_argument("--jobs", type=int, default=1000)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--baseline", help="A git ref whose worker runs the same workload first.")
+    p.add_argument("--dbos", action="store_true", help="Also run the workload on DBOS.")
+    p.add_argument("--only", choices=["jobservice", "dbos"], help=argparse.SUPPRESS)
+    p.add_argument("--ref", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.only == "jobservice":
+        print(json.dumps(run_jobservice(args.ref, args.jobs, args.steps)))
+        return
+    if args.only == "dbos":
+        print(json.dumps(run_dbos(args.jobs, args.steps) or {"label": "DBOS: NOT MEASURED"}))
+        return
+    results = []
+    if args.baseline:
+        results.append(_one("jobservice", args.baseline, args.jobs, args.steps))
+    results.append(_one("jobservice", None, args.jobs, args.steps))
+    if args.dbos:
+        results.append(_one("dbos", None, args.jobs, args.steps))
+    total = args.jobs * args.steps
+    for r in results:
+        if "span" not in r:
+            print(r["label"])
+            continue
+        line = f"{r['label']}: {args.jobs} x {args.steps} steps in {r['span']:.2f} s = "
+        line += f"{total / r['span']:.0f} steps/s"
+        if r["per_job"]:
+            xacts, ins, upd = r["per_job"]
+            line += f" ({xacts:.1f} commits, {ins:.1f} rows inserted, {upd:.1f} updated per job)"
+        print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()

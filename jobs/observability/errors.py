@@ -1,0 +1,40 @@
+"""Failed attempts to Sentry (docs/observability.md): one event per failed attempt whose
+write-back landed, tagged with the job; an attempt that will run again is marked handled;
+a stale write (fenced off) reports nothing: its job is another attempt's now.
+
+sentry-sdk is imported guarded: without it, or without an active client (no DSN), the
+worker's hooks return after one check. The worker logs a failed attempt at WARNING or
+INFO, below the level Sentry's logging integration sends (ERROR): the report below is
+the attempt's one event.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+try:
+    import sentry_sdk
+    from sentry_sdk.utils import event_from_exception
+except ImportError:  # the `sentry` extra is not installed
+    sentry_sdk = None  # type: ignore[assignment]
+
+
+def active() -> bool:
+    return sentry_sdk is not None and sentry_sdk.get_client().is_active()
+
+
+def report(exc: BaseException, tags: dict[str, Any], will_retry: bool) -> None:
+    """One event for a failed attempt, with the job in its tags (never in the message,
+    so Sentry groups the attempts of one bug together)."""
+    client = sentry_sdk.get_client()
+    event, hint = event_from_exception(
+        exc,
+        client_options=client.options,
+        mechanism={"type": "jobservice", "handled": will_retry},
+    )
+    event["level"] = "warning" if will_retry else "error"
+    with sentry_sdk.new_scope() as scope:
+        for key, value in tags.items():
+            scope.set_tag(key, value)
+        scope.set_context("job", tags)
+        scope.capture_event(event, hint=hint)

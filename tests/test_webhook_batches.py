@@ -1,0 +1,152 @@
+"""An endpoint's deliveries in runs (issue 41), against real PostgreSQL and a real receiver
+on 127.0.0.1: a fast endpoint's due deliveries go out on the slot of the first one, a
+batch a time, each job completed under its own fence; a failure in a run is retried like
+any (Retry-After kept), counted by the circuit and ends the run with the rest released
+unspent; a slow endpoint gets no run. And the fan-out: a batch's delivery rows and
+their jobs in one statement, one job per chain."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
+
+from harness.receiver import Recording
+from jobs import services
+from jobs.events import batches, endpoints, signing
+from jobs.events.outbox import FANOUT_HISTORY, HISTORY, Dispatcher, WebhookFanout
+from jobs.events.webhooks import deliver
+from jobs.lifecycle import Status
+from jobs.models import Client, Job, JobEvent, Webhook, WebhookDelivery
+from jobs.tasks import JobContext
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+N = 12
+
+
+@pytest.fixture
+def receiver(request):
+    found = Recording(fail_calls=getattr(request, "param", ()), retry_after="30")
+    yield found
+    found.close()
+
+
+@pytest.fixture
+def hook(receiver, settings):
+    settings.JOBS_WEBHOOK_ALLOW_PRIVATE = True
+    settings.JOBS_RETRY_BACKOFF_BASE = 0
+    owner = Client.objects.create(name="runs", token_hash="r" * 64)
+    yield Webhook.objects.create(client=owner, url=receiver.url, events=["job.done"],
+                                 secret_salt=signing.new_salt())  # fmt: skip
+    endpoints.SLOTS.close()
+
+
+def deliveries_queued(hook: Webhook, n: int = N) -> list[int]:
+    """n jobs of the hook's client done, and the outbox's delivery jobs for them."""
+    fanout = Dispatcher([WebhookFanout()])
+    fanout.tick()
+    items = [services.NewJob("echo", {"n": i}) for i in range(n)]
+    sources = [s.job_id for s in services.submit_many(items, client_id=hook.client_id)]
+    for job_id in sources:
+        services.complete([(services.claim("w1", job_id), {"n": job_id})])
+    for _ in range(3):
+        fanout.tick()
+    jobs = list(WebhookDelivery.objects.exclude(job_id=None).values_list("job_id", flat=True))
+    assert len(jobs) == n
+    return jobs
+
+
+def attempt(job_id: int) -> dict:
+    """One delivery job's attempt as a delivery worker runs it: claimed, its handler
+    called, its result written back under its fence."""
+    (lease,) = services.claim_ids("deliveries-1", [job_id], start=1)
+    ctx = JobContext(lease.job_id, lease.lease_version, 1, lease.worker_id,
+                     signing.WEBHOOK_QUEUE, signing.DELIVER_TASK)  # fmt: skip
+    result = deliver(lease.payload, ctx)
+    assert services.complete([(lease, result)])
+    return result
+
+
+def parks(jobs: list[int]) -> int:
+    return JobEvent.objects.filter(job_id__in=jobs, from_status=Status.PROCESSING,
+                                   to_status=Status.QUEUED).count()  # fmt: skip
+
+
+def test_a_fast_endpoints_deliveries_go_out_in_the_first_ones_run(hook, receiver):
+    jobs = deliveries_queued(hook)
+    assert attempt(jobs[0])["run"] == N - 1  # its run took the other eleven
+    assert len(receiver.calls) == N
+    assert len({c[0] for c in receiver.calls}) == N  # one webhook-id per event
+    assert Job.objects.filter(pk__in=jobs, status=Status.DONE).count() == N
+    assert sorted(WebhookDelivery.objects.values_list("attempts", flat=True)) == [1] * N
+    assert set(WebhookDelivery.objects.values_list("last_status_code", flat=True)) == {200}
+    assert parks(jobs) == 0
+    # Each delivery job: queued, processing (its attempt marked started), done.
+    for job in Job.objects.filter(pk__in=jobs):
+        assert job.started_at is not None and job.retry_count == 0
+    hook.refresh_from_db()
+    assert (hook.circuit_state, hook.circuit_failures) == ("closed", 0)
+
+
+@pytest.mark.parametrize("receiver", [{4}], indirect=True)
+def test_a_failure_ends_the_run_is_retried_and_the_rest_go_back_unspent(hook, receiver):
+    jobs = deliveries_queued(hook)
+    assert attempt(jobs[0])["run"] == 3  # calls 2, 3 and the failed 4th
+    assert len(receiver.calls) == 4
+    failed_job = WebhookDelivery.objects.get(last_status_code=500).job
+    # Retried like any failed attempt: a retry spent, held back by its Retry-After.
+    assert failed_job.status == Status.QUEUED and failed_job.retry_count == 1
+    assert "answered HTTP 500" in failed_job.error
+    assert (failed_job.run_at - failed_job.updated_at).total_seconds() >= 25
+    hook.refresh_from_db()
+    assert hook.circuit_failures == 1  # counted by the breaker, under that job's fence
+    done = Job.objects.filter(pk__in=jobs, status=Status.DONE).count()
+    assert done == 3
+    # Not called: queued again, no retry spent, no attempt counted.
+    rest = Job.objects.filter(pk__in=jobs, status=Status.QUEUED).exclude(pk=failed_job.pk)
+    assert rest.count() == N - 4
+    assert all(j.retry_count == 0 and j.webhook_delivery.attempts == 0 for j in rest)
+    # The next run delivers them; the first answer resets the breaker's count.
+    assert attempt(rest.first().pk)["run"] == N - 5
+    hook.refresh_from_db()
+    assert hook.circuit_failures == 0
+    assert Job.objects.filter(pk__in=jobs, status=Status.DONE).count() == N - 1
+    assert len({c[0] for c in receiver.calls}) == N
+
+
+def test_a_slow_answer_gets_no_run(hook, receiver, monkeypatch):
+    monkeypatch.setattr(batches, "FAST_SECONDS", 0.0)  # every answer counts as slow
+    jobs = deliveries_queued(hook, 3)
+    assert all("run" not in attempt(j) for j in jobs)
+    assert Job.objects.filter(pk__in=jobs, status=Status.DONE).count() == 3
+
+
+def test_the_fan_out_writes_rows_and_jobs_in_one_statement_one_job_per_chain(hook):
+    Webhook.objects.filter(pk=hook.pk).update(events=["*"])
+    fanout = WebhookFanout()
+    items = [services.NewJob("echo", {"n": i}) for i in range(5)]
+    sources = [s.job_id for s in services.submit_many(items, client_id=hook.client_id)]
+    for job_id in sources:
+        services.complete([(services.claim("w1", job_id), {})])
+    # Read as the reaper's fan-out reads them: narrow rows, whole ones for its webhooks'.
+    with connection.cursor() as cur:
+        cur.execute(FANOUT_HISTORY.events_sql, [0, 1 << 62, 1000])
+        events = [FANOUT_HISTORY.event(r) for r in cur.fetchall()]
+        cur.execute(HISTORY.events_sql, [0, 1 << 62, 1000])
+        bodies = {e.id: e.body for e in map(HISTORY.event, cur.fetchall())}
+    with CaptureQueriesContext(connection) as queries, transaction.atomic():
+        assert fanout.handle(events) == 15  # queued, processing, done of five jobs
+    writes = [q["sql"] for q in queries if "INSERT" in q["sql"] or "UPDATE" in q["sql"]]
+    assert len(writes) == 1
+    # Each chain (webhook, job) has a job for its first event only, in seq order.
+    heads = WebhookDelivery.objects.exclude(job_id=None)
+    assert sorted(heads.values_list("source_job_id", "seq")) == [(j, 1) for j in sources]
+    assert WebhookDelivery.objects.filter(job_id=None).count() == 10
+    assert Job.objects.filter(task=signing.DELIVER_TASK, status=Status.QUEUED).count() == 5
+    assert {d.event_id: d.body for d in WebhookDelivery.objects.all()} == bodies
+    # The batch again (a dispatcher killed before its cursor moved): nothing new.
+    with transaction.atomic():
+        fanout.handle(events)
+    assert WebhookDelivery.objects.count() == 15
+    assert Job.objects.filter(task=signing.DELIVER_TASK).count() == 5
