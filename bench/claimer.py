@@ -19,15 +19,17 @@ def main() -> None:
 
     django.setup()
     from jobs import services
+    from jobs.services import common
+    from jobs.services.claims import plain
 
     worker = f"claimer:{os.getpid()}"
     # The same claim statement, also returning how long the server spent on it.
-    timed_sql = services._CLAIM_NEXT_SQL.replace(
+    timed_sql = plain._CLAIM_NEXT_SQL.replace(
         "SELECT id, lease_version,",
         "SELECT extract(epoch FROM clock_timestamp() - statement_timestamp()) * 1000, "
         "id, lease_version,",
     )
-    assert timed_sql != services._CLAIM_NEXT_SQL, "the claim statement changed shape"
+    assert timed_sql != plain._CLAIM_NEXT_SQL, "the claim statement changed shape"
     params = {
         "queue": "default",
         "limit": batch,
@@ -46,9 +48,9 @@ def main() -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         t0 = time.perf_counter()
-        rows = services._hot_rows(timed_sql, params)
+        rows = common._hot_rows(timed_sql, params)
         timings.append((time.perf_counter() - t0) * 1000)
-        leases = services._leases([r[1:] for r in rows], worker)
+        leases = plain._leases([r[1:] for r in rows], worker)
         if rows:
             server.append(float(rows[0][0]))
         if not leases:

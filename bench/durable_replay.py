@@ -28,14 +28,14 @@ def _job_with_steps(n: int):
 
 
 def _replay(lease, n: int, per_step: bool) -> float:
-    from jobs import durable, selectors
+    from jobs import durable, replica
 
     ctx = durable.context(lease)
     if per_step:  # the per-step variant: one SELECT per stored result, no bulk read
         ctx._steps, ctx._order, ctx._loaded_at = {}, [], None
         started = time.perf_counter()
         for i in range(n):
-            _, value = selectors._fetch(
+            _, value = replica.fetch(
                 "SELECT true, result FROM jobs_jobstep WHERE job_id = %s AND name = %s",
                 [lease.job_id, f"s{i}"],
             )[0]

@@ -253,7 +253,7 @@ def explain_claim() -> dict[str, Any]:
     """EXPLAIN (ANALYZE, BUFFERS) of the workers' claim statement, rolled back."""
     from django.db import connection, transaction
 
-    from jobs import services
+    from jobs.services.claims import plain
 
     found: set[str] = set()
 
@@ -271,9 +271,9 @@ def explain_claim() -> dict[str, Any]:
 
     params = claim_params("bench-explain")
     with transaction.atomic(), connection.cursor() as cur:
-        cur.execute("EXPLAIN (ANALYZE, BUFFERS) " + services._CLAIM_NEXT_SQL, params)
+        cur.execute("EXPLAIN (ANALYZE, BUFFERS) " + plain._CLAIM_NEXT_SQL, params)
         text = "\n".join(r[0] for r in cur.fetchall())
-        cur.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + services._CLAIM_NEXT_SQL, params)
+        cur.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + plain._CLAIM_NEXT_SQL, params)
         doc = cur.fetchone()[0]
         walk(json.loads(doc) if isinstance(doc, str) else doc)
         transaction.set_rollback(True)

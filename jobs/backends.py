@@ -38,8 +38,9 @@ from jobs import tasks as registry
 from jobs.cancelling import CancelOutcome
 from jobs.lifecycle import CANCELLED, Status
 from jobs.models import Job, JobEvent
+from jobs.queues import QUEUE_NAME_RE
 from jobs.retries import RetryPolicy
-from jobs.submission import QUEUE_NAME_RE, InvalidSubmission, submit
+from jobs.submission import InvalidSubmission, submit
 from jobs.tasks_compat import (
     BaseTaskBackend,
     Task,

@@ -34,7 +34,7 @@ from django.db import DatabaseError, InterfaceError, connection
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from jobs import metrics, replica, selectors
+from jobs import gauges, metrics, replica, selectors
 from jobs.conf import settings
 from jobs.lifecycle import NON_TERMINAL, Status, WaitReason
 
@@ -132,7 +132,7 @@ class DepthCollector(Collector):
             now = self.clock()
             if self._rows is not None and now - self._read_at < self.cache_seconds:
                 return self._rows
-            rows = self._rows = read_on_scrape_thread("queue depth", selectors.depth_by_state)
+            rows = self._rows = read_on_scrape_thread("queue depth", gauges.depth_by_state)
             if rows is None:
                 return None
             self.reads += 1
@@ -208,9 +208,7 @@ class QueueControlsCollector(Collector):
 
     def __init__(self, cache_seconds: float | None = None) -> None:
         seconds = settings.JOBS_METRICS_CACHE_SECONDS if cache_seconds is None else cache_seconds
-        self._states = ScrapeCache(
-            "queue controls", selectors.queue_states, seconds, time.monotonic
-        )
+        self._states = ScrapeCache("queue controls", gauges.queue_states, seconds, time.monotonic)
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         for name, documentation in QUEUE_GAUGES.items():
@@ -248,7 +246,7 @@ class WebhookCircuitsCollector(Collector):
     def __init__(self, cache_seconds: float | None = None) -> None:
         seconds = settings.JOBS_METRICS_CACHE_SECONDS if cache_seconds is None else cache_seconds
         self._counts = ScrapeCache(
-            "webhook circuits", selectors.webhook_circuit_counts, seconds, time.monotonic
+            "webhook circuits", gauges.webhook_circuit_counts, seconds, time.monotonic
         )
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
@@ -275,7 +273,7 @@ class WaitingCollector(Collector):
 
     def __init__(self, depth: DepthCollector) -> None:
         self._counts = ScrapeCache(
-            "waiting jobs", selectors.waiting_by_reason, depth.cache_seconds, depth.clock
+            "waiting jobs", gauges.waiting_by_reason, depth.cache_seconds, depth.clock
         )
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
@@ -310,7 +308,7 @@ class DurableHistoryCollector(Collector):
     def __init__(self, cache_seconds: float | None = None) -> None:
         seconds = settings.JOBS_METRICS_CACHE_SECONDS if cache_seconds is None else cache_seconds
         self._state = ScrapeCache(
-            "durable history", selectors.durable_history_state, seconds, time.monotonic
+            "durable history", gauges.durable_history_state, seconds, time.monotonic
         )
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
@@ -358,7 +356,7 @@ class PartitionCollector(Collector):
 
     def __init__(self, cache_seconds: float | None = None) -> None:
         seconds = settings.JOBS_METRICS_CACHE_SECONDS if cache_seconds is None else cache_seconds
-        self._state = ScrapeCache("partitions", selectors.partition_state, seconds, time.monotonic)
+        self._state = ScrapeCache("partitions", gauges.partition_state, seconds, time.monotonic)
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         yield GaugeMetricFamily("jobs_hot_partition_rows", HOT_ROWS_HELP)

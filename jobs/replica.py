@@ -108,6 +108,13 @@ def connection() -> Any:
     return connections[_reading.get() or DEFAULT_DB_ALIAS]
 
 
+def fetch(sql: str, params: dict[str, Any] | list[Any]) -> list[tuple]:
+    """A raw read's rows: on the replica inside `reads()`, else the primary."""
+    with connection().cursor() as cur:
+        cur.execute(sql, params)
+        return cur.fetchall()
+
+
 def close_read_connection() -> None:
     """Scrape threads close what they opened (the replica's connection too)."""
     if configured():

@@ -1,4 +1,5 @@
-"""Reads: cheap, index-served queries for the reaper, the SLO report, metrics and the admin.
+"""Reads: cheap, index-served queries for the reaper, the SLO report and the admin (the
+metrics' readings are jobs.gauges).
 
 Every aggregate here is bounded by an index, never by the table: live states
 are counted through their partial indexes (job_claim_idx, job_processing_id_idx,
@@ -25,11 +26,9 @@ from django.db.models.functions import Now
 from jobs import replica
 from jobs.conf import settings
 from jobs.lifecycle import (
-    BLOCKED_RUN_AT,
     CANCEL,
     CANCELLED,
     NON_TERMINAL,
-    TERMINAL,
     Status,
     WaitReason,
     due_sql,
@@ -57,13 +56,6 @@ WHERE (c.oid = %(table)s::regclass AND c.relkind <> 'p')
 NOW_SQL = "SELECT now()"
 
 
-def _fetch(sql: str, params: dict[str, Any] | list[Any]) -> list[tuple]:
-    """A raw read: on the replica inside `replica.reads()`, else the primary."""
-    with replica.connection().cursor() as cur:
-        cur.execute(sql, params)
-        return cur.fetchall()
-
-
 # Queue names worth offering as a filter: those with live jobs (status index) and
 # those among the newest jobs (pk index, bounded) — never DISTINCT over the table.
 KNOWN_QUEUES_SQL = f"""
@@ -77,7 +69,7 @@ def known_queues(ttl: int = 30, recent: int = 10_000) -> list[str]:
     """Queues with live jobs or among the newest `recent` jobs, cached `ttl` seconds."""
 
     def fetch() -> list[str]:
-        return sorted(r[0] for r in _fetch(KNOWN_QUEUES_SQL, {"recent": recent}))
+        return sorted(r[0] for r in replica.fetch(KNOWN_QUEUES_SQL, {"recent": recent}))
 
     return cache.get_or_set(f"jobs:known_queues:{recent}", fetch, ttl)
 
@@ -87,7 +79,7 @@ def known_queues(ttl: int = 30, recent: int = 10_000) -> list[str]:
 
 def table_estimate(model: type = Job) -> int:
     """The planner's row estimate for a table (pg_class.reltuples); -1 if never analysed."""
-    rows = _fetch(ESTIMATE_SQL, {"table": model._meta.db_table})
+    rows = replica.fetch(ESTIMATE_SQL, {"table": model._meta.db_table})
     return int(rows[0][0]) if rows else -1
 
 
@@ -133,12 +125,12 @@ def consumer_counts(rows: list[tuple[str, int]]):
 def queue_consumers(lease_seconds: float | None = None):
     """queue → live workers serving it (see CONSUMERS_SQL)."""
     lease = settings.JOBS_LEASE_SECONDS if lease_seconds is None else lease_seconds
-    return consumer_counts(_fetch(CONSUMERS_SQL, {"lease": lease}))
+    return consumer_counts(replica.fetch(CONSUMERS_SQL, {"lease": lease}))
 
 
 def db_now():
     """The database clock, which decides everything (SPEC §1): the one way to read it."""
-    return _fetch(NOW_SQL, [])[0][0]
+    return replica.fetch(NOW_SQL, [])[0][0]
 
 
 def came_due(since, until, limit: int) -> list[tuple[int, str]]:
@@ -171,7 +163,7 @@ SELECT queue FROM q WHERE queue IS NOT NULL"""
 
 def queued_queues() -> list[str]:
     """Queues that have queued jobs (see QUEUED_QUEUES_SQL)."""
-    return [r[0] for r in _fetch(QUEUED_QUEUES_SQL, [])]
+    return [r[0] for r in replica.fetch(QUEUED_QUEUES_SQL, [])]
 
 
 class FinishedShares:
@@ -234,39 +226,9 @@ FROM {T} WHERE {FINISHED_IN_WINDOW}"""
 def slo_report(window_seconds: float, slo_seconds: float) -> SloReport:
     """Due → terminal latency over jobs finished in the window (failures counted): from
     submission for an immediate job, from run_at for a scheduled one (SPEC §6)."""
-    row = _fetch(SLO_SQL, {"slo": slo_seconds, "window": window_seconds})[0]
+    row = replica.fetch(SLO_SQL, {"slo": slo_seconds, "window": window_seconds})[0]
     pct = row[4] or [None, None, None]
     return SloReport(window_seconds, slo_seconds, row[0], row[1], row[2], row[3], *pct, row[5])
-
-
-# --- metrics: depth and age by state (exported by the reaper) ---------------------
-
-DEPTH_SQL = f"""
-SELECT status, queue, count(*),
-       extract(epoch FROM now() - min(CASE status
-         WHEN '{Status.QUEUED}' THEN CASE WHEN run_at <= now()
-                                          THEN greatest(run_at, updated_at) END
-         WHEN '{Status.PROCESSING}' THEN claimed_at
-         ELSE updated_at END))
-FROM {T}
-WHERE status IN ({sql_list(NON_TERMINAL)})
-GROUP BY status, queue"""
-
-
-def depth_by_state() -> list[tuple[str, str, int, float]]:
-    """(state, queue, rows, oldest age in seconds) for every non-terminal state and
-    queue, in one grouped statement that reads only non-terminal rows through the
-    status indexes (about 50 ms with 100k queued among 1M rows; the reaper caches it).
-
-    Age is how long the oldest row has waited in that state: a queued row since it
-    became due (greatest of run_at and its last write, so scheduled and backed-off
-    rows count from their run_at and future ones not at all), a processing row
-    since its claim, an enqueue_failed row since it was parked. 0 when none.
-    """
-    return [
-        (status, queue, count, max(0.0, float(age or 0.0)))
-        for status, queue, count, age in _fetch(DEPTH_SQL, [])
-    ]
 
 
 def progress_of(job: Job) -> dict[str, Any] | None:
@@ -326,62 +288,6 @@ def queue_controls() -> dict[str, QueueControl]:
     return {r[0]: QueueControl(*r) for r in Queue.objects.values_list(*fields)}
 
 
-# Per queue with a row: its controls, processing rows (through job_processing_id_idx)
-# and the starts its rate still counts (tokens left = rate_limit - starts). Depth per
-# queue is jobs_depth's (DepthCollector).
-QUEUE_STATE_SQL = f"""
-SELECT q.name, q.paused, q.concurrency, q.rate_limit, q.rate_period,
-       (SELECT count(*) FROM unnest(q.rate_starts) s
-         WHERE s > now() - q.rate_period * interval '1 second'),
-       coalesce(p.n, 0), q.fair, q.key_concurrency, q.key_rate_limit, q.key_rate_period
-FROM {Queue._meta.db_table} q
-LEFT JOIN (SELECT queue, count(*) AS n FROM {T} WHERE status = '{Status.PROCESSING}'
-           GROUP BY queue) p ON p.queue = q.name
-ORDER BY q.name"""
-
-
-@dataclass(frozen=True, slots=True)
-class QueueState:
-    """A queue's controls and what they hold back right now (metrics, dashboard)."""
-
-    name: str
-    paused: bool
-    concurrency: int | None
-    rate_limit: int | None
-    rate_period: int | None
-    recent_starts: int
-    processing: int
-    fair: bool = False
-    key_concurrency: int | None = None
-    key_rate_limit: int | None = None
-    key_rate_period: int | None = None
-
-    @property
-    def rate_tokens(self) -> int | None:
-        """Starts the rate still allows in the current window."""
-        return None if self.rate_limit is None else max(0, self.rate_limit - self.recent_starts)
-
-
-def queue_states() -> list[QueueState]:
-    return [QueueState(*r) for r in _fetch(QUEUE_STATE_SQL, [])]
-
-
-# Enabled endpoints by stored breaker state: an open one past its wait is still "open"
-# until a delivery sends its probe (jobs.events.circuit). A few rows per client at most.
-WEBHOOK_CIRCUITS_SQL = """
-SELECT circuit_state, count(*) FROM jobs_webhook WHERE enabled GROUP BY circuit_state
-"""
-
-
-def webhook_circuit_counts() -> dict[str, int]:
-    """Enabled webhook endpoints per circuit state, every state present (0 when none)."""
-    from jobs.models import CircuitState
-
-    counts = dict.fromkeys(CircuitState.values, 0)
-    counts.update(dict(_fetch(WEBHOOK_CIRCUITS_SQL, [])))
-    return counts
-
-
 # The last id drawn from a table's sequence, committed or not (0: none yet): every row
 # written after the read gets a larger one. Read on the primary (a replica may be behind).
 LAST_DRAWN_SQL = """
@@ -414,45 +320,6 @@ def last_drawn_id(table: str = "jobs_jobevent") -> int:
         return cur.fetchone()[0]
 
 
-# --- the partitions (exported by the reaper) ----------------------------------------------
-
-# No count of the hot partition: the planner's estimate (ANALYZE, autovacuum) is free.
-# The oldest finished job still hot comes from job_finished_idx; the runway is the upper
-# bound of the newest history partition (past it, no job row can be written: D191);
-# partitions a DETACH … CONCURRENTLY left pending are counted (D214).
-PARTITIONS_SQL = f"""
-SELECT (SELECT reltuples FROM pg_class WHERE oid = 'jobs_job_hot'::regclass),
-       (SELECT EXTRACT(EPOCH FROM statement_timestamp() - min(finished_at))
-        FROM jobs_job WHERE {hot_sql()} AND status IN ({sql_list(TERMINAL)})),
-       (SELECT EXTRACT(EPOCH FROM max(substring(pg_get_expr(c.relpartbound, c.oid)
-                                                FROM 'TO \\(''([^'']+)''\\)')::timestamptz)
-                                  - statement_timestamp())
-        FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-        WHERE i.inhparent = 'jobs_jobevent'::regclass),
-       (SELECT count(*) FROM pg_inherits
-        WHERE inhparent IN ('jobs_job'::regclass, 'jobs_jobevent'::regclass)
-          AND inhdetachpending)
-"""
-
-
-@dataclass(frozen=True)
-class PartitionState:
-    hot_rows: float | None  # None: never analyzed
-    oldest_hot_finished_age: float | None  # seconds; None: no finished job is hot
-    runway: float | None  # seconds; None: no bounded history partition
-    detach_pending: int = 0  # partitions no row is routed to until attached again
-
-
-def partition_state() -> PartitionState:
-    hot_rows, oldest, runway, pending = _fetch(PARTITIONS_SQL, [])[0]
-    return PartitionState(
-        None if hot_rows is None or hot_rows < 0 else float(hot_rows),
-        None if oldest is None else float(oldest),
-        None if runway is None else float(runway),
-        int(pending),
-    )
-
-
 # --- why a queued job waits -------------------------------------------------------------
 
 # Not a stored WaitReason: the queue's state, read when a job is shown.
@@ -469,7 +336,7 @@ def paused_queues_cached() -> frozenset[str]:
     at, names = _paused_queues
     now = time.monotonic()
     if now - at >= PAUSED_QUEUES_MAX_AGE:
-        names = frozenset(r[0] for r in _fetch(PAUSED_QUEUES_SQL, []))
+        names = frozenset(r[0] for r in replica.fetch(PAUSED_QUEUES_SQL, []))
         _paused_queues = (now, names)
     return names
 
@@ -507,7 +374,7 @@ def _json_value(value: Any) -> Any:
 
 def job_steps(job_id: int) -> tuple[dict[str, Any], Any]:
     """A job's committed checkpoints {name: result}, and the database clock now."""
-    rows = _fetch(JOB_STEPS_SQL, [job_id])
+    rows = replica.fetch(JOB_STEPS_SQL, [job_id])
     if not rows:
         return {}, db_now()
     return {r[0]: _json_value(r[1]) for r in rows}, rows[0][2]
@@ -516,13 +383,13 @@ def job_steps(job_id: int) -> tuple[dict[str, Any], Any]:
 def trace_context(job_id: int) -> str | None:
     """The trace context a job was submitted in (jobs.observability; read only while
     tracing is on, so the claim stays as it was)."""
-    rows = _fetch(f"SELECT trace_context FROM {T} WHERE id = %s", [job_id])
+    rows = replica.fetch(f"SELECT trace_context FROM {T} WHERE id = %s", [job_id])
     return rows[0][0] if rows else None
 
 
 def job_signal(job_id: int, key: str) -> tuple[bool, Any]:
     """(delivered, payload) of the signal `key` of a job."""
-    rows = _fetch(JOB_SIGNAL_SQL, [job_id, key])
+    rows = replica.fetch(JOB_SIGNAL_SQL, [job_id, key])
     return (True, _json_value(rows[0][0])) if rows else (False, None)
 
 
@@ -530,7 +397,7 @@ def parent_outcomes(job_id: int) -> tuple[dict[str, Any], dict[str, str]]:
     """A workflow job's parents: {step id: result} of those done, {step id: error} of
     those failed."""
     results, errors = {}, {}
-    for key, status, result, error in _fetch(PARENT_OUTCOMES_SQL, [job_id]):
+    for key, status, result, error in replica.fetch(PARENT_OUTCOMES_SQL, [job_id]):
         if status == Status.DONE:
             results[key] = _json_value(result)
         elif status == Status.FAILED:
@@ -566,7 +433,7 @@ def workflow_key_used(client_id: int | None, idempotency_key: str) -> bool:
 def workflow_detail(workflow_id: int, client_id: int | None = None) -> dict[str, Any] | None:
     """A workflow with each step's job and state; None when missing or (with
     `client_id`) another client's."""
-    rows = _fetch(WORKFLOW_SQL, [workflow_id])
+    rows = replica.fetch(WORKFLOW_SQL, [workflow_id])
     if not rows or (client_id is not None and rows[0][5] != client_id):
         return None
     wf_id, name, on_failure, created_at, finished_at, _ = rows[0]
@@ -585,7 +452,7 @@ def workflow_detail(workflow_id: int, client_id: int | None = None) -> dict[str,
             "finished_at": r[10],
             "after": list(r[11]),
         }
-        for r in _fetch(WORKFLOW_STEPS_SQL, [workflow_id])
+        for r in replica.fetch(WORKFLOW_STEPS_SQL, [workflow_id])
     ]
     statuses = {s["status"] for s in steps}
     if finished_at is None:
@@ -603,42 +470,6 @@ def workflow_detail(workflow_id: int, client_id: int | None = None) -> dict[str,
     }
 
 
-WAITING_SQL = f"""
-SELECT wait_reason, count(*) FROM {T}
-WHERE status = '{Status.QUEUED}' AND wait_reason IS NOT NULL GROUP BY wait_reason"""
-
-
-def waiting_by_reason() -> dict[str, int]:
-    """Queued jobs that are not due because they wait (parked, blocked), by reason:
-    read through the partial index job_waiting_idx."""
-    return dict(_fetch(WAITING_SQL, []))
-
-
-# The largest history of a live durable run, and the parked signal waits with no
-# timeout on runs older than JOBS_OPEN_WAIT_WARN_AGE (D319): one statement per scrape.
-DURABLE_HISTORY_SQL = f"""
-SELECT (SELECT coalesce(max(n), 0) FROM (
-          SELECT count(*) AS n FROM jobs_jobstep s JOIN {T} j ON j.id = s.job_id
-          WHERE j.status IN ('{Status.QUEUED}', '{Status.PROCESSING}') AND {hot_sql("j")}
-          GROUP BY s.job_id) c),
-       (SELECT coalesce(max(b), 0) FROM (
-          SELECT sum(pg_column_size(s.result)) AS b FROM jobs_jobstep s
-          JOIN {T} j ON j.id = s.job_id
-          WHERE j.status IN ('{Status.QUEUED}', '{Status.PROCESSING}') AND {hot_sql("j")}
-          GROUP BY s.job_id) c),
-       (SELECT count(*) FROM {T} j
-        WHERE j.status = '{Status.QUEUED}' AND j.wait_reason = '{WaitReason.SIGNAL}'
-          AND j.run_at >= %(blocked)s AND j.created_at < now() - %(age)s * interval '1 second')"""
-
-
-def durable_history_state() -> tuple[int, int, int]:
-    """(most history rows of a live durable run, most stored bytes of one, signal waits
-    with no timeout on runs older than JOBS_OPEN_WAIT_WARN_AGE)."""
-    params = {"blocked": BLOCKED_RUN_AT, "age": float(settings.JOBS_OPEN_WAIT_WARN_AGE)}
-    steps, size, open_waits = _fetch(DURABLE_HISTORY_SQL, params)[0]
-    return int(steps), int(size), int(open_waits)
-
-
 JOB_HISTORY_SQL = """
 SELECT count(*) FILTER (WHERE left(name, 1) <> '~'),
        count(*) FILTER (WHERE left(name, 1) = '~'), coalesce(sum(pg_column_size(result)), 0)
@@ -648,7 +479,7 @@ FROM jobs_jobstep WHERE job_id = %s"""
 def job_history(job_id: int) -> dict[str, int]:
     """A durable run's stored history: its steps, its waits (and patch markers) and the
     bytes of their results."""
-    steps, waits, size = _fetch(JOB_HISTORY_SQL, [job_id])[0]
+    steps, waits, size = replica.fetch(JOB_HISTORY_SQL, [job_id])[0]
     return {"steps": int(steps), "waits": int(waits), "bytes": int(size)}
 
 
@@ -667,7 +498,7 @@ IN_WORKFLOW_SQL = "SELECT EXISTS (SELECT 1 FROM jobs_workflownode WHERE job_id =
 
 def in_workflow(job_id: int) -> bool:
     """Whether the job is a step of a workflow."""
-    return bool(_fetch(IN_WORKFLOW_SQL, [job_id])[0][0])
+    return bool(replica.fetch(IN_WORKFLOW_SQL, [job_id])[0][0])
 
 
 WORKFLOWS_RUNNING_SQL = "SELECT EXISTS (SELECT 1 FROM jobs_workflow WHERE finished_at IS NULL)"
@@ -675,7 +506,7 @@ WORKFLOWS_RUNNING_SQL = "SELECT EXISTS (SELECT 1 FROM jobs_workflow WHERE finish
 
 def workflows_running() -> bool:
     """Whether any workflow is unfinished (the partial index workflow_running_idx)."""
-    return bool(_fetch(WORKFLOWS_RUNNING_SQL, [])[0][0])
+    return bool(replica.fetch(WORKFLOWS_RUNNING_SQL, [])[0][0])
 
 
 # --- jobs from the command line (manage.py jobs) -------------------------------------

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jobs import services, submission
+from jobs import services, validation
 from jobs.exceptions import InvalidSubmission
 from jobs.services import SignalRefused
 
@@ -25,7 +25,7 @@ def check_key(key: Any) -> str:
         raise InvalidSubmission(
             f"key must be a string of 1-{MAX_KEY} characters", field="key", code="invalid_key"
         )
-    if why := submission._storable_text(key):
+    if why := validation.why_unstorable(key):
         raise InvalidSubmission(f"key may not contain {why}", field="key", code="invalid_key")
     return key
 
@@ -43,6 +43,6 @@ def signal_job(
     """
     check_key(key)
     payload_json = (
-        "null" if payload is None else submission.serialise_payload(payload).decode("utf-8")
+        "null" if payload is None else validation.serialise_payload(payload).decode("utf-8")
     )
     return services.deliver_signal(job_id, key, payload_json, actor=actor, client_id=client_id)

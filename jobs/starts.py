@@ -65,6 +65,44 @@ class _Request:
 _Key = tuple[int, int]
 
 
+class PrefetchLook:
+    """Every `every` seconds, the prefetched leases are read (not written): a revoke or a
+    cancel is known in memory before a thread takes the job (D78)."""
+
+    def __init__(
+        self, worker_id: str, prefetched: Callable[[], list[tuple[Lease, JobContext]]], every: float
+    ) -> None:
+        self.worker_id = worker_id
+        self.every = every
+        self._prefetched = prefetched
+        self._looked = time.monotonic()
+
+    def when_due(self) -> None:
+        if time.monotonic() - self._looked >= self.every:
+            self.look()
+
+    def look(self) -> None:
+        self._looked = time.monotonic()
+        waiting = self._prefetched()
+        if not waiting:
+            return
+        try:
+            held = services.still_held([lease for lease, _ in waiting])
+        except (DatabaseError, InterfaceError) as exc:
+            metrics.child(metrics.DB_ERRORS, "start").inc()
+            log.warning("could not look at prefetched leases: %s", exc,
+                        extra={"worker_id": self.worker_id})  # fmt: skip
+            connection.close()
+            return
+        for lease, ctx in waiting:
+            key = (lease.job_id, lease.lease_version)
+            if key not in held:
+                ctx.lost_authority = True
+                ctx.stop.set()
+            elif key in held.cancel_requested:
+                ctx.request_cancel()
+
+
 class Starter:
     """The starter thread, and the verdicts it hands back to waiting handler threads."""
 
@@ -77,11 +115,7 @@ class Starter:
     ) -> None:
         self.worker_id = worker_id
         self.halt = halt
-        # Every `look_every` seconds the prefetched leases are read (not written): a
-        # revoke or a cancel is known in memory before a thread takes the job (D78).
-        self._prefetched = prefetched
-        self._look_every = look_every
-        self._looked = time.monotonic()
+        self._look = PrefetchLook(worker_id, prefetched, look_every)
         self._requests: queue_mod.SimpleQueue[_Request | _Key] = queue_mod.SimpleQueue()
         # Started without waiting, start not yet written: dropped when the attempt ends.
         self._unmarked: dict[_Key, tuple[Lease, JobContext]] = {}
@@ -130,10 +164,9 @@ class Starter:
     def _loop(self) -> None:
         requests = self._requests
         while not self.halt.is_set():
-            if time.monotonic() - self._looked >= self._look_every:
-                self._look()
+            self._look.when_due()
             try:
-                batch = [requests.get(timeout=min(0.1, self._look_every))]
+                batch = [requests.get(timeout=min(0.1, self._look.every))]
             except queue_mod.Empty:
                 continue
             while len(batch) < MAX_BATCH:
@@ -151,27 +184,6 @@ class Starter:
                 request.answered.set()
         connection.close()
 
-    def _look(self) -> None:
-        self._looked = time.monotonic()
-        waiting = self._prefetched()
-        if not waiting:
-            return
-        try:
-            held = services.still_held([lease for lease, _ in waiting])
-        except (DatabaseError, InterfaceError) as exc:
-            metrics.child(metrics.DB_ERRORS, "start").inc()
-            log.warning("could not look at prefetched leases: %s", exc,
-                        extra={"worker_id": self.worker_id})  # fmt: skip
-            connection.close()
-            return
-        for lease, ctx in waiting:
-            key = (lease.job_id, lease.lease_version)
-            if key not in held:
-                ctx.lost_authority = True
-                ctx.stop.set()
-            elif key in held.cancel_requested:
-                ctx.request_cancel()
-
     def _write(self, requests: list[_Request | _Key]) -> None:
         """One fenced statement for the batch, retried until PostgreSQL answers."""
         batch = []
@@ -186,11 +198,17 @@ class Starter:
                     self._writing.discard(r)
         if not batch:
             return
+        held = self._mark(batch)
+        if held is not None:
+            self._answer(batch, held)
+
+    def _mark(self, batch: list[_Request]) -> services.Held | None:
+        """The starts written, retried until PostgreSQL answers; None when the worker
+        halts first (every request answered STOPPED: the reaper requeues them)."""
         backoff = Backoff(0.1, BACKOFF_MAX)
         while True:
             try:
-                held = services.mark_started([r.lease for r in batch])
-                break
+                return services.mark_started([r.lease for r in batch])
             except (DatabaseError, InterfaceError) as exc:
                 metrics.child(metrics.DB_ERRORS, "start").inc()
                 wait = backoff.next()
@@ -205,7 +223,11 @@ class Starter:
                 if self.halt.wait(wait):
                     for r in batch:
                         r.answered.set()  # STOPPED: the reaper requeues them
-                    return
+                    return None
+
+    def _answer(self, batch: list[_Request], held: services.Held) -> None:
+        """Each request's verdict from what the mark found; a handler already running
+        (not waiting) is told to stop or to cancel, as a heartbeat would."""
         for r in batch:
             key = (r.lease.job_id, r.lease.lease_version)
             if key not in held:

@@ -1,4 +1,4 @@
-"""Submitting jobs from Django code: validation, backpressure, transactional enqueue.
+"""Submitting jobs: the rules (jobs.validation), room (jobs.backpressure), then the write.
 
     from jobs.submission import submit
 
@@ -14,23 +14,18 @@ same rules and raise the same exceptions (all subclasses of SubmissionError).
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import re
-import threading
-import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from itertools import groupby
 from typing import Any
 
-from django.db import connection, transaction
-from django.utils.dateparse import parse_datetime
+from django.db import transaction
 
-from jobs import metrics, queues, quotas, services, tasks
+from jobs import metrics, queues, services
+from jobs.backpressure import check_room, check_share, count_accepted, due_soon, queue_depth
 from jobs.conf import settings
 from jobs.exceptions import (  # noqa: F401  (re-exported: jobs.submission.QueueFull, ...)
     RETRY_AFTER_SECONDS,
@@ -50,279 +45,13 @@ from jobs.exceptions import (  # noqa: F401  (re-exported: jobs.submission.Queue
 )
 from jobs.flow import pipeline as flow
 from jobs.flow import rules as flow_rules
-from jobs.lifecycle import Status
 from jobs.logconfig import job_log_fields
-from jobs.models import PRIORITY_MAX, PRIORITY_MIN, Client, Job
+from jobs.models import Client, Job
 from jobs.observability import hooks
 from jobs.services import Submitted
+from jobs.validation import parse_run_at, validate
 
 log = logging.getLogger(__name__)
-
-MAX_RETRIES_LIMIT = 100
-MAX_PAYLOAD_DEPTH = 100
-QUEUE_NAME_RE = queues.QUEUE_NAME_RE  # matched whole: fullmatch, never `$`
-IDEMPOTENCY_KEY_RE = re.compile(r"[\x21-\x7e]{1,200}")  # printable ASCII, no spaces; fullmatch
-TASK_NAME_MAX = 200
-# How long a queue-depth reading is trusted, and what 429 tells clients to wait.
-DEPTH_CACHE_SECONDS = 1.0
-
-
-# --- validation -------------------------------------------------------------------
-
-
-def _check_int(name: str, value: Any, lo: int, hi: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidSubmission(f"{name} must be an integer", field=name, code="invalid_" + name)
-    if not lo <= value <= hi:
-        raise InvalidSubmission(
-            f"{name} must be between {lo} and {hi}", field=name, code="invalid_" + name
-        )
-    return value
-
-
-def _storable_text(value: str) -> str | None:
-    """Why PostgreSQL cannot store this string, or None: NUL, or a lone surrogate
-    (a `\\ud800` escape is valid JSON text but no Unicode character, so not UTF-8)."""
-    if "\x00" in value:
-        return "NUL (\\u0000) characters"
-    if _SURROGATE_RE.search(value):
-        return "lone surrogate (\\ud800-\\udfff) characters"
-    return None
-
-
-_SURROGATE_RE = re.compile("[\ud800-\udfff]")
-
-
-def _check_payload_shape(payload: Any) -> None:
-    """Reject what PostgreSQL's jsonb cannot store (NUL, lone surrogates) and absurd
-    nesting, so that a bad payload is a 400 and never a database error."""
-    stack: list[tuple[Any, int]] = [(payload, 1)]
-    while stack:
-        value, depth = stack.pop()
-        if depth > MAX_PAYLOAD_DEPTH:
-            raise InvalidSubmission(
-                f"payload is nested deeper than {MAX_PAYLOAD_DEPTH} levels",
-                field="payload",
-                code="invalid_payload",
-            )
-        if isinstance(value, str):
-            why = _storable_text(value)
-            if why:
-                raise InvalidSubmission(
-                    f"payload strings may not contain {why}",
-                    field="payload",
-                    code="invalid_payload",
-                )
-        elif isinstance(value, dict):
-            for k, v in value.items():
-                why = _storable_text(k) if isinstance(k, str) else None
-                if why:
-                    raise InvalidSubmission(
-                        f"payload keys may not contain {why}",
-                        field="payload",
-                        code="invalid_payload",
-                    )
-                stack.append((v, depth + 1))
-        elif isinstance(value, list | tuple):
-            stack.extend((v, depth + 1) for v in value)
-
-
-def serialise_payload(payload: Any) -> bytes:
-    """The payload as compact UTF-8 JSON: what JOBS_MAX_PAYLOAD_BYTES measures."""
-    if payload is None:
-        raise InvalidSubmission("payload may not be null", field="payload", code="invalid_payload")
-    _check_payload_shape(payload)
-    try:
-        text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise InvalidSubmission(
-            f"payload is not JSON-serialisable: {exc}", field="payload", code="invalid_payload"
-        ) from exc
-    data = text.encode("utf-8")
-    limit = settings.JOBS_MAX_PAYLOAD_BYTES
-    if len(data) > limit:
-        raise PayloadTooLarge(
-            f"payload is {len(data)} bytes as JSON; the limit is {limit}", field="payload"
-        )
-    return data
-
-
-def request_hash(
-    task: str,
-    payload: Any,
-    queue: str,
-    priority: int,
-    run_at: datetime | None,
-    max_retries: int,
-    unique_key: str | None = None,
-    concurrency_key: str | None = None,
-    timeout: float | None = None,
-    sequence_key: str | None = None,
-) -> str:
-    """SHA-256 of the normalised request, canonical JSON: what an idempotent replay must match.
-    A unique_key, concurrency_key or timeout counts only when given, so hashes of requests
-    without one are unchanged."""
-    doc = {
-        "task": task,
-        "payload": payload,
-        "queue": queue,
-        "priority": priority,
-        "run_at": run_at.astimezone(UTC).isoformat() if run_at is not None else None,
-        "max_retries": max_retries,
-    }
-    if unique_key is not None:
-        doc["unique_key"] = unique_key
-    if concurrency_key is not None:
-        doc["concurrency_key"] = concurrency_key
-    if timeout is not None:
-        doc["timeout"] = timeout
-    if sequence_key is not None:
-        doc["sequence_key"] = sequence_key
-    canonical = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
-
-
-# --- backpressure ---------------------------------------------------------------------
-# Two limits (D198). A queue's depth, shared by everyone: past JOBS_MAX_QUEUE_DEPTH queued
-# jobs, only those due within JOBS_QUEUE_DEPTH_HORIZON count, so parked work never refuses
-# anybody. A client's share: at most its limit of queued jobs (parked ones too) in one
-# queue, refused to that client alone. Each reading is a bounded count cached ~1 s per
-# process; below both limits a submission costs the one count it always did.
-
-_depth_lock = threading.Lock()
-_depth_cache: dict[tuple, tuple[int, float]] = {}
-_J = Job._meta.db_table
-_DEPTH_SQL = (
-    f"SELECT count(*) FROM (SELECT 1 FROM {_J} "
-    f"WHERE status = '{Status.QUEUED}' AND queue = %s LIMIT %s) AS bounded"
-)
-# job_claim_idx holds run_at: the walk stays in the index.
-_DUE_DEPTH_SQL = (
-    f"SELECT count(*) FROM (SELECT 1 FROM {_J} WHERE status = '{Status.QUEUED}' AND queue = %s "
-    "AND run_at <= now() + make_interval(secs => %s) LIMIT %s) AS bounded"
-)
-# job_fair_claim_idx: (queue, COALESCE(client_id, 0), ...) WHERE status = 'queued'.
-_CLIENT_DEPTH_SQL = (
-    f"SELECT count(*) FROM (SELECT 1 FROM {_J} WHERE status = '{Status.QUEUED}' AND queue = %s "
-    "AND COALESCE(client_id, 0) = %s LIMIT %s) AS bounded"
-)
-# The lowest share any client has: below it, no client's own count is needed.
-_LOWEST_SHARE_SQL = "SELECT min(max_queue_depth) FROM jobs_client"
-
-
-def _cached_count(key: tuple, sql: str, params: list[Any]) -> int:
-    now = time.monotonic()
-    with _depth_lock:
-        cached = _depth_cache.get(key)
-        if cached is not None and cached[1] > now:
-            return cached[0]
-    with connection.cursor() as cur:
-        cur.execute(sql, params)
-        value = cur.fetchone()[0]
-    with _depth_lock:
-        _depth_cache[key] = (value, now + DEPTH_CACHE_SECONDS)
-    return value
-
-
-def queue_depth(queue: str, limit: int) -> int:
-    """Queued jobs in `queue` as backpressure counts them, up to `limit` + 1: all of them
-    while they are at most `limit`, else those due within JOBS_QUEUE_DEPTH_HORIZON.
-
-    Each bounded count walks at most limit + 1 entries of the partial index job_claim_idx
-    (past the limit, the parked entries too), cached ~1 s per process.
-    """
-    depth = _cached_count(("all", queue), _DEPTH_SQL, [queue, limit + 1])
-    if depth <= limit:
-        return depth
-    horizon = float(settings.JOBS_QUEUE_DEPTH_HORIZON)
-    return _cached_count(("due", queue), _DUE_DEPTH_SQL, [queue, horizon, limit + 1])
-
-
-def _lowest_share() -> int:
-    default = quotas.default(quotas.QUEUE_DEPTH)
-    lowest = _cached_count(("lowest share",), _LOWEST_SHARE_SQL, [])
-    return default if lowest is None else min(default, lowest)
-
-
-def check_share(queue: str, client: Client | None, new: int) -> None:
-    """ClientQueueFull when `new` more jobs would take the client past its share of
-    `queue` (code without a client has none). The client's own count is read only when
-    the whole queue holds more than the lowest share any client has."""
-    if client is None or new <= 0:
-        return
-    limit = settings.JOBS_MAX_QUEUE_DEPTH
-    depth = _cached_count(("all", queue), _DEPTH_SQL, [queue, limit + 1])
-    if depth <= limit and depth + new <= _lowest_share():
-        return
-    share = quotas.limit(quotas.QUEUE_DEPTH, client.pk)
-    held = _cached_count(("client", queue, client.pk), _CLIENT_DEPTH_SQL,
-                         [queue, client.pk, share + 1])  # fmt: skip
-    if held + new > share:
-        raise ClientQueueFull(queue, held, share)
-
-
-def _count_accepted(queue: str, n: int = 1, client_id: int | None = None) -> None:
-    """Keep this process's cached readings current between refreshes."""
-    with _depth_lock:
-        for key in (("all", queue), ("due", queue), ("client", queue, client_id)):
-            cached = _depth_cache.get(key)
-            if cached is not None:
-                _depth_cache[key] = (cached[0] + n, cached[1])
-
-
-def due_soon(run_at: datetime | None) -> bool:
-    """A job due within JOBS_QUEUE_DEPTH_HORIZON counts toward the shared depth."""
-    horizon = timedelta(seconds=float(settings.JOBS_QUEUE_DEPTH_HORIZON))
-    return run_at is None or run_at <= datetime.now(UTC) + horizon
-
-
-def check_room(
-    per_queue: Mapping[str, int],
-    new_per_queue: Callable[[], Mapping[str, int]],
-    client: Client | None = None,
-    due_per_queue: Mapping[str, int] | None = None,
-) -> None:
-    """Backpressure for many jobs at once (a batch, a workflow): QueueFull for the first
-    queue its due jobs (`due_per_queue`, default all) would take past JOBS_MAX_QUEUE_DEPTH,
-    ClientQueueFull for the first its jobs would take past the client's share, counting
-    every job refused. `new_per_queue` (the jobs that are not replays) is asked only when
-    a queue is near full; a refusal writes nothing."""
-    limit = settings.JOBS_MAX_QUEUE_DEPTH
-    due = per_queue if due_per_queue is None else due_per_queue
-    over = [q for q, n in due.items() if n and queue_depth(q, limit) + n > limit]
-    new: Mapping[str, int] | None = None
-    for queue in over:
-        new = new_per_queue() if new is None else new
-        depth = queue_depth(queue, limit)
-        adding = min(new.get(queue, 0), due[queue])
-        if adding and depth + adding > limit:
-            metrics.SUBMISSIONS_REJECTED.labels(queue, QueueFull.code).inc(sum(per_queue.values()))
-            raise QueueFull(queue, depth, limit)
-    if client is None:
-        return
-    try:
-        for queue, n in per_queue.items():
-            try:
-                check_share(queue, client, n)
-            except ClientQueueFull:
-                new = new_per_queue() if new is None else new
-                check_share(queue, client, new.get(queue, 0))
-    except ClientQueueFull as exc:
-        metrics.SUBMISSIONS_REJECTED.labels(exc.queue, exc.code).inc(sum(per_queue.values()))
-        raise
-
-
-def count_accepted(per_queue: Mapping[str, int], client_id: int | None = None) -> None:
-    for queue, n in per_queue.items():
-        _count_accepted(queue, n, client_id)
-
-
-def clear_depth_cache() -> None:
-    with _depth_lock:
-        _depth_cache.clear()
-
-
-# --- the entry point --------------------------------------------------------------
 
 
 def submit(
@@ -398,7 +127,7 @@ def _submit(
     unknown = sorted(set(flow_fields or {}) - set(flow_rules.FIELDS))
     if unknown:
         raise TypeError(f"submit() got unexpected keyword argument(s) {', '.join(unknown)}")
-    run_at, max_retries, digest, payload_json, timeout = _validate(
+    run_at, max_retries, digest, payload_json, timeout = validate(
         task,
         payload,
         queue,
@@ -433,7 +162,7 @@ def _submit(
 
 
 def submit_checked(item: dict[str, Any], client: Client | None) -> tuple[Job, bool]:
-    """Backpressure and the write, for a submission _validate (or checked_request) has
+    """Backpressure and the write, for a submission validate (or checked_request) has
     passed. A SubmissionError is raised before any write, uncounted."""
     task, queue = item["task"], item["queue"]
     idempotency_key, digest = item["idempotency_key"], item["request_hash"]
@@ -464,7 +193,7 @@ def submit_checked(item: dict[str, Any], client: Client | None) -> tuple[Job, bo
             job, created = insert()
         sent.job(job.pk)
     if created:
-        _count_accepted(queue, 1, client.pk if client is not None else None)
+        count_accepted({queue: 1}, client.pk if client is not None else None)
         log.debug(  # per job on the hot path: quiet unless LOG_LEVEL=DEBUG
             "job submitted",
             extra=job_log_fields(
@@ -527,152 +256,6 @@ def _metric_queue(queue: Any) -> str:
     return queue if queues.is_declared(queue) else "-"
 
 
-def parse_run_at(value: Any, *, text: bool = False) -> datetime | None:
-    """run_at as an aware UTC datetime: an aware datetime, or with `text` (JSON requests)
-    ISO 8601 text, where no offset means UTC. Impossible dates (Feb 30, hour 25) and times
-    that leave the calendar once in UTC (year 1 at +05:00) are refused here, and offsets
-    PostgreSQL refuses (past ±15:59) are normalised: never a database error."""
-    if value is None:
-        return None
-    if isinstance(value, str) and text:
-        try:
-            parsed = parse_datetime(value)
-        except ValueError:
-            parsed = None
-        if parsed is None:
-            raise InvalidSubmission(
-                "run_at must be an ISO 8601 date-time", field="run_at", code="invalid_run_at"
-            )
-        value = parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
-    if not isinstance(value, datetime) or value.tzinfo is None or value.utcoffset() is None:
-        raise InvalidSubmission(
-            "run_at must be a timezone-aware datetime", field="run_at", code="invalid_run_at"
-        )
-    try:
-        return value.astimezone(UTC)
-    except OverflowError:
-        raise InvalidSubmission(
-            "run_at is out of range once converted to UTC (years 1 to 9999)",
-            field="run_at",
-            code="invalid_run_at",
-        ) from None
-
-
-def _validate(
-    task: Any,
-    payload: Any,
-    queue: Any,
-    priority: Any,
-    run_at: Any,
-    max_retries: Any,
-    idempotency_key: Any,
-    unique_key: Any = None,
-    concurrency_key: Any = None,
-    timeout: Any = None,
-    sequence_key: Any = None,
-    *,
-    for_client: bool = False,
-) -> tuple[datetime | None, int, str | None, str, float | None]:
-    """Every rule one submission must pass; returns (run_at in UTC, max_retries,
-    request hash or None, the payload as compact JSON, the timeout in seconds or None).
-
-    Raises a SubmissionError naming the field. Shared by submit and submit_many (and
-    so by both API endpoints): a job in a batch is held to exactly the rules of a
-    single one. `for_client`: the job belongs to an API client, which may run public
-    tasks in open queues only (an internal task or queue is refused exactly like a name
-    that does not exist).
-    """
-    if (
-        not isinstance(task, str)
-        or len(task) > TASK_NAME_MAX
-        or tasks.get(task) is None
-        or (for_client and not tasks.is_public(task))
-    ):
-        shown = repr(task) if len(repr(task)) <= 210 else repr(task)[:200] + "…"
-        raise UnknownTask(
-            f"unknown task {shown}; known: {', '.join(tasks.public_names())}", field="task"
-        )
-    if not queues.valid_name(queue):
-        raise InvalidSubmission(
-            "queue must be 1-100 characters of letters, digits, '_', '.', ':' or '-'",
-            field="queue",
-            code="invalid_queue",
-        )
-    # An internal queue (the service's own, or marked so) answers a client as a name that
-    # does not exist, and no client's answer lists it (D197).
-    if not queues.is_declared(queue) or (for_client and queues.is_internal(queue)):
-        shown = queues.open_names() if for_client else queues.declared()
-        raise UnknownQueue(
-            f"unknown queue {queue!r}; declared (JOBS_QUEUES): {', '.join(shown)}",
-            field="queue",
-        )
-    priority = _check_int("priority", priority, PRIORITY_MIN, PRIORITY_MAX)
-    if max_retries is None:
-        max_retries = settings.JOBS_MAX_RETRIES
-    max_retries = _check_int("max_retries", max_retries, 0, MAX_RETRIES_LIMIT)
-    run_at = parse_run_at(run_at)
-    codes = {
-        "idempotency_key": "invalid_idempotency_key",
-        "unique_key": "invalid_unique_key",
-        "concurrency_key": "invalid_concurrency_key",
-        "sequence_key": "invalid_sequence_key",
-    }
-    for field, key in (
-        ("idempotency_key", idempotency_key),
-        ("unique_key", unique_key),
-        ("concurrency_key", concurrency_key),
-        ("sequence_key", sequence_key),
-    ):
-        if key is not None and (not isinstance(key, str) or not IDEMPOTENCY_KEY_RE.fullmatch(key)):
-            shown = "idempotency key" if field == "idempotency_key" else field
-            raise InvalidSubmission(
-                f"{shown} must be 1-200 printable ASCII characters without spaces",
-                field=field,
-                code=codes[field],
-            )
-    timeout = check_timeout(timeout)
-    payload_json = serialise_payload(payload).decode("utf-8")
-    try:
-        tasks.validate_payload(task, payload)
-    except tasks.InvalidPayload as exc:
-        raise InvalidSubmission(str(exc), field="payload", code="invalid_payload") from exc
-
-    digest = None
-    if idempotency_key is not None:
-        digest = request_hash(
-            task,
-            payload,
-            queue,
-            priority,
-            run_at,
-            max_retries,
-            unique_key,
-            concurrency_key,
-            timeout,
-            sequence_key,
-        )
-    return run_at, max_retries, digest, payload_json, timeout
-
-
-def check_timeout(value: Any) -> float | None:
-    """A job's own attempt timeout in seconds: None, or a number > 0 and at most
-    JOBS_MAX_TIMEOUT (jobs.watchdog)."""
-    if value is None:
-        return None
-    limit = float(settings.JOBS_MAX_TIMEOUT)
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not 0 < value <= limit  # NaN fails this too
-    ):
-        raise InvalidSubmission(
-            f"timeout must be a number of seconds > 0 and at most {limit:g} (JOBS_MAX_TIMEOUT)",
-            field="timeout",
-            code="invalid_timeout",
-        )
-    return float(value)
-
-
 def _existing(client: Client | None, idempotency_key: str | None) -> Job | None:
     if idempotency_key is None:
         return None
@@ -700,7 +283,7 @@ def _request_item(
 ) -> tuple[dict[str, Any], list[SubmissionError]]:
     """One job as the API received it (decoded JSON) → the checked arguments of a
     submission, or every reason it is refused (unknown fields, missing ones, and the
-    first rule of _validate it breaks)."""
+    first rule of validate it breaks)."""
     if not isinstance(raw, dict):
         return {}, [InvalidSubmission("each job must be a JSON object", code="invalid")]
     errors: list[SubmissionError] = [
@@ -742,7 +325,7 @@ def _request_item(
             item["request_hash"],
             item["payload_json"],
             item["timeout"],
-        ) = _validate(**item, for_client=for_client)
+        ) = validate(**item, for_client=for_client)
         if "debounce_key" in allowed:
             item |= {name: raw.get(name) for name in flow_rules.FIELDS}
             flow_rules.check(item)
@@ -862,12 +445,7 @@ def submit_many(
             metrics.SUBMISSIONS_REJECTED.labels(items[n]["queue"], "idempotency_conflict").inc()
         raise
     created = [o for o in out if o.created]
-    for queue in per_queue:
-        _count_accepted(
-            queue,
-            sum(1 for o in created if o.queue == queue),
-            client.pk if client is not None else None,
-        )
+    count_accepted(Counter(o.queue for o in created), client.pk if client is not None else None)
     if created:
         log.info(
             "%d job(s) submitted in one batch (ids %d..%d)",

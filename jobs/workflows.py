@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from jobs import selectors, services, submission, tasks
+from jobs import backpressure, selectors, services, submission, tasks, validation
 from jobs.conf import settings
 from jobs.exceptions import InvalidSubmission, RequestInvalid, SubmissionError
 from jobs.models import Client, OnFailure
@@ -73,7 +73,7 @@ def _steps(raw_steps: list, errors: dict, for_client: bool) -> list[Step]:
         if not isinstance(step_id, str) or not 1 <= len(step_id) <= MAX_STEP_ID:
             _err(errors, f"{where}.id", f"id must be a string of 1-{MAX_STEP_ID} characters")
             continue
-        if why := submission._storable_text(step_id):
+        if why := validation.why_unstorable(step_id):
             _err(errors, f"{where}.id", f"id may not contain {why}")
             continue
         after = raw.get("after", [])
@@ -103,7 +103,7 @@ def build(body: Any, *, for_client: bool = False) -> Graph:
     name = body.get("name")
     if not isinstance(name, str) or not 1 <= len(name) <= MAX_NAME:
         _err(errors, "name", f"name must be a string of 1-{MAX_NAME} characters", "required")
-    elif why := submission._storable_text(name):
+    elif why := validation.why_unstorable(name):
         _err(errors, "name", f"name may not contain {why}")
     on_failure = body.get("on_failure", OnFailure.FAIL_DEPENDENTS.value)
     if on_failure not in OnFailure.values:
@@ -157,7 +157,7 @@ def build(body: Any, *, for_client: bool = False) -> Graph:
 
 def check_idempotency_key(key: Any) -> str | None:
     if key is not None and (
-        not isinstance(key, str) or not submission.IDEMPOTENCY_KEY_RE.fullmatch(key)
+        not isinstance(key, str) or not validation.IDEMPOTENCY_KEY_RE.fullmatch(key)
     ):
         raise InvalidSubmission(
             "idempotency key must be 1-200 printable ASCII characters without spaces",
@@ -187,7 +187,7 @@ def create(
         replay = key is not None and selectors.workflow_key_used(client_id, key)
         return Counter() if replay else per_queue
 
-    submission.check_room(per_queue, new_per_queue, client)
+    backpressure.check_room(per_queue, new_per_queue, client)
     workflow_id, created = services.create_workflow(
         graph.name,
         graph.on_failure,
@@ -199,7 +199,7 @@ def create(
         trace_context=hooks.current_context(),  # every step goes on in the caller's trace
     )
     if created:
-        submission.count_accepted(per_queue, client_id)
+        backpressure.count_accepted(per_queue, client_id)
     return workflow_id, created
 
 

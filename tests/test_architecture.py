@@ -60,19 +60,38 @@ LAYERS: list[tuple[str, list[str]]] = [
     # Caches of model rows that the writes keep honest (the API clients by token hash).
     # jobs.waiting: one Redis subscription per process wakes the callers waiting on a job.
     ("model caches", ["jobs.clientcache", "jobs.waiting"]),
+    # What a submission is checked against before anything is written: the rules of one
+    # job (jobs.validation) and the room in its queue and its client's share of it.
+    ("submission checks", ["jobs.validation", "jobs.backpressure"]),
     # Rates per concurrency key counted in jobs_keyhit: the claim's and the submission's.
     ("per-key rates", ["jobs.flow.keyrate", "jobs.flow.rules"]),
-    # Every write (one fenced compare-and-set each) and every read.
+    # Every write, one compare-and-set each, in rooms that follow the job's life (issue
+    # 43). First what they share: the lease, a finished row, how a statement runs.
+    ("service statements", ["jobs.services.common"]),
+    # The Redis wake-ups sent once a write commits (and the park when one fails).
+    ("service signals", ["jobs.services.signals"]),
+    # The claim's three ways: plain (and by id), then turns (fair share and keys), then
+    # limited (under the queue's lock), each built on the one below.
+    ("plain claim", ["jobs.services.claims", "jobs.services.claims.plain"]),
+    ("claim in turns", ["jobs.services.claims.turns"]),
+    ("service rooms", ["jobs.services.claims.limited", "jobs.services.inserts",
+                       "jobs.services.fencing", "jobs.services.recovery",
+                       "jobs.services.repairs", "jobs.services.retention",
+                       "jobs.services.waits", "jobs.services.workflows"]),
+    # The services' one face (what callers import) and every read.
     # jobs.partitions: partitions ahead and the mover (D163), the reaper's.
+    # jobs.gauges: the readings behind the exported gauges.
     # jobs.flow.retention: the reaper's pass over the per-key rows (D361).
-    ("services and selectors", ["jobs.services", "jobs.selectors", "jobs.partitions",
-                                "jobs.flow.retention"]),
+    ("services and selectors", ["jobs.services", "jobs.selectors", "jobs.gauges",
+                                "jobs.partitions", "jobs.flow.retention"]),
     # What the pipeline calls around submissions, attempts, steps and outgoing calls: the
     # spans and error reports of jobs.observability (reads a job's trace context).
     ("observability hooks", ["jobs.observability.hooks"]),
     # Staff repairs (admin actions and `manage.py jobs`) and the Python cancel, each a
     # service call with its audit.
     ("staff and caller controls", ["jobs.staff", "jobs.cancelling", "jobs.flow.sequences"]),
+    # One pass of the reaper's repairs (the reaper is the process that paces them).
+    ("recovery sweeps", ["jobs.sweeps"]),
     # Retention by partition, the PostgreSQL side: periods, DETACH, DROP, ATTACH.
     ("archive tables", ["jobs.archive.tables"]),
     # A schedule's slots: the scheduler_runs row and the job it makes, in one statement.
@@ -266,6 +285,97 @@ def test_known_exceptions_still_exist(graph):
     """An exception that was fixed comes off the list, so it cannot come back unnoticed."""
     gone = [pair for pair in KNOWN_EXCEPTIONS if pair[1] not in graph.get(pair[0], set())]
     assert not gone, f"no longer imported, remove from KNOWN_EXCEPTIONS: {gone}"
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import cycles of `graph`: each strongly connected set of two modules or more
+    (Tarjan's algorithm, iterative: the graph has hundreds of modules)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.get(root, ()))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, targets = work[-1]
+            for target in targets:
+                if target not in graph:
+                    continue
+                if target not in index:
+                    index[target] = low[target] = len(index)
+                    stack.append(target)
+                    on_stack.add(target)
+                    work.append((target, iter(sorted(graph[target]))))
+                    break
+                if target in on_stack:
+                    low[node] = min(low[node], index[target])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    members = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        members.append(member)
+                        if member == node:
+                            break
+                    if len(members) > 1:
+                        found.append(sorted(members))
+    return found
+
+
+def test_no_import_cycle(graph):
+    """The layers forbid a cycle between layers; this also finds one inside an entry
+    package (which may import its own modules) or among the packages around jobs."""
+    assert cycles(graph) == []
+
+
+def test_cycles_are_found():
+    found = cycles({"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"e"}})
+    assert found == [["a", "b", "c"]]
+
+
+def test_callers_take_the_services_from_the_package(graph):
+    """jobs.services is one face: a module of jobs outside it imports its public names
+    from `jobs.services`, never from a room inside (tests and benchmarks may read a
+    statement's text where it lives)."""
+    inside = [
+        f"{module} -> {target}"
+        for module, targets in graph.items()
+        if module.split(".")[0] == "jobs" and not module.startswith("jobs.services")
+        for target in targets
+        if target.startswith("jobs.services.")
+    ]
+    assert inside == []
+
+
+# Modules of jobs longer than LONGEST_MODULE lines, each with why; the test fails once
+# one is shorter, so the list only shrinks.
+LONGEST_MODULE = 600
+LONG_MODULES = {
+    # Django's models of the app: one class per table, their constraints and indexes.
+    "jobs.models": 941,
+    # The outbox dispatcher: its loop, its hold on the history's horizon, and the sinks.
+    "jobs.events.outbox": 655,
+}
+
+
+def test_no_module_is_longer_than_a_reader_holds():
+    lines = {
+        module: len(path.read_text().splitlines())
+        for module, path in project_modules("jobs").items()
+    }
+    long = {m: n for m, n in lines.items() if n > LONGEST_MODULE}
+    assert {m: n for m, n in long.items() if m not in LONG_MODULES} == {}
+    assert sorted(set(LONG_MODULES) - set(long)) == [], "shorter now: remove from LONG_MODULES"
 
 
 def test_the_lifecycle_imports_nothing_of_the_project(graph):

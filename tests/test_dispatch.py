@@ -11,6 +11,7 @@ from django.db import connection
 
 from jobs import services
 from jobs.dispatch import QueueSpecError, parse_queues, polling_order
+from jobs.services.claims import plain
 
 
 def test_parse_weights_defaults_and_wildcard():
@@ -51,7 +52,7 @@ def test_claim_by_queue_takes_postgres_order_and_the_claim_index():
         cur.execute("SET LOCAL enable_sort = off")
         cur.execute(
             "EXPLAIN "
-            + services._CLAIM_NEXT_SQL.replace("%(queue)s", "'ord'")
+            + plain._CLAIM_NEXT_SQL.replace("%(queue)s", "'ord'")
             .replace("%(limit)s", "2")
             .replace("%(worker)s", "'w'")
             .replace("%(actor)s", "'w'")

@@ -13,6 +13,7 @@ from django.db import connection
 from jobs import services, signals, workflows
 from jobs.lifecycle import BLOCKED_RUN_AT, WaitReason
 from jobs.models import Job, WorkflowNode
+from jobs.services import fencing, waits
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -46,11 +47,11 @@ def test_two_last_parents_ending_at_once_both_count_and_the_child_wakes():
     a, b = services.claim("w-a", ids["a"]), services.claim("w-b", ids["b"])
     first, second = _conn(), _conn()
     try:
-        first.execute(services._COMPLETE_SQL, _complete_params(a))  # a ends, not committed
+        first.execute(fencing._COMPLETE_SQL, _complete_params(a))  # a ends, not committed
         done = threading.Event()
 
         def end_b() -> None:
-            second.execute(services._COMPLETE_SQL, _complete_params(b))
+            second.execute(fencing._COMPLETE_SQL, _complete_params(b))
             second.commit()
             done.set()
 
@@ -79,7 +80,7 @@ def test_a_signal_sent_while_its_job_parks_wakes_it():
     try:
         # The park's first statement holds the job's row; the signal must wait for it.
         parking.execute(
-            services._SUSPEND_SQL,
+            waits._SUSPEND_SQL,
             {"id": lease.job_id, "lv": lease.lease_version, "owner": lease.worker_id,
              "until": BLOCKED_RUN_AT, "seconds": None, "reason": WaitReason.SIGNAL.value,
              "key": "go", "name": None, "blocked": BLOCKED_RUN_AT},

@@ -13,6 +13,7 @@ from django.core.exceptions import ImproperlyConfigured
 from jobs import queuecontrol, queues, services
 from jobs.models import Job, Queue
 from jobs.queuecontrol import Gate
+from jobs.services.claims import turns
 from tests.factories import ClientFactory, raw
 
 
@@ -95,7 +96,7 @@ def test_fair_claim_uses_the_fair_index_not_a_sort_of_the_backlog():
         [a.pk],
     )
     raw("ANALYZE jobs_job")
-    sql = services._CLAIM_FAIR_OPEN_SQL
+    sql = turns._CLAIM_FAIR_OPEN_SQL
     params = {"queue": "shared", "limit": 10, "after": 0, "worker": "w", "actor": "worker:w",
               "start": None}  # fmt: skip
     plan = "\n".join(r[0] for r in raw("EXPLAIN (ANALYZE, BUFFERS) " + sql, params))

@@ -14,6 +14,7 @@ from django.db import connection, connections, transaction
 from jobs import lifecycle, metrics, partitions, selectors, services
 from jobs.models import Job, JobEvent
 from jobs.pgtypes import HOT
+from jobs.services.claims import plain
 from tests.factories import JobFactory, raw
 
 pytestmark = pytest.mark.django_db
@@ -200,7 +201,7 @@ def test_the_claim_plan_reads_only_the_hot_partition():
     JobFactory.create()
     with connection.cursor() as cur:
         params = {"queue": "default", "limit": 5, "worker": "w", "actor": "a", "start": 1}
-        cur.execute("EXPLAIN " + services._CLAIM_NEXT_SQL, params)
+        cur.execute("EXPLAIN " + plain._CLAIM_NEXT_SQL, params)
         plan = "\n".join(r[0] for r in cur.fetchall())
     assert "jobs_job_hot" in plan
     assert "jobs_job_p" not in plan, plan

@@ -18,8 +18,9 @@ from django.utils import timezone
 
 from jobs import services
 from jobs.backends import InvalidTaskArguments, JobServiceBackend, idempotency_key
+from jobs.backpressure import clear_depth_cache
 from jobs.models import Job
-from jobs.submission import IdempotencyConflict, QueueFull, clear_depth_cache
+from jobs.submission import IdempotencyConflict, QueueFull
 from jobs.tasks_compat import (
     InvalidTaskError,
     TaskResultDoesNotExist,

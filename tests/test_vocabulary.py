@@ -14,6 +14,8 @@ from jobs import lifecycle, services
 from jobs import staff as jobs_admin
 from jobs.lifecycle import MOVES, STATUSES, Status, is_legal
 from jobs.models import Job
+from jobs.services import fencing
+from jobs.services.claims import plain
 from tests.factories import JobFactory
 
 JOBS = Path(__file__).resolve().parent.parent / "jobs"
@@ -44,11 +46,11 @@ def test_staff_action_eligibility_is_its_move(spec):
 @pytest.mark.parametrize(
     "move,sql",
     [
-        (lifecycle.CLAIM, services._CLAIM_NEXT_SQL),
-        (lifecycle.CLAIM, services._CLAIM_IDS_SQL),
-        (lifecycle.COMPLETE, services._COMPLETE_SQL),
-        (lifecycle.FAIL_ATTEMPT, services._FAIL_SQL),
-        (lifecycle.RELEASE, services._RELEASE_SQL),
+        (lifecycle.CLAIM, plain._CLAIM_NEXT_SQL),
+        (lifecycle.CLAIM, plain._CLAIM_IDS_SQL),
+        (lifecycle.COMPLETE, fencing._COMPLETE_SQL),
+        (lifecycle.FAIL_ATTEMPT, fencing._FAIL_SQL),
+        (lifecycle.RELEASE, fencing._RELEASE_SQL),
     ],
     ids=["claim_next", "claim_ids", "complete", "fail", "release"],
 )

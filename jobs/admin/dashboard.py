@@ -161,12 +161,6 @@ class Dashboard(selectors.FinishedShares):
         }
 
 
-def _fetch(sql: str, params: dict[str, Any] | list[Any]) -> list[tuple]:
-    with replica.connection().cursor() as cur:
-        cur.execute(sql, params)
-        return cur.fetchall()
-
-
 def dashboard(
     window_seconds: int = DASHBOARD_WINDOW_SECONDS,
     lease_seconds: float | None = None,
@@ -183,17 +177,17 @@ def dashboard(
     def row(queue: str) -> QueueRow:
         return rows.setdefault(queue, QueueRow(queue))
 
-    for queue, count, due, oldest in _fetch(*queries[Status.QUEUED]):
+    for queue, count, due, oldest in replica.fetch(*queries[Status.QUEUED]):
         r = row(queue)
         r.queued, r.queued_due = count, due
         r.oldest_due_seconds = float(oldest) if oldest is not None else None
-    for queue, count, stuck in _fetch(*queries[Status.PROCESSING]):
+    for queue, count, stuck in replica.fetch(*queries[Status.PROCESSING]):
         r = row(queue)
         r.processing, r.stuck = count, stuck
-    for queue, count, _oldest in _fetch(*queries[Status.ENQUEUE_FAILED]):
+    for queue, count, _oldest in replica.fetch(*queries[Status.ENQUEUE_FAILED]):
         row(queue).enqueue_failed = count
 
-    now = _fetch(*queries["now"])[0][0]
+    now = replica.fetch(*queries["now"])[0][0]
     first_minute = now.replace(second=0, microsecond=0) - timedelta(seconds=window_seconds - 60)
     bars = {
         first_minute + timedelta(minutes=i): MinuteBar(first_minute + timedelta(minutes=i))
@@ -206,9 +200,9 @@ def dashboard(
         slo_seconds=params["slo"],
         queues=[],
         minutes=[],
-        total_estimate=max(int(_fetch(*queries["estimate"])[0][0] or 0), 0),
+        total_estimate=max(int(replica.fetch(*queries["estimate"])[0][0] or 0), 0),
     )
-    for minute, queue, status, count, within, cancelled in _fetch(*queries["finished"]):
+    for minute, queue, status, count, within, cancelled in replica.fetch(*queries["finished"]):
         if minute is not None:  # the (minute, status) grouping set
             bar = bars.get(minute)
             if bar is None:  # the partial minute at the window's start
@@ -224,12 +218,12 @@ def dashboard(
         else:  # the (queue, status) grouping set
             r = row(queue)
             setattr(r, status, getattr(r, status) + count)
-    percentiles = _fetch(*queries["latency"])[0][4]
+    percentiles = replica.fetch(*queries["latency"])[0][4]
     if percentiles:
         board.latency_p50, board.latency_p95, board.latency_p99 = (
             float(p) if p is not None else None for p in percentiles
         )
-    consumers = selectors.consumer_counts(_fetch(*queries["consumers"]))
+    consumers = selectors.consumer_counts(replica.fetch(*queries["consumers"]))
     for r in rows.values():
         r.consumers = consumers(r.queue)
     board.paused = [rows.get(name, QueueRow(name)) for name in selectors.paused_queues()]

@@ -15,7 +15,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from jobs import submission
+from jobs import submission, validation
 from jobs.api.errors import Conflict, exception_handler
 from jobs.api.parsers import BatchJSONParser, BoundedJSONParser
 from jobs.api.policy import APIPolicy
@@ -181,7 +181,7 @@ class SequenceKeySerializer(serializers.Serializer):
 
 
 def _key(value: Any) -> str:
-    if not isinstance(value, str) or not submission.IDEMPOTENCY_KEY_RE.fullmatch(value):
+    if not isinstance(value, str) or not validation.IDEMPOTENCY_KEY_RE.fullmatch(value):
         raise exceptions.ValidationError(
             {"key": ["key must be 1-200 printable ASCII characters without spaces"]}
         )

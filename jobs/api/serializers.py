@@ -8,9 +8,9 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from jobs import queues, selectors, services, submission
+from jobs import queues, selectors, validation
 from jobs.flow import rules as flow_rules
-from jobs.lifecycle import STATUSES, Status
+from jobs.lifecycle import STATUSES, Role, Status, actor_role
 from jobs.models import PRIORITY_MAX, PRIORITY_MIN, Job, JobEvent, Schedule
 from jobs.selectors import progress_of
 
@@ -77,7 +77,7 @@ class JobSubmitSerializer(serializers.Serializer):
         allow_null=True,
         default=None,
         min_value=0,
-        max_value=submission.MAX_RETRIES_LIMIT,
+        max_value=validation.MAX_RETRIES_LIMIT,
         help_text="Retries after the first attempt; default JOBS_MAX_RETRIES (3).",
     )
     timeout = serializers.FloatField(
@@ -408,9 +408,9 @@ class JobEventSerializer(serializers.ModelSerializer):
         ]
         read_only_fields = fields
 
-    @extend_schema_field(serializers.ChoiceField(choices=services.Role.choices))
+    @extend_schema_field(serializers.ChoiceField(choices=Role.choices))
     def get_role(self, event: JobEvent) -> str:
-        return services.actor_role(event.actor)
+        return actor_role(event.actor)
 
 
 class ScheduleWriteSerializer(serializers.Serializer):
@@ -437,7 +437,7 @@ class ScheduleWriteSerializer(serializers.Serializer):
         required=False, min_value=PRIORITY_MIN, max_value=PRIORITY_MAX
     )
     max_retries = serializers.IntegerField(
-        required=False, allow_null=True, min_value=0, max_value=submission.MAX_RETRIES_LIMIT
+        required=False, allow_null=True, min_value=0, max_value=validation.MAX_RETRIES_LIMIT
     )
     timeout = serializers.FloatField(
         required=False,

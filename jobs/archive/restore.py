@@ -14,10 +14,10 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 from rest_framework.fields import DateTimeField
 
-from jobs import selectors, services
+from jobs import selectors
 from jobs.archive import files, tables
 from jobs.archive.files import ArchiveError
-from jobs.lifecycle import Status
+from jobs.lifecycle import Status, actor_role
 from jobs.models import ArchivedPeriod, Job
 
 # The API's fields of a job and of a history entry (jobs.api.serializers), in order.
@@ -131,7 +131,7 @@ def job_json(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def event_json(row: dict[str, Any]) -> dict[str, Any]:
-    derived = {"role": services.actor_role(row.get("actor") or "")}
+    derived = {"role": actor_role(row.get("actor") or "")}
     return {f: derived[f] if f in derived else _time(row.get(f)) for f in EVENT_FIELDS}
 
 

@@ -41,7 +41,7 @@ from django.db import DatabaseError, InterfaceError, close_old_connections, conn
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from jobs import metrics, selectors, services, submission
+from jobs import backpressure, metrics, selectors, services
 from jobs.conf import settings
 from jobs.events import domain_event_body, fanout, kafka, signing
 from jobs.events.streams import StreamPublisher
@@ -356,7 +356,7 @@ class WebhookFanout:
             self._maybe_held = True
             transaction.on_commit(lambda: metrics.WEBHOOK_DELIVERIES_HELD.inc(done.held))
         if done.released:
-            submission.count_accepted({signing.WEBHOOK_QUEUE: done.released})
+            backpressure.count_accepted({signing.WEBHOOK_QUEUE: done.released})
         return len(rows)
 
     def release_held(self) -> int:
@@ -376,7 +376,7 @@ class WebhookFanout:
 
     def _room(self) -> int:
         limit = settings.JOBS_MAX_QUEUE_DEPTH
-        return limit - submission.queue_depth(signing.WEBHOOK_QUEUE, limit)
+        return limit - backpressure.queue_depth(signing.WEBHOOK_QUEUE, limit)
 
     def _release(self, cur, ready: list[int]) -> int:
         """One delivery job per ready chain while the webhooks queue has room; the rest
@@ -399,7 +399,7 @@ class WebhookFanout:
             )  # fmt: skip
             cur.execute(_ATTACH_SQL, [ready, [s.job_id for s in submitted]])
             cur.execute(_CARRY_TRACE_SQL, [ready])
-            submission.count_accepted({signing.WEBHOOK_QUEUE: len(ready)})
+            backpressure.count_accepted({signing.WEBHOOK_QUEUE: len(ready)})
         return len(ready)
 
     @staticmethod

@@ -20,7 +20,7 @@ from typing import Any
 
 from django.db import transaction
 
-from jobs import submission, tasks
+from jobs import submission, tasks, validation
 from jobs.exceptions import BatchInvalid, InvalidSubmission, RequestInvalid
 from jobs.flow import rules
 from jobs.flow.triggers import CALLBACKS
@@ -171,7 +171,7 @@ def check_request(body: Any, *, for_client: bool) -> tuple[str, list, dict[str, 
         _err(errors, submission._shown_name(unknown),
              f"Unknown field; allowed: {', '.join(BODY_FIELDS)}.", "unknown_field")  # fmt: skip
     name = body.get("name", "")
-    if not isinstance(name, str) or len(name) > MAX_NAME or submission._storable_text(name):
+    if not isinstance(name, str) or len(name) > MAX_NAME or validation.why_unstorable(name):
         _err(errors, "name", f"name must be text of at most {MAX_NAME} characters")
     jobs = body.get("jobs")
     if not isinstance(jobs, list) or not 1 <= len(jobs) <= submission.MAX_BATCH:
@@ -195,7 +195,7 @@ def submit_request(
     name, jobs, callbacks = check_request(body, for_client=client is not None)
     key = idempotency_key
     if key is not None and (
-        not isinstance(key, str) or not submission.IDEMPOTENCY_KEY_RE.fullmatch(key)
+        not isinstance(key, str) or not validation.IDEMPOTENCY_KEY_RE.fullmatch(key)
     ):
         raise InvalidSubmission(
             "idempotency key must be 1-200 printable ASCII characters without spaces",

@@ -46,8 +46,9 @@ _RECORD_ONE_SQL = f"""
 INSERT INTO {KH} (scope, queue, client_key, key, at)
 VALUES ('{SUBMIT}', %(queue)s, %(client)s, %(key)s, statement_timestamp())"""
 
-# The keyed claim's rows a key's rate still allows (services._KEYED): the n-th row of a
-# key in the batch is taken only while n is within what the window leaves the key.
+# The keyed claim's rows a key's rate still allows (services.claims.turns._KEYED): the
+# n-th row of a key in the batch is taken only while n is within what the window leaves
+# the key.
 # Keys with no start in the window are absent from the arrays and have the whole limit.
 PICK_SQL = """
     AND (%(key_rate)s::int IS NULL OR nth <= COALESCE((

@@ -12,7 +12,7 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.db import IntegrityError, transaction
 
-from jobs import quotas, submission, tasks
+from jobs import quotas, tasks, validation
 from jobs.exceptions import InvalidSubmission, RequestInvalid, SubmissionError
 from jobs.models import Client, Schedule
 from jobs.observability import hooks
@@ -64,7 +64,7 @@ def check(values: dict[str, Any], *, for_client: bool = False) -> dict[str, Any]
                 f"name must be 1-{NAME_MAX} characters", field="name", code="invalid_name"
             )
         )
-    elif why := submission._storable_text(name):
+    elif why := validation.why_unstorable(name):
         problems.append(
             InvalidSubmission(f"name may not contain {why}", field="name", code="invalid_name")
         )
@@ -95,7 +95,7 @@ def check(values: dict[str, Any], *, for_client: bool = False) -> dict[str, Any]
     else:
         # The job it makes, held to a submission's rules (task, payload, queue, ...).
         attempt(
-            submission._validate,
+            validation.validate,
             values.get("task"),
             values.get("payload"),
             values.get("queue"),

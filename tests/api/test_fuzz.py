@@ -28,7 +28,7 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
-from jobs import queues, quotas, signals, submission, tasks
+from jobs import queues, quotas, signals, submission, tasks, validation
 from jobs.events import signing
 from jobs.lifecycle import STATUSES, is_legal
 from jobs.models import Client, Job, JobEvent, JobSignal, Schedule, Webhook, Workflow
@@ -193,7 +193,7 @@ def assert_only_legal_rows() -> None:
     """What the database does not enforce itself, checked over every row left behind
     (its check constraints and trigger have refused anything else already)."""
     known_tasks = set(tasks.names())
-    key_re = submission.IDEMPOTENCY_KEY_RE
+    key_re = validation.IDEMPOTENCY_KEY_RE
     for job in Job.objects.all():
         assert job.status in STATUSES
         assert queues.is_declared(job.queue), job.queue
@@ -202,7 +202,7 @@ def assert_only_legal_rows() -> None:
             assert tasks.is_public(job.task), job.task
             assert not queues.is_internal(job.queue), job.queue
         assert job.payload is not None and job.run_at is not None
-        submission.serialise_payload(job.payload)  # storable, within the limit
+        validation.serialise_payload(job.payload)  # storable, within the limit
         if job.idempotency_key is not None:
             assert key_re.fullmatch(job.idempotency_key) and job.request_hash
         events = list(JobEvent.objects.filter(job_id=job.pk, kind="transition").order_by("id"))
@@ -234,9 +234,9 @@ def assert_within_quotas_and_storable() -> None:
         held = JobSignal.objects.filter(job_id=signal.job_id).count()
         assert held <= quotas.limit(quotas.SIGNALS_PER_JOB, client_id), signal.job_id
     for name in Schedule.objects.values_list("name", flat=True):
-        assert not submission._storable_text(name), name
+        assert not validation.why_unstorable(name), name
     for name in Workflow.objects.values_list("name", flat=True):
-        assert not submission._storable_text(name), name
+        assert not validation.why_unstorable(name), name
 
 
 def test_legal_row_check_catches_an_illegal_row(db):
@@ -247,7 +247,7 @@ def test_legal_row_check_catches_an_illegal_row(db):
 
 
 def test_idempotency_pattern_is_whole_match():
-    assert not re.fullmatch(submission.IDEMPOTENCY_KEY_RE, "k\n")
+    assert not re.fullmatch(validation.IDEMPOTENCY_KEY_RE, "k\n")
 
 
 def test_legal_row_check_catches_an_internal_task_of_a_client(db):

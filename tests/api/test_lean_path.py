@@ -26,6 +26,7 @@ from jobs.api.parsers import BoundedJSONParser
 from jobs.api.renderers import ORJSONRenderer
 from jobs.api.serializers import JobSerializer
 from jobs.models import Client, Job
+from jobs.services import common
 from tests.api.conftest import authed, new_client
 from tests.factories import JobFactory
 
@@ -377,17 +378,17 @@ def test_a_submission_is_counted_by_status_view_and_method_and_timed():
 
 @pytest.mark.django_db(transaction=True)
 def test_hot_statements_reuse_one_cursor_per_statement_and_survive_a_new_connection():
-    first = services._hot_rows("SELECT %s::int + 1", [1])
+    first = common._hot_rows("SELECT %s::int + 1", [1])
     assert first == [(2,)]
     cursors = connection.connection.__dict__["_jobs_hot_cursors"]
     kept = cursors["SELECT %s::int + 1"]
-    assert services._hot_rows("SELECT %s::int + 1", [41]) == [(42,)]
+    assert common._hot_rows("SELECT %s::int + 1", [41]) == [(42,)]
     assert cursors["SELECT %s::int + 1"] is kept  # its loaders are kept with it
     from django.db import DataError
 
     with pytest.raises(DataError):  # an error leaves the cursor usable
-        services._hot_rows("SELECT %s::int + 1", ["x"])
-    assert services._hot_rows("SELECT %s::int + 1", [2]) == [(3,)]
+        common._hot_rows("SELECT %s::int + 1", ["x"])
+    assert common._hot_rows("SELECT %s::int + 1", [2]) == [(3,)]
     connection.close()
-    assert services._hot_rows("SELECT %s::int + 1", [3]) == [(4,)]
+    assert common._hot_rows("SELECT %s::int + 1", [3]) == [(4,)]
     assert connection.connection.__dict__["_jobs_hot_cursors"]["SELECT %s::int + 1"] is not kept

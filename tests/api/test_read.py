@@ -276,6 +276,6 @@ def test_history_shows_staff_as_a_role(api, me):
     ],
 )
 def test_actor_role(actor, role):
-    from jobs.services import actor_role
+    from jobs.lifecycle import actor_role
 
     assert actor_role(actor) == role

@@ -9,7 +9,7 @@ import pytest
 from django.db import transaction
 from prometheus_client import REGISTRY
 
-from jobs import submission
+from jobs import submission, validation
 from jobs.models import Job
 from jobs.submission import submit
 from jobs.transport import get_transport
@@ -137,8 +137,8 @@ def test_payload_too_large(settings):
 def test_request_hash_is_canonical():
     at = datetime(2030, 1, 1, 12, tzinfo=UTC)
     same_instant = at.astimezone(ZoneInfo("Europe/Paris"))
-    h = submission.request_hash("echo", {"a": 1, "b": 2}, "q", 0, at, 3)
-    assert h == submission.request_hash("echo", {"b": 2, "a": 1}, "q", 0, same_instant, 3)
-    assert h != submission.request_hash("echo", {"a": 1, "b": 2}, "q", 0, None, 3)
-    assert h != submission.request_hash("echo", {"a": 1, "b": 3}, "q", 0, at, 3)
+    h = validation.request_hash("echo", {"a": 1, "b": 2}, "q", 0, at, 3)
+    assert h == validation.request_hash("echo", {"b": 2, "a": 1}, "q", 0, same_instant, 3)
+    assert h != validation.request_hash("echo", {"a": 1, "b": 2}, "q", 0, None, 3)
+    assert h != validation.request_hash("echo", {"a": 1, "b": 3}, "q", 0, at, 3)
     assert len(h) == 64

@@ -6,13 +6,13 @@ import logging
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from jobs import queuecontrol, queues, selectors
+from jobs import gauges, queuecontrol, queues, selectors
 from jobs.flow import batches, sequences
 
 log = logging.getLogger(__name__)
 
 
-def _key_controls(q: selectors.QueueState) -> str:
+def _key_controls(q: gauges.QueueState) -> str:
     """The queue's controls per client and key, when it has any (docs/queue-controls.md)."""
     parts = ["fair"] if q.fair else []
     if q.key_concurrency is not None:
@@ -43,7 +43,7 @@ class Command(BaseCommand):
             self.stdout.write("\n".join(changes) if changes else "queues already in sync")
             return
         if action == "list":
-            for q in selectors.queue_states():
+            for q in gauges.queue_states():
                 cap = "-" if q.concurrency is None else f"{q.processing}/{q.concurrency}"
                 rate = queues.format_rate(q.rate_limit, q.rate_period) or "-"
                 tokens = "" if q.rate_tokens is None else f" ({q.rate_tokens} left)"
