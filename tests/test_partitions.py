@@ -70,7 +70,12 @@ def test_every_partition_has_every_named_check_and_row_trigger():
     assert "jobs_job_hot" in jobs and any(p.startswith("jobs_job_p") for p in jobs), jobs
     checks, triggers = _named_checks("jobs_job"), _row_triggers("jobs_job")
     assert {"job_cold_is_finished", "job_status_valid", "job_terminal_is_finished"} <= checks
-    assert triggers == {"jobs_job_guard", "jobs_job_wait_clear"}
+    assert triggers == {
+        "jobs_job_guard",
+        "jobs_job_wait_clear",
+        "jobs_job_sequence_enter",  # a sequence's order (jobs.flow.triggers, D345)
+        "jobs_job_sequence_revive",
+    }
     for part in jobs:
         assert _named_checks(part) >= checks, part
         assert _row_triggers(part) == triggers, part
@@ -82,6 +87,7 @@ def test_every_partition_has_every_named_check_and_row_trigger():
         "jobs_job_history_insert",
         "jobs_job_history_update",
         "jobs_job_dependents",
+        "jobs_job_flow",  # sequences and batches see every partition's ends (D345, D347)
     }
     events = _children("jobs_jobevent")
     assert "jobs_jobevent_legacy" in events and len(events) >= 4, events

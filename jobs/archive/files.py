@@ -7,7 +7,8 @@ and becomes one Parquet file whose columns keep the table's types: bigint → in
 integer → int32, smallint → int16, boolean → bool, double precision → float64, text and
 varchar → string, jsonb → string (the JSON text PostgreSQL prints, so it parses back to
 the same jsonb), timestamptz → timestamp[us, UTC] (±infinity as the int64 extremes),
-date → date32. Each field carries its PostgreSQL type in its metadata, so a restore
+date → date32, an array → string (as PostgreSQL prints it: {1,2}, which COPY parses
+back). Each field carries its PostgreSQL type in its metadata, so a restore
 needs nothing but the file. Files are written under a temporary name, fsynced and
 renamed, and the directory fsynced: a file under its final name is whole.
 """
@@ -75,6 +76,8 @@ class Column:
 
     @property
     def arrow_type(self) -> pa.DataType:
+        if self.base_type.endswith("[]"):  # an array as PostgreSQL prints it: {1,2}
+            return pa.string()
         try:
             return _arrow_types()[self.base_type]
         except KeyError:

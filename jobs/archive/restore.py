@@ -5,12 +5,13 @@ Parquet files, and a whole period restored into its partitions (`manage.py archi
 from __future__ import annotations
 
 import datetime
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psycopg.errors
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 from rest_framework.fields import DateTimeField
 
@@ -25,9 +26,21 @@ JOB_FIELDS = (
     "id", "task", "queue", "priority", "status", "payload", "result", "error",
     "retry_count", "max_retries", "timeout", "lease_version", "idempotency_key", "run_at",
     "created_at", "updated_at", "finished_at", "progress", "cancel_requested_at",
-    "cancel_too_late", "unique_key", "concurrency_key", "schedule", "fire_time",
-    "wait_reason",
+    "cancel_too_late", "unique_key", "concurrency_key", "sequence_key", "batch", "schedule",
+    "fire_time", "wait_reason", "chain_id", "run_number", "previous_run_ids", "next_run_id",
+    "history",
 )  # fmt: skip
+STEPS = "jobs_jobstep"
+# A durable run's history as the API counts it (selectors.JOB_HISTORY_SQL), from the
+# archived step rows: stored again in a scratch table, so each result is sized as
+# PostgreSQL stores it (a short header, compression), as the live row was.
+_HISTORY_SQL = (
+    "CREATE TEMP TABLE _shown_steps ON COMMIT DROP AS SELECT n AS name, r::jsonb AS result "
+    "FROM unnest(%s::text[], %s::text[]) AS u(n, r)",
+    "SELECT count(*) FILTER (WHERE left(name, 1) <> '~'), "
+    "count(*) FILTER (WHERE left(name, 1) = '~'), coalesce(sum(pg_column_size(result)), 0) "
+    "FROM _shown_steps",
+)
 EVENT_FIELDS = (
     "id", "kind", "at", "role", "from_status", "to_status", "lease_version", "retry_count",
     "error", "error_class", "error_traceback",
@@ -102,11 +115,14 @@ def show(job_id: int) -> dict[str, Any] | None:
                 path = directory / a.files[name]["file"]
                 history += files.read_rows(path, "job_id", job_id)
         history.sort(key=lambda e: e["id"])
+        steps = []
+        if STEPS in a.files:
+            steps = files.read_rows(directory / a.files[STEPS]["file"], "job_id", job_id)
         return {
             "period": f"{a.period:%Y-%m-%d}",
             "archived_at": _TIME.to_representation(a.archived_at),
             "client": rows[0]["client_id"],
-            "job": job_json(rows[0]),
+            "job": job_json(rows[0], steps),
             "history": [event_json(e) for e in history],
         }
     return None
@@ -118,16 +134,34 @@ def _time(value: Any) -> Any:
     return value
 
 
-def job_json(row: dict[str, Any]) -> dict[str, Any]:
+def job_json(row: dict[str, Any], steps: list[dict[str, Any]] = ()) -> dict[str, Any]:
+    """An archived job row (and its durable step rows) as GET /jobs/<id>/ shows it."""
     known = {f.attname for f in Job._meta.concrete_fields}
     job = Job(**{k: v for k, v in row.items() if k in known})
+    runs = row.get("previous_run_ids")  # an array's text in the file (files.Column)
     derived = {
         "progress": selectors.progress_of(job),
         "cancel_too_late": job.status == Status.DONE and job.cancel_requested_at is not None,
         "schedule": row.get("schedule_id"),
+        "batch": row.get("batch_id"),
         "wait_reason": selectors.wait_reason(job),
+        "run_number": row.get("run_number") or 1,
+        "previous_run_ids": [int(i) for i in runs.strip("{}").split(",") if i]
+        if isinstance(runs, str)
+        else runs,
+        "history": _history(steps),
     }
     return {f: derived[f] if f in derived else _time(row.get(f)) for f in JOB_FIELDS}
+
+
+def _history(steps: list[dict[str, Any]]) -> dict[str, int]:
+    names = [s["name"] for s in steps]
+    results = [None if s.get("result") is None else json.dumps(s["result"]) for s in steps]
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute(_HISTORY_SQL[0], [names, results])
+        cur.execute(_HISTORY_SQL[1])
+        n, waits, size = cur.fetchone()
+    return {"steps": int(n), "waits": int(waits), "bytes": int(size)}
 
 
 def event_json(row: dict[str, Any]) -> dict[str, Any]:
