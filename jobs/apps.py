@@ -2,25 +2,33 @@ from django.apps import AppConfig
 from django.db.models.signals import post_migrate
 
 
-def _sync_queues(sender, using="default", **kwargs) -> None:
+def _schema_is_current(model_name: str, state_apps) -> bool:
+    """Whether the tables `migrate` left match the code's model: not when it migrated back
+    past the table's migration, nor to a migration before one of the model's columns."""
+    from django.apps import apps as code_apps
+
+    try:
+        then = state_apps.get_model("jobs", model_name)
+    except LookupError:
+        return False
+    now = code_apps.get_model("jobs", model_name)
+    have = {f.column for f in then._meta.concrete_fields}
+    return all(f.column in have for f in now._meta.concrete_fields)
+
+
+def _sync_queues(sender, using="default", apps=None, **kwargs) -> None:
     """`migrate` seeds the Queue rows from JOBS_QUEUES (runworker syncs them again)."""
-    from django.db import connections
-
     from jobs import queuecontrol
-    from jobs.models import Queue
 
-    # Not when migrating back past the table's migration.
-    if Queue._meta.db_table in connections[using].introspection.table_names():
+    if apps is None or _schema_is_current("Queue", apps):
         queuecontrol.sync(using=using)
 
 
-def _sync_periodic(sender, using="default", **kwargs) -> None:
+def _sync_periodic(sender, using="default", apps=None, **kwargs) -> None:
     """`@periodic` declarations reach the table at migrate (and when a runreaper starts)."""
-    from django.db import connections
-
     from jobs.schedules.define import sync_periodic
 
-    if "jobs_schedule" in connections[using].introspection.table_names():  # else migrated back
+    if apps is None or _schema_is_current("Schedule", apps):
         sync_periodic()
 
 
