@@ -19,8 +19,12 @@ def main() -> None:
 
     django.setup()
     from jobs import services
-    from jobs.services import common
-    from jobs.services.claims import plain
+
+    try:
+        from jobs.services import common
+        from jobs.services.claims import plain
+    except ImportError:  # a tree from before jobs.services was a package (a baseline)
+        common = plain = services
 
     worker = f"claimer:{os.getpid()}"
     # The same claim statement, also returning how long the server spent on it.

@@ -71,14 +71,19 @@ def submission(token: str) -> bytes:
     return head.encode() + body
 
 
+# Served at once, not after the idle connections' WEB_KEEPALIVE (5 s) ran out: half of
+# that, so a loaded machine's pause (1.0012 s seen with the heavy tests beside) passes.
+PROMPT = 2.5
+
+
 def assert_served(port: int, token: str) -> None:
-    """/healthz and an authenticated submission, each answered within 1 s once the
-    server has taken in what is already queued (10 s)."""
+    """/healthz and an authenticated submission, each answered within PROMPT seconds once
+    the server has taken in what is already queued (10 s)."""
     assert request(port, healthz(port), within=10)[0] == 200
-    status, took = request(port, submission(token))
-    assert status == 201 and took < 1.0, (status, took)
-    status, took = request(port, healthz(port))
-    assert status == 200 and took < 1.0, (status, took)
+    status, took = request(port, submission(token), within=PROMPT)
+    assert status == 201 and took < PROMPT, (status, took)
+    status, took = request(port, healthz(port), within=PROMPT)
+    assert status == 200 and took < PROMPT, (status, took)
 
 
 def api(tmp_path, **env: str) -> ApiServer:
