@@ -155,7 +155,10 @@ def main(argv: list[str] | None = None) -> None:
               f"jobs {created['jobs_job'][0]:,}, batch {created['jobs_batch'][0]}")  # fmt: skip
         print(f"  run           {out['run_s']:8.1f} s until the callback ended")
         print(f"  callbacks     {out['callbacks']} made, {out['callback_status']}")
-        print(f"  last end -> callback start {out['start_delay']:.3f} s, "
+        # A no-op callback can end before its start mark is written (D246): no start then.
+        start = out["start_delay"]
+        start = "not marked" if start is None else f"{start:.3f} s"
+        print(f"  last end -> callback start {start}, "
               f"end {out['end_delay']:.3f} s (database clock)")  # fmt: skip
     finally:
         from django.db import connections
