@@ -171,8 +171,12 @@ def submit_checked(item: dict[str, Any], client: Client | None) -> tuple[Job, bo
         write = partial(services.submit, **_write_args(item, client, actor))
     job, created = hooks.send(queue, task, write)  # in the producer span (jobs.observability)
     if created:
-        fields = {"job_id": job.pk, "lease_version": job.lease_version, "queue": queue}
-        fields["task"] = task
+        fields = {
+            "job_id": job.pk,
+            "lease_version": job.lease_version,
+            "queue": queue,
+            "task": task,
+        }
         if client is not None:
             fields["client"] = client.name
         log.debug("job submitted", extra=fields)  # per job: quiet unless LOG_LEVEL=DEBUG
