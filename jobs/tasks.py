@@ -288,15 +288,6 @@ def public_names() -> list[str]:
     return [name for name in names() if is_public(name)]
 
 
-def validate_payload(name: str, payload: Any) -> None:
-    """Raise KeyError for an unknown task, InvalidPayload for a payload it rejects."""
-    spec = get(name)
-    if spec is None:
-        raise KeyError(name)
-    if spec.validate is not None:
-        spec.validate(payload)
-
-
 def job_of(target: Any, payload: Any = None, args: Any = None, kwargs: Any = None) -> dict:
     """What a schedule or a workflow step runs (D223): a Django task object as its
     backend's `enqueue` would submit it, with `args` and `kwargs`; else a task name (None
