@@ -111,6 +111,17 @@ def due_soon(run_at: datetime | None) -> bool:
     return run_at is None or run_at <= datetime.now(UTC) + horizon
 
 
+def admit(queue: str, client: Client | None, run_at: datetime | None) -> None:
+    """The room for one job, asked once: QueueFull when `queue` holds more than
+    JOBS_MAX_QUEUE_DEPTH and the job is due within the horizon, ClientQueueFull when it
+    would take the client past its share."""
+    limit = settings.JOBS_MAX_QUEUE_DEPTH
+    depth = queue_depth(queue, limit)
+    if depth > limit and due_soon(run_at):
+        raise QueueFull(queue, depth, limit)
+    check_share(queue, client, 1)
+
+
 def check_room(
     per_queue: Mapping[str, int],
     new_per_queue: Callable[[], Mapping[str, int]],

@@ -199,6 +199,16 @@ class Gate:
         pending = [q for q in order if q in self._pending]
         return self.claim_next(worker_id, pending, limit, start=start) if pending else []
 
+    def open_after_pending(
+        self, worker_id: str, order: list[str], limit: int, *, start: int | None = None
+    ) -> tuple[list[Lease], list[str]]:
+        """A worker's first ask, in one call: the work the controls held back claimed
+        (claim_pending) from the open queues of `order`, and the queues open after it
+        (less any that claim found blocked again)."""
+        order = self.open(order)
+        leases = self.claim_pending(worker_id, order, limit, start=start)
+        return leases, order if leases else self.open(order)
+
     def claim_next(
         self, worker_id: str, order: Iterable[str], limit: int, *, start: int | None = None
     ) -> list[Lease]:

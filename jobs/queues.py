@@ -185,6 +185,18 @@ def is_internal(name: str) -> bool:
     return name in BUILTIN or declared().get(name, {}).get("internal") is True
 
 
+def refusal(name: Any, *, for_client: bool = False) -> str | None:
+    """Why a submission may not name this queue, or None: "invalid" (not a queue name),
+    "unknown" (not declared, or internal and asked by a client: D197). One look-up for
+    the submission's rules (jobs.validation)."""
+    if not valid_name(name):
+        return "invalid"
+    found = declared().get(name)
+    if found is None or (for_client and (name in BUILTIN or found.get("internal") is True)):
+        return "unknown"
+    return None
+
+
 def open_names() -> list[str]:
     """The declared queues a client may submit to."""
     return [name for name in declared() if not is_internal(name)]

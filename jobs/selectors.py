@@ -355,6 +355,12 @@ def wait_reason(job: Job) -> str | None:
     return None
 
 
+def progress_and_wait(job: Job) -> tuple[dict[str, Any] | None, str | None]:
+    """What a job's answer shows beyond its columns, read in one call: its progress
+    (progress_of) and why it waits (wait_reason)."""
+    return progress_of(job), wait_reason(job)
+
+
 # --- durable jobs and workflows ------------------------------------------------------
 
 # In commit order (a replay checks the code asks for the same steps in the same order).

@@ -103,26 +103,24 @@ class PrefetchLook:
                 ctx.request_cancel()
 
 
-class Starter:
-    """The starter thread, and the verdicts it hands back to waiting handler threads."""
+class MarkWriter:
+    """The starter thread: the starts handed to it gathered into batches of at most
+    MAX_BATCH, each written by `write` (one fenced statement) as soon as the previous
+    one is done (natural group commit), and the prefetched leases looked at in between
+    (PrefetchLook). What it has not written when the worker halts is answered STOPPED."""
 
     def __init__(
         self,
         worker_id: str,
         halt: threading.Event,
-        prefetched: Callable[[], list[tuple[Lease, JobContext]]] = list,
-        look_every: float = 0.5,
+        look: PrefetchLook,
+        write: Callable[[list[_Request | _Key]], None],
     ) -> None:
         self.worker_id = worker_id
         self.halt = halt
-        self._look = PrefetchLook(worker_id, prefetched, look_every)
-        self._requests: queue_mod.SimpleQueue[_Request | _Key] = queue_mod.SimpleQueue()
-        # Started without waiting, start not yet written: dropped when the attempt ends.
-        self._unmarked: dict[_Key, tuple[Lease, JobContext]] = {}
-        # Marks on their way to PostgreSQL, and those of them whose attempt ended
-        # meanwhile: a fast attempt retried before its mark lands is not "lost".
-        self._writing: set[_Key] = set()
-        self._ended_while_writing: set[_Key] = set()
+        self.look = look
+        self.requests: queue_mod.SimpleQueue[_Request | _Key] = queue_mod.SimpleQueue()
+        self._write = write
         self._thread = threading.Thread(target=self._loop, name="starter", daemon=True)
 
     def start(self) -> None:
@@ -131,42 +129,12 @@ class Starter:
     def join(self, timeout: float) -> None:
         self._thread.join(timeout)
 
-    def admit(self, lease: Lease, ctx: JobContext, marked: bool = False) -> Verdict:
-        """Whether to call the handler of a job a thread took; records its start unless
-        its claim did (`marked`)."""
-        if ctx.lost_authority:
-            verdict = Verdict.REVOKED
-        elif ctx._cancel_requested:
-            verdict = Verdict.CANCELLED
-        elif marked:
-            return Verdict.RUN
-        elif must_wait(lease):
-            request = _Request(lease, ctx)
-            self._requests.put(request)
-            request.answered.wait()
-            verdict = request.verdict
-        else:
-            key = (lease.job_id, lease.lease_version)
-            self._unmarked[key] = (lease, ctx)
-            self._requests.put(key)
-            return Verdict.RUN
-        if verdict in (Verdict.REVOKED, Verdict.CANCELLED):
-            metrics.ATTEMPTS_DROPPED.labels(lease.queue, verdict.value).inc()
-            log.info("%s while prefetched: not started", verdict.value, extra=lease.log_fields())
-        return verdict
-
-    def ended(self, lease: Lease) -> None:
-        """The attempt ended (its outcome is on its way): its start need not be written."""
-        key = (lease.job_id, lease.lease_version)
-        if self._unmarked.pop(key, None) is None and key in self._writing:
-            self._ended_while_writing.add(key)
-
     def _loop(self) -> None:
-        requests = self._requests
+        requests = self.requests
         while not self.halt.is_set():
-            self._look.when_due()
+            self.look.when_due()
             try:
-                batch = [requests.get(timeout=min(0.1, self._look.every))]
+                batch = [requests.get(timeout=min(0.1, self.look.every))]
             except queue_mod.Empty:
                 continue
             while len(batch) < MAX_BATCH:
@@ -184,25 +152,7 @@ class Starter:
                 request.answered.set()
         connection.close()
 
-    def _write(self, requests: list[_Request | _Key]) -> None:
-        """One fenced statement for the batch, retried until PostgreSQL answers."""
-        batch = []
-        for r in requests:
-            if isinstance(r, _Request):
-                batch.append(r)
-            else:
-                self._writing.add(r)  # before the pop: ended() may run at any moment
-                if (started := self._unmarked.pop(r, None)) is not None:
-                    batch.append(_Request(*started, waits=False))
-                else:
-                    self._writing.discard(r)
-        if not batch:
-            return
-        held = self._mark(batch)
-        if held is not None:
-            self._answer(batch, held)
-
-    def _mark(self, batch: list[_Request]) -> services.Held | None:
+    def mark(self, batch: list[_Request]) -> services.Held | None:
         """The starts written, retried until PostgreSQL answers; None when the worker
         halts first (every request answered STOPPED: the reaper requeues them)."""
         backoff = Backoff(0.1, BACKOFF_MAX)
@@ -224,6 +174,82 @@ class Starter:
                     for r in batch:
                         r.answered.set()  # STOPPED: the reaper requeues them
                     return None
+
+
+class Starter:
+    """Admission: whether a thread that took a job calls its handler, and what the start
+    marks the writer thread (MarkWriter) wrote say to each attempt."""
+
+    def __init__(
+        self,
+        worker_id: str,
+        halt: threading.Event,
+        prefetched: Callable[[], list[tuple[Lease, JobContext]]] = list,
+        look_every: float = 0.5,
+    ) -> None:
+        look = PrefetchLook(worker_id, prefetched, look_every)
+        self._writer = MarkWriter(worker_id, halt, look, self._write)
+        # Started without waiting, start not yet written: dropped when the attempt ends.
+        self._unmarked: dict[_Key, tuple[Lease, JobContext]] = {}
+        # Marks on their way to PostgreSQL, and those of them whose attempt ended
+        # meanwhile: a fast attempt retried before its mark lands is not "lost".
+        self._writing: set[_Key] = set()
+        self._ended_while_writing: set[_Key] = set()
+
+    def start(self) -> None:
+        self._writer.start()
+
+    def join(self, timeout: float) -> None:
+        self._writer.join(timeout)
+
+    def admit(self, lease: Lease, ctx: JobContext, marked: bool = False) -> Verdict:
+        """Whether to call the handler of a job a thread took; records its start unless
+        its claim did (`marked`)."""
+        if ctx.lost_authority:
+            verdict = Verdict.REVOKED
+        elif ctx._cancel_requested:
+            verdict = Verdict.CANCELLED
+        elif marked:
+            return Verdict.RUN
+        elif must_wait(lease):
+            request = _Request(lease, ctx)
+            self._writer.requests.put(request)
+            request.answered.wait()
+            verdict = request.verdict
+        else:
+            key = (lease.job_id, lease.lease_version)
+            self._unmarked[key] = (lease, ctx)
+            self._writer.requests.put(key)
+            return Verdict.RUN
+        if verdict in (Verdict.REVOKED, Verdict.CANCELLED):
+            metrics.ATTEMPTS_DROPPED.labels(lease.queue, verdict.value).inc()
+            log.info("%s while prefetched: not started", verdict.value, extra=lease.log_fields())
+        return verdict
+
+    def ended(self, lease: Lease) -> None:
+        """The attempt ended (its outcome is on its way): its start need not be written."""
+        key = (lease.job_id, lease.lease_version)
+        if self._unmarked.pop(key, None) is None and key in self._writing:
+            self._ended_while_writing.add(key)
+
+    def _write(self, requests: list[_Request | _Key]) -> None:
+        """A batch the writer gathered: the waiting threads' requests, and the starts of
+        attempts still running (those ended meanwhile need no mark)."""
+        batch = []
+        for r in requests:
+            if isinstance(r, _Request):
+                batch.append(r)
+            else:
+                self._writing.add(r)  # before the pop: ended() may run at any moment
+                if (started := self._unmarked.pop(r, None)) is not None:
+                    batch.append(_Request(*started, waits=False))
+                else:
+                    self._writing.discard(r)
+        if not batch:
+            return
+        held = self._writer.mark(batch)
+        if held is not None:
+            self._answer(batch, held)
 
     def _answer(self, batch: list[_Request], held: services.Held) -> None:
         """Each request's verdict from what the mark found; a handler already running

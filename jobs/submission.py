@@ -19,14 +19,14 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from itertools import groupby
 from typing import Any
 
 from django.db import transaction
 
 from jobs import metrics, queues, services
-from jobs.backpressure import check_room, check_share, count_accepted, due_soon, queue_depth
-from jobs.conf import settings
+from jobs.backpressure import admit, check_room, due_soon
 from jobs.exceptions import (  # noqa: F401  (re-exported: jobs.submission.QueueFull, ...)
     RETRY_AFTER_SECONDS,
     BatchIdempotencyConflict,
@@ -45,11 +45,10 @@ from jobs.exceptions import (  # noqa: F401  (re-exported: jobs.submission.Queue
 )
 from jobs.flow import pipeline as flow
 from jobs.flow import rules as flow_rules
-from jobs.logconfig import job_log_fields
 from jobs.models import Client, Job
 from jobs.observability import hooks
 from jobs.services import Submitted
-from jobs.validation import parse_run_at, validate
+from jobs.validation import check_item
 
 log = logging.getLogger(__name__)
 
@@ -127,20 +126,6 @@ def _submit(
     unknown = sorted(set(flow_fields or {}) - set(flow_rules.FIELDS))
     if unknown:
         raise TypeError(f"submit() got unexpected keyword argument(s) {', '.join(unknown)}")
-    run_at, max_retries, digest, payload_json, timeout = validate(
-        task,
-        payload,
-        queue,
-        priority,
-        run_at,
-        max_retries,
-        idempotency_key,
-        unique_key,
-        concurrency_key,
-        timeout,
-        sequence_key,
-        for_client=client is not None,
-    )
     item = {
         "task": task,
         "payload": payload,
@@ -149,29 +134,24 @@ def _submit(
         "run_at": run_at,
         "max_retries": max_retries,
         "idempotency_key": idempotency_key,
-        "request_hash": digest,
-        "payload_json": payload_json,
         "unique_key": unique_key,
         "concurrency_key": concurrency_key,
         "timeout": timeout,
         "sequence_key": sequence_key,
         **(flow_fields or {}),
     }
-    flow_rules.check(item)
+    check_item(item, for_client=client is not None)
     return submit_checked(item, client)
 
 
 def submit_checked(item: dict[str, Any], client: Client | None) -> tuple[Job, bool]:
-    """Backpressure and the write, for a submission validate (or checked_request) has
-    passed. A SubmissionError is raised before any write, uncounted."""
+    """Backpressure and the write, for a submission check_item (or checked_request) has
+    passed. A SubmissionError is raised before any write, uncounted. The write counts
+    the job in the readings backpressure keeps (jobs.services.inserts)."""
     task, queue = item["task"], item["queue"]
     idempotency_key, digest = item["idempotency_key"], item["request_hash"]
-    limit = settings.JOBS_MAX_QUEUE_DEPTH
-    depth = queue_depth(queue, limit)
     try:
-        if depth > limit and due_soon(item["run_at"]):
-            raise QueueFull(queue, depth, limit)
-        check_share(queue, client, 1)
+        admit(queue, client, item["run_at"])
     except QueueFull:
         # A replay of a request that was already accepted is answered, not refused.
         existing = _existing(client, idempotency_key) or services.key_holder(
@@ -185,55 +165,62 @@ def submit_checked(item: dict[str, Any], client: Client | None) -> tuple[Job, bo
             raise IdempotencyConflict(existing) from None
         return existing, False
     actor = f"client:{client.name}" if client is not None else "app"
-    with hooks.sending(queue, task) as sent:  # the producer span (jobs.observability)
-        insert = _inserter(item, client, actor, sent.context)
-        if flow_rules.wanted(item):  # debounce, a key's rate or strategy: jobs.flow
-            job, created = _flow_submit(item, client, actor, insert)
-        else:
-            job, created = insert()
-        sent.job(job.pk)
+    if flow_rules.wanted(item):  # debounce, a key's rate or strategy: jobs.flow
+        write = partial(_flow_write, item, client, actor)
+    else:  # the services' insert itself
+        write = partial(services.submit, **_write_args(item, client, actor))
+    job, created = hooks.send(queue, task, write)  # in the producer span (jobs.observability)
     if created:
-        count_accepted({queue: 1}, client.pk if client is not None else None)
-        log.debug(  # per job on the hot path: quiet unless LOG_LEVEL=DEBUG
-            "job submitted",
-            extra=job_log_fields(
-                job.pk,
-                job.lease_version,
-                None,
-                queue,
-                task,
-                client=client.name if client is not None else None,
-            ),
-        )
+        fields = {
+            "job_id": job.pk,
+            "lease_version": job.lease_version,
+            "queue": queue,
+            "task": task,
+        }
+        if client is not None:
+            fields["client"] = client.name
+        log.debug("job submitted", extra=fields)  # per job: quiet unless LOG_LEVEL=DEBUG
     return job, created
+
+
+def _write_args(item: dict[str, Any], client: Client | None, actor: str) -> dict[str, Any]:
+    """services.submit's arguments for one checked item, but its trace context."""
+    return {
+        "task": item["task"],
+        "payload": item["payload"],
+        "queue": item["queue"],
+        "priority": item["priority"],
+        "run_at": item["run_at"],
+        "max_retries": item["max_retries"],
+        "client_id": client.pk if client is not None else None,
+        "idempotency_key": item["idempotency_key"],
+        "request_hash": item["request_hash"],
+        "actor": actor,
+        "payload_json": item["payload_json"],
+        "unique_key": item.get("unique_key"),
+        "concurrency_key": item.get("concurrency_key"),
+        "timeout": item.get("timeout"),
+        "sequence_key": item.get("sequence_key"),
+    }
 
 
 def _inserter(
     item: dict[str, Any], client: Client | None, actor: str, trace_context: str | None
 ) -> Callable[..., tuple[Job, bool]]:
     """The write of one checked item (services.submit); `run_at` given by jobs.flow."""
+    args = _write_args(item, client, actor)
 
     def insert(run_at: datetime | None = None) -> tuple[Job, bool]:
-        return services.submit(
-            item["task"],
-            item["payload"],
-            queue=item["queue"],
-            priority=item["priority"],
-            run_at=item["run_at"] if run_at is None else run_at,
-            max_retries=item["max_retries"],
-            client_id=client.pk if client is not None else None,
-            idempotency_key=item["idempotency_key"],
-            request_hash=item["request_hash"],
-            actor=actor,
-            payload_json=item["payload_json"],
-            unique_key=item.get("unique_key"),
-            concurrency_key=item.get("concurrency_key"),
-            timeout=item.get("timeout"),
-            trace_context=trace_context,
-            sequence_key=item.get("sequence_key"),
-        )
+        when = item["run_at"] if run_at is None else run_at
+        return services.submit(**{**args, "run_at": when}, trace_context=trace_context)
 
     return insert
+
+
+def _flow_write(
+    item: dict[str, Any], client: Client | None, actor: str, *, trace_context: str | None
+) -> tuple[Job, bool]:
+    return _flow_submit(item, client, actor, _inserter(item, client, actor, trace_context))
 
 
 def _flow_submit(
@@ -317,18 +304,10 @@ def _request_item(
             InvalidSubmission("This field may not be null.", field="payload", code="null")
         )
         return {}, errors
+    if "debounce_key" in allowed:
+        item |= {name: raw.get(name) for name in flow_rules.FIELDS}
     try:
-        item["run_at"] = parse_run_at(item["run_at"], text=True)
-        (
-            item["run_at"],
-            item["max_retries"],
-            item["request_hash"],
-            item["payload_json"],
-            item["timeout"],
-        ) = validate(**item, for_client=for_client)
-        if "debounce_key" in allowed:
-            item |= {name: raw.get(name) for name in flow_rules.FIELDS}
-            flow_rules.check(item)
+        check_item(item, for_client=for_client, run_at_text=True)
     except SubmissionError as exc:
         errors.append(exc)
     return ({}, errors) if errors else (item, [])
@@ -444,8 +423,7 @@ def submit_many(
         for n in exc.conflicts:
             metrics.SUBMISSIONS_REJECTED.labels(items[n]["queue"], "idempotency_conflict").inc()
         raise
-    created = [o for o in out if o.created]
-    count_accepted(Counter(o.queue for o in created), client.pk if client is not None else None)
+    created = [o for o in out if o.created]  # counted by their writes (jobs.services.inserts)
     if created:
         log.info(
             "%d job(s) submitted in one batch (ids %d..%d)",

@@ -274,18 +274,18 @@ def is_public(name: str) -> bool:
     return spec is not None and (spec.public or name in settings.JOBS_PUBLIC_TASKS)
 
 
+def submittable(name: str, *, for_client: bool = False) -> TaskSpec | None:
+    """The task a submission names, or None when it may not: unknown, or (for a client)
+    not public. One look-up for the submission's rules (jobs.validation)."""
+    spec = get(name)
+    if spec is None or not for_client or spec.public or name in settings.JOBS_PUBLIC_TASKS:
+        return spec
+    return None
+
+
 def public_names() -> list[str]:
     """What an `unknown_task` error may list: internal names never appear."""
     return [name for name in names() if is_public(name)]
-
-
-def validate_payload(name: str, payload: Any) -> None:
-    """Raise KeyError for an unknown task, InvalidPayload for a payload it rejects."""
-    spec = get(name)
-    if spec is None:
-        raise KeyError(name)
-    if spec.validate is not None:
-        spec.validate(payload)
 
 
 def job_of(target: Any, payload: Any = None, args: Any = None, kwargs: Any = None) -> dict:

@@ -18,6 +18,7 @@ from django.utils.dateparse import parse_datetime
 from jobs import queues, tasks
 from jobs.conf import settings
 from jobs.exceptions import InvalidSubmission, PayloadTooLarge, UnknownQueue, UnknownTask
+from jobs.flow import rules as flow_rules
 from jobs.models import PRIORITY_MAX, PRIORITY_MIN
 
 MAX_RETRIES_LIMIT = 100
@@ -183,6 +184,7 @@ def validate(
     sequence_key: Any = None,
     *,
     for_client: bool = False,
+    run_at_text: bool = False,
 ) -> tuple[datetime | None, int, str | None, str, float | None]:
     """Every rule one submission must pass; returns (run_at in UTC, max_retries,
     request hash or None, the payload as compact JSON, the timeout in seconds or None).
@@ -191,19 +193,18 @@ def validate(
     so by both API endpoints): a job in a batch is held to exactly the rules of a
     single one. `for_client`: the job belongs to an API client, which may run public
     tasks in open queues only (an internal task or queue is refused exactly like a name
-    that does not exist).
+    that does not exist). `run_at_text`: run_at may be ISO 8601 text (a JSON request).
     """
-    if (
-        not isinstance(task, str)
-        or len(task) > TASK_NAME_MAX
-        or tasks.get(task) is None
-        or (for_client and not tasks.is_public(task))
-    ):
+    spec = None
+    if isinstance(task, str) and len(task) <= TASK_NAME_MAX:
+        spec = tasks.submittable(task, for_client=for_client)
+    if spec is None:
         shown = repr(task) if len(repr(task)) <= 210 else repr(task)[:200] + "…"
         raise UnknownTask(
             f"unknown task {shown}; known: {', '.join(tasks.public_names())}", field="task"
         )
-    if not queues.valid_name(queue):
+    refused = queues.refusal(queue, for_client=for_client)
+    if refused == "invalid":
         raise InvalidSubmission(
             "queue must be 1-100 characters of letters, digits, '_', '.', ':' or '-'",
             field="queue",
@@ -211,7 +212,7 @@ def validate(
         )
     # An internal queue (the service's own, or marked so) answers a client as a name that
     # does not exist, and no client's answer lists it (D197).
-    if not queues.is_declared(queue) or (for_client and queues.is_internal(queue)):
+    if refused is not None:
         shown = queues.open_names() if for_client else queues.declared()
         raise UnknownQueue(
             f"unknown queue {queue!r}; declared (JOBS_QUEUES): {', '.join(shown)}",
@@ -221,7 +222,7 @@ def validate(
     if max_retries is None:
         max_retries = settings.JOBS_MAX_RETRIES
     max_retries = _check_int("max_retries", max_retries, 0, MAX_RETRIES_LIMIT)
-    run_at = parse_run_at(run_at)
+    run_at = parse_run_at(run_at, text=run_at_text)
     codes = {
         "idempotency_key": "invalid_idempotency_key",
         "unique_key": "invalid_unique_key",
@@ -244,7 +245,8 @@ def validate(
     timeout = check_timeout(timeout)
     payload_json = serialise_payload(payload).decode("utf-8")
     try:
-        tasks.validate_payload(task, payload)
+        if spec.validate is not None:
+            spec.validate(payload)
     except tasks.InvalidPayload as exc:
         raise InvalidSubmission(str(exc), field="payload", code="invalid_payload") from exc
 
@@ -263,6 +265,36 @@ def validate(
             sequence_key,
         )
     return run_at, max_retries, digest, payload_json, timeout
+
+
+def check_item(
+    item: dict[str, Any], *, for_client: bool = False, run_at_text: bool = False
+) -> None:
+    """Every rule of one submission, asked in one place: `validate` on the job's fields,
+    then the rules of its flow fields (jobs.flow.rules; absent ones become None). Fills
+    in `item` its run_at in UTC, max_retries, request_hash, payload_json and timeout."""
+    (
+        item["run_at"],
+        item["max_retries"],
+        item["request_hash"],
+        item["payload_json"],
+        item["timeout"],
+    ) = validate(
+        item["task"],
+        item["payload"],
+        item["queue"],
+        item["priority"],
+        item["run_at"],
+        item["max_retries"],
+        item["idempotency_key"],
+        item.get("unique_key"),
+        item.get("concurrency_key"),
+        item.get("timeout"),
+        item.get("sequence_key"),
+        for_client=for_client,
+        run_at_text=run_at_text,
+    )
+    flow_rules.check(item)
 
 
 def check_timeout(value: Any) -> float | None:

@@ -60,11 +60,14 @@ LAYERS: list[tuple[str, list[str]]] = [
     # Caches of model rows that the writes keep honest (the API clients by token hash).
     # jobs.waiting: one Redis subscription per process wakes the callers waiting on a job.
     ("model caches", ["jobs.clientcache", "jobs.waiting"]),
+    # The rules of a submission's flow fields (debounce, key strategy, rate), which
+    # jobs.validation asks with the rest of a job's rules.
+    ("flow field rules", ["jobs.flow.rules"]),
     # What a submission is checked against before anything is written: the rules of one
     # job (jobs.validation) and the room in its queue and its client's share of it.
     ("submission checks", ["jobs.validation", "jobs.backpressure"]),
     # Rates per concurrency key counted in jobs_keyhit: the claim's and the submission's.
-    ("per-key rates", ["jobs.flow.keyrate", "jobs.flow.rules"]),
+    ("per-key rates", ["jobs.flow.keyrate"]),
     # Every write, one compare-and-set each, in rooms that follow the job's life (issue
     # 43). First what they share: the lease, a finished row, how a statement runs.
     ("service statements", ["jobs.services.common"]),

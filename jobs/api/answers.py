@@ -44,6 +44,7 @@ def submitted(job: Job) -> dict[str, Any]:
         return dict(SubmittedJobSerializer(job).data)
     tz = timezone.get_current_timezone()
     timeout = job.timeout
+    progress, wait_reason = selectors.progress_and_wait(job)
     return {
         "id": job.id,
         "task": job.task,
@@ -62,7 +63,7 @@ def submitted(job: Job) -> dict[str, Any]:
         "created_at": _when(job.created_at, tz),
         "updated_at": _when(job.updated_at, tz),
         "finished_at": _when(job.finished_at, tz),
-        "progress": selectors.progress_of(job),
+        "progress": progress,
         "cancel_requested_at": _when(job.cancel_requested_at, tz),
         "cancel_too_late": job.status == Status.DONE and job.cancel_requested_at is not None,
         "unique_key": job.unique_key,
@@ -71,7 +72,7 @@ def submitted(job: Job) -> dict[str, Any]:
         "batch": job.batch_id,
         "schedule": job.schedule_id,
         "fire_time": _when(job.fire_time, tz),
-        "wait_reason": selectors.wait_reason(job),
+        "wait_reason": wait_reason,
         "chain_id": job.chain_id,
         "run_number": job.run_number or 1,
         "previous_run_ids": job.previous_run_ids,

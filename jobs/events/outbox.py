@@ -398,8 +398,7 @@ class WebhookFanout:
                 actor="api:outbox",
             )  # fmt: skip
             cur.execute(_ATTACH_SQL, [ready, [s.job_id for s in submitted]])
-            cur.execute(_CARRY_TRACE_SQL, [ready])
-            backpressure.count_accepted({signing.WEBHOOK_QUEUE: len(ready)})
+            cur.execute(_CARRY_TRACE_SQL, [ready])  # submit_many counted them (backpressure)
         return len(ready)
 
     @staticmethod

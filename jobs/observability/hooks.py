@@ -12,6 +12,7 @@ which reports nothing).
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -49,10 +50,10 @@ def watching() -> bool:
 # --- submission ---------------------------------------------------------------------
 
 
-def sending(queue: str, task: str, count: int = 1) -> tracing.Sent:
-    """`with sending(queue, task) as sent:` around a submission's insert; the job stores
-    `sent.context` (its producer span's, or the request's headers without an SDK)."""
-    return tracing.Sent(queue, task, count)
+def send(queue: str, task: str, write: Callable[..., tuple[Any, bool]]) -> tuple[Any, bool]:
+    """A submission's write in its producer span: `write(trace_context=...)` makes the
+    job, which stores the span's context (or the request's headers without an SDK)."""
+    return tracing.send(queue, task, write)
 
 
 def current_context() -> str | None:

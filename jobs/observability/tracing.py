@@ -9,7 +9,7 @@ None and every caller returns after that one check.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -154,6 +154,14 @@ class Sent:
             self.span.set_attribute("error.type", type(exc).__qualname__)
             self.span.set_status(StatusCode.ERROR, str(exc)[:200])
         self.span.end()
+
+
+def send(queue: str, task: str, write: Callable[..., tuple[Any, bool]]) -> tuple[Any, bool]:
+    """`write(trace_context=...)` in the producer span, which it names after the job made."""
+    with Sent(queue, task) as sent:
+        job, created = write(trace_context=sent.context)
+        sent.job(job.pk)
+    return job, created
 
 
 def process_span(

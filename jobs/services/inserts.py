@@ -3,8 +3,10 @@
 Each is one statement that states the keys it must not collide with (ON CONFLICT DO
 NOTHING on the idempotency and unique keys), so a refused insert says who holds the key
 instead of raising; a key held in a cold partition rolls the insert back (D159). The
-rules of what may be submitted live in jobs.submission; this room only writes, and
-signals the due rows once the transaction commits.
+rules of what may be submitted live in jobs.validation and jobs.backpressure; this room
+writes, counts what it wrote in the readings backpressure keeps (so the submission asks
+the room once and is not asked back), and signals the due rows once the transaction
+commits.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 
 from django.db import connection, transaction
 
-from jobs import lifecycle, metrics
+from jobs import backpressure, lifecycle, metrics
 from jobs.conf import settings
 from jobs.exceptions import BatchIdempotencyConflict, IdempotencyConflict
 from jobs.lifecycle import NON_TERMINAL, Status
@@ -167,6 +169,7 @@ def submit(
     due = row[-1]
     # Counted when the caller's transaction commits: a rolled-back job never existed.
     transaction.on_commit(metrics.SUBMITTED.labels(queue, task).inc)
+    backpressure.count_accepted({queue: 1}, client_id)  # this process's readings, now
     if due:
 
         def parked(ids: list[int]) -> None:
@@ -360,7 +363,10 @@ def submit_many(
             counts[(item.queue, item.task)] += 1
             if row[3]:
                 due.append((row[0], item.queue))
+        per_queue: dict[str, int] = defaultdict(int)
         for (queue, task), n in counts.items():
             _count_on_commit(metrics.child(metrics.SUBMITTED, queue, task), n)
+            per_queue[queue] += n
+        backpressure.count_accepted(per_queue, client_id)
         signal_after_commit(due, park_on_failure=True)
     return out

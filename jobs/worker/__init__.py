@@ -300,11 +300,11 @@ class Worker(Execution, Prefetch, WriteBack, Heartbeats, Watch, Shutdown):
         no row (claimed by someone else already) counts as a duplicate delivery.
         """
         try:
-            order = self.gate.open(polling_order(self._weights()))
-            leases = self.gate.claim_pending(self.worker_id, order, free, start=start)
+            leases, order = self.gate.open_after_pending(
+                self.worker_id, polling_order(self._weights()), free, start=start
+            )
             if leases:
                 return leases
-            order = self.gate.open(order)  # less any queue that claim found blocked again
             if not order:  # serving `*` and no queue has work, or every queue paused or limited
                 wake = self.gate.wake_in()
                 if wake is not None:  # a slot this worker frees may end a cap's wait sooner

@@ -1,0 +1,112 @@
+"""A submission's and a claim's path through the modules of jobs, measured as they run
+(issue 43, D363): how many modules each crosses and how often it returns to a module it
+had left. The figures are bounds, so a change that makes a path longer fails here; run
+with `-s` to print the paths (docs/architecture.md quotes them).
+
+How a path is counted: tests/callpaths.py. Both runs are real: a POST through the test
+client to PostgreSQL and Redis, and the claim a worker makes after Redis hands it an id.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from rest_framework.test import APIClient
+
+from jobs import backpressure, queuecontrol, selectors, validation
+from jobs.api.views import JobViewSet
+from jobs.models import Client, Job
+from jobs.transport import get_transport
+from jobs.worker import Worker
+from tests.callpaths import CallPath, Path
+from tests.factories import JobFactory
+from tests.test_architecture import LAYERS, layer_of
+
+pytestmark = pytest.mark.django_db
+
+# The figures after issue 43's change (D363), each a ceiling: lower it when a change
+# shortens a path. Measured the same way (docs/architecture.md): at 2b07e26, before the
+# services split, submission 10 / 15 (stages 5 / 4), claim 9 / 22 (4 / 13); with the
+# split and before this change, submission 17 / 32 (11 / 17), claim 10 / 26 (5 / 18).
+SUBMISSION = {"modules": 16, "returns": 10, "stages": 11, "stage returns": 8}
+CLAIM = {"modules": 10, "returns": 22, "stages": 5, "stage returns": 14}
+
+LOWEST = [name for name, _ in LAYERS].index("model caches")
+
+
+def lookup(module: str) -> bool:
+    """A module of the lowest layers: settings, registries, helpers, drivers, models."""
+    layer = layer_of(module)
+    return layer is not None and layer <= LOWEST
+
+
+def figures(path: CallPath) -> dict[str, int]:
+    stages = path.stages(lookup)
+    print(f"\n  every module: {path.summary()}\n  stages: {stages.summary()}")
+    return {
+        "modules": path.modules,
+        "returns": path.returns,
+        "stages": stages.modules,
+        "stage returns": stages.returns,
+    }
+
+
+def within(measured: dict[str, int], ceiling: dict[str, int]) -> list[str]:
+    return [f"{k}: {measured[k]} > {ceiling[k]}" for k in ceiling if measured[k] > ceiling[k]]
+
+
+def test_a_submission_through_the_api():
+    _, token = Client.create_with_token("paths")
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Token {token}")
+
+    def post() -> object:
+        return api.post(
+            "/api/v1/jobs/",
+            data=json.dumps({"task": "echo", "payload": {"n": 1}}),
+            content_type="application/json",
+        )
+
+    assert post().status_code == 201  # the process's first request imports and loads
+    # The readings cached for a second are read again, as every second in a live process.
+    backpressure.clear_depth_cache()
+    selectors.forget_paused_queues()
+    path = CallPath(JobViewSet.create.__code__)
+    response = path.run(post)
+    assert response.status_code == 201, response.content
+    assert Job.objects.filter(pk=response.json()["id"], status="queued").exists()
+    assert path.steps[0] == "jobs.api.views" and "jobs.services.inserts" in path.steps
+    assert within(figures(path), SUBMISSION) == []
+
+
+def test_a_claim_by_the_worker(monkeypatch):
+    monkeypatch.setattr(queuecontrol, "REFRESH_SECONDS", 3600.0)  # one read of the controls
+    job = JobFactory.create()
+    get_transport().push({"default": [job.pk]})
+    worker = Worker(["default"], concurrency=1)
+    path = CallPath(Worker._discover.__code__)
+    leases = path.run(lambda: worker._discover(1, 1))
+    assert [lease.job_id for lease in leases] == [job.pk]
+    assert path.steps[0] == "jobs.worker" and "jobs.services.claims.plain" in path.steps
+    assert within(figures(path), CLAIM) == []
+
+
+def test_a_path_counts_returns_to_a_module_left():
+    """The counting itself: a module seen again after another is a return."""
+    path = Path(["a", "b", "b", "c", "b", "a", "d"])
+    assert path.steps == ["a", "b", "c", "b", "a", "d"]
+    assert (path.modules, path.returns) == (4, 2)
+
+
+def test_the_rules_of_one_job_are_asked_in_one_place():
+    """A small path read whole: the rules ask the task and the queue registries once
+    each (a setting read is no step), then the flow fields' rules."""
+    item = {"task": "echo", "payload": {}, "queue": "default", "priority": 0,
+            "run_at": None, "max_retries": None, "idempotency_key": "k"}  # fmt: skip
+    path = CallPath(validation.check_item.__code__)
+    path.run(lambda: validation.check_item(item))
+    assert path.steps == ["jobs.validation", "jobs.tasks", "jobs.validation", "jobs.queues",
+                          "jobs.validation", "jobs.flow.rules"]  # fmt: skip
+    assert (path.modules, path.returns) == (4, 2)
+    assert item["request_hash"] and item["debounce_key"] is None
