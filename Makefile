@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-12)
 .PHONY: run test docs lint install tools migrate browser chaos chaos-long bench crash-bench webhooks durable-loop \
 	table-health table-growth fillfactor archive-bench fuzz schedules-long workflow-bench workflow-linear flow-batch \
 	stop-db reset-db clean \
-	fresh-project test-matrix
+	fresh-project test-matrix test-long
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -85,12 +85,19 @@ browser:
 ## must share one); PYTEST_ARGS= runs everything in one process, in file order.
 PYTEST_ARGS ?= -n 2 --dist loadgroup
 
-## test: the whole suite against the real PostgreSQL and Redis on 127.0.0.1.
+## test: the whole suite against the real PostgreSQL and Redis on 127.0.0.1, but for the
+## long runs (marker `long`: the quick bench, each documented make target at its quickest,
+## the quick table growth, the fresh-project and host-project installs), which
+## `make test-long` runs; .ci/run runs both.
 test: install browser tools
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	DATABASE_URL=$${DATABASE_URL:-postgres://root@127.0.0.1:5432/postgres} $(PY) manage.py makemigrations --check --dry-run --settings=jobservice.test_settings
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -m "not long" $(PYTEST_ARGS)
+
+## test-long: the suite's long runs (marker `long`), the rest of what CI runs after make test.
+test-long: install browser tools
+	$(VENV)/bin/pytest -m long $(PYTEST_ARGS)
 
 ## docs: the documentation site from docs/ (mkdocs.yml) into site/, offline, with its search
 ## index; strict: a broken link or anchor, or a page missing from the navigation, fails it.

@@ -17,7 +17,7 @@ import pytest
 from bench import fillfactor, scaling, scenarios, table_growth, webhooks  # noqa: F401
 from tests.harness import ROOT
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 
 def test_quick_bench_reports_a_figure_per_scenario(tmp_path):

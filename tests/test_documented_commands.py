@@ -49,6 +49,7 @@ SKIPPED = {
     "fresh-project": "the suite runs its test with this checkout's dependencies; "
     "test_sized_target_runs_suite_tests",
     "test-matrix": ".ci/run runs it after make test; tests/test_packaging.py checks its cells",
+    "test-long": ".ci/run runs it after make test; test_long_runs_are_what_make_test_leaves",
 }
 # The long targets' quickest options (table-health: 100 claims per phase, and the
 # fewest queued jobs that allows).
@@ -102,6 +103,15 @@ def dry_run(*args: str) -> list[str]:
         check=True,
     ).stdout
     return [line for line in out.splitlines() if line and "pip install" not in line]
+
+
+def test_long_runs_are_what_make_test_leaves():
+    """`make test` leaves the marker `long` out and `make test-long` runs exactly it; CI
+    runs both, so a long run moved out of `make test` is still run on every submission."""
+    assert dry_run("test")[-1].endswith('pytest -m "not long" -n 2 --dist loadgroup'), dry_run("test")
+    assert dry_run("test-long")[-1].endswith("pytest -m long -n 2 --dist loadgroup")
+    ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    assert ci.index("make test") < ci.index("make test-long") < ci.index("make test-matrix")
 
 
 @pytest.mark.parametrize("args", sorted(SAME_AS_SUITE), ids=" ".join)
@@ -183,6 +193,7 @@ def start_embedded(pgdata: Path) -> None:
     assert embedded_running(pgdata)
 
 
+@pytest.mark.long
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("target", [t for t in makefile_targets() if t not in SKIPPED])
 def test_make_target_runs(target, scratch_db, embedded_pgdata):

@@ -37,7 +37,7 @@ FULL = os.environ.get("FRESH_PROJECT_FULL") == "1"
 SERVER = "postgres://root@127.0.0.1:5432"
 DJANGO_6 = django.VERSION >= (6,)
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600 if FULL else 240)]
+pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.timeout(600 if FULL else 240)]
 
 
 def blocks(kind: str) -> list[str]:

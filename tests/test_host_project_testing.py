@@ -18,7 +18,7 @@ from tests.test_fresh_project import python_block as django_block
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "testing.md"
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.timeout(300)]
 
 
 def block(first_line: str) -> str:

@@ -18,7 +18,7 @@ import pytest
 from harness import DEFAULT_ADMIN_URL
 from tests.harness import ROOT
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 COMMAND = [
     *(sys.executable, "-m", "bench", "--scenario", "table-growth"),
