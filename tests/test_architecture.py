@@ -111,6 +111,8 @@ LAYERS: list[tuple[str, list[str]]] = [
                                "jobs.events.circuit", "jobs.starts"]),
     # The webhooks fan-out's write: a batch's delivery rows and their jobs (D262).
     ("webhook fan-out", ["jobs.events.fanout"]),
+    # The outbox's reads: binary, built once per reaper for its dispatchers (D270, D380).
+    ("outbox reads", ["jobs.events.reads"]),
     # An endpoint's slots as a delivery process holds them (D240): it shares them out by
     # the live delivery workers (jobs.presence).
     ("endpoint slots", ["jobs.events.endpoints"]),

@@ -18,10 +18,10 @@ from jobs.events import publish, signing, subscriber
 from jobs.events.outbox import (
     DOMAIN,
     HISTORY,
+    Built,
     Dispatcher,
     OutboxLagCollector,
     WebhookFanout,
-    _Built,
 )
 from jobs.models import Client, DomainEvent, Job, JobEvent, Webhook, WebhookDelivery
 from jobs.worker import Worker
@@ -333,7 +333,7 @@ def test_dispatchers_sharing_built_events_each_get_every_event_once_in_order(cli
     follows takes it from the window, across batch edges; one
     that fell behind the window reads the database. Every subscriber gets each event
     once, in id order, whatever the order the three tick in."""
-    built = _Built(keep=12)
+    built = Built(keep=12)
     recorders = [Recorder() for _ in range(3)]
     for i, r in enumerate(recorders):
         r.name = f"recorder{i}"

@@ -7,6 +7,8 @@ their jobs in one statement, one job per chain."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
@@ -15,6 +17,7 @@ from harness.receiver import Recording
 from jobs import services
 from jobs.events import batches, endpoints, signing
 from jobs.events.outbox import FANOUT_HISTORY, HISTORY, Dispatcher, WebhookFanout
+from jobs.events.reads import binary_rows
 from jobs.events.webhooks import deliver
 from jobs.lifecycle import Status
 from jobs.models import Client, Job, JobEvent, Webhook, WebhookDelivery
@@ -133,8 +136,11 @@ def test_the_fan_out_writes_rows_and_jobs_in_one_statement_one_job_per_chain(hoo
     with connection.cursor() as cur:
         cur.execute(FANOUT_HISTORY.events_sql, [0, 1 << 62, 1000])
         events = [FANOUT_HISTORY.event(r) for r in cur.fetchall()]
-        cur.execute(HISTORY.events_sql, [0, 1 << 62, 1000])
-        bodies = {e.id: e.body for e in map(HISTORY.event, cur.fetchall())}
+    # The whole rows as the stream and Kafka read them (binary: JSON parsed).
+    bodies = {
+        e.id: e.body
+        for e in map(HISTORY.event, binary_rows(HISTORY.events_sql, [0, 1 << 62, 1000]))
+    }
     with CaptureQueriesContext(connection) as queries, transaction.atomic():
         assert fanout.handle(events) == 15  # queued, processing, done of five jobs
     writes = [q["sql"] for q in queries if "INSERT" in q["sql"] or "UPDATE" in q["sql"]]
@@ -145,6 +151,9 @@ def test_the_fan_out_writes_rows_and_jobs_in_one_statement_one_job_per_chain(hoo
     assert WebhookDelivery.objects.filter(job_id=None).count() == 10
     assert Job.objects.filter(task=signing.DELIVER_TASK, status=Status.QUEUED).count() == 5
     assert {d.event_id: d.body for d in WebhookDelivery.objects.all()} == bodies
+    # The job's JSON as JSON, not as a string of it (a text read of the rows gave that).
+    first = json.loads(WebhookDelivery.objects.order_by("id").first().body)["data"]
+    assert first["payload"] == {"n": 0} and first["result"] == {}
     # The batch again (a dispatcher killed before its cursor moved): nothing new.
     with transaction.atomic():
         fanout.handle(events)

@@ -28,7 +28,6 @@ import logging
 import re
 import threading
 import time
-from bisect import bisect_right
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -36,7 +35,6 @@ from datetime import datetime
 from typing import Any
 
 import orjson
-import psycopg
 from django.db import DatabaseError, InterfaceError, close_old_connections, connection, transaction
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -44,6 +42,7 @@ from prometheus_client.registry import Collector
 from jobs import backpressure, metrics, selectors, services
 from jobs.conf import settings
 from jobs.events import domain_event_body, fanout, kafka, signing
+from jobs.events.reads import Built, binary_rows
 from jobs.events.streams import StreamPublisher
 from jobs.lifecycle import TERMINAL, sql_list
 from jobs.runtime import Backoff
@@ -119,6 +118,10 @@ _JOB_FIELDS = ("task", "queue", "priority", "status", "payload", "result", "erro
                "cancel_requested_at")  # fmt: skip
 
 
+# The row's columns of JSON (payload, result, error, progress): the rest are integers,
+# strings, timestamps and NULLs.
+_JSON_COLUMNS = tuple(8 + _JOB_FIELDS.index(f) for f in ("payload", "result", "error", "progress"))
+
 # What orjson may write differently from json.dumps(ensure_ascii=True), besides anything
 # outside printable ASCII (json escapes it as \uXXXX, DEL included): a float (the two
 # spell some apart: 1e-05 and 0.00001), whose token ends in a fraction or an exponent.
@@ -130,17 +133,32 @@ def _iso(value: Any) -> Any:
     return value.isoformat().replace("+00:00", "Z") if isinstance(value, datetime) else value
 
 
-def _dumps(body: dict[str, Any]) -> str:
+def _dumps(body: dict[str, Any], floats: bool = True) -> str:
     """json.dumps(body, separators=(",", ":")) with datetimes as _iso, byte for byte:
     by orjson (several times faster, the relay's main cost per event) where nothing in
-    its output can differ, else by json."""
+    its output can differ, else by json. `floats` False: the caller knows the body holds
+    no float, and the search for one (half of a body's CPU, D384) is skipped."""
     try:
         out = orjson.dumps(body, option=orjson.OPT_UTC_Z)
     except (orjson.JSONEncodeError, TypeError):  # an integer past 64 bits, a deep nesting
         out = None
-    if out is None or not out.isascii() or b"\x7f" in out or _FLOAT.search(out):
+    if out is None or not out.isascii() or b"\x7f" in out or (floats and _FLOAT.search(out)):
         return json.dumps(body, separators=(",", ":"), default=_iso)
     return out.decode()
+
+
+def _has_float(value: Any) -> bool:
+    """Whether a parsed JSON value holds a float anywhere (its only floats)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float):
+            return True
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
 
 
 @dataclass(slots=True)
@@ -186,12 +204,15 @@ def _event(row: Sequence[Any]) -> OutboxEvent:
 def _body(row: Sequence[Any], msg_id: str, kind: str) -> str:
     _, job_id, at, from_status, to_status, lease_version, seq = row[:7]
     job: dict[str, Any] = {"id": job_id}
+    floats = False
     if row[8] is not None:  # None: the job was deleted by retention since
         job.update(zip(_JOB_FIELDS, row[8:25], strict=True))  # read binary: JSON parsed
+        # Its JSON (payload, result, error, progress) holds its only floats, if any.
+        floats = any(_has_float(row[i]) for i in _JSON_COLUMNS)
     job.update({"from": from_status, "to": to_status, "lease_version": lease_version,
                 "seq": seq})  # fmt: skip
     body = {"id": msg_id, "type": kind, "created_at": at, "data": job}
-    return _dumps(body)
+    return _dumps(body, floats)
 
 
 # --- domain events ----------------------------------------------------------------------
@@ -284,10 +305,8 @@ def with_rows(events: Sequence[OutboxEvent]) -> None:
     """Read the whole row of each event read narrow (FANOUT_HISTORY), in one statement."""
     missing = {e.id: e for e in events if e.row is None}
     if missing:
-        with connection.cursor() as cur:
-            cur.execute(_EVENTS_BY_ID_SQL, [list(missing)])
-            for row in cur.fetchall():
-                missing[row[0]].row = row
+        for row in binary_rows(_EVENTS_BY_ID_SQL, [list(missing)]):
+            missing[row[0]].row = row
 
 
 # The history as the webhooks fan-out reads it: the same events, narrow rows (D262).
@@ -416,75 +435,13 @@ class WebhookFanout:
 # --- the dispatcher ----------------------------------------------------------------------
 
 
-def _read(cur, source: Source, after: int, upto: int, limit: int) -> list:
-    """The source's first `limit` events after `after` up to `upto`, built."""
-    params = [after, upto, limit]
-    if source.binary:
-        with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as raw:
-            raw.execute(source.events_sql, params, binary=True)
-            rows = raw.fetchall()
-    else:
-        cur.execute(source.events_sql, params)
-        rows = cur.fetchall()
-    return [source.event(r) for r in rows]
-
-
-class _Built:
-    """The events a dispatcher of this process built last, for the others (issue 41):
-    the webhooks, the stream and the Kafka sink read the same rows, and reading and
-    building them was most of each one's CPU. It holds, per source, a window (lo, hi]
-    with every event in it: read at or below a settled horizon, where every id is
-    committed or gone for good, so the rows of a range never change. A dispatcher
-    further back or ahead reads the database as before. A body then shows the job as it
-    was when the first dispatcher read it, as any of them might have."""
-
-    def __init__(self, keep: int) -> None:
-        self.keep = keep
-        self._lock = threading.Lock()
-        self._windows: dict[str, tuple[int, int, list]] = {}
-        self.hits = 0  # events served from a window (tests)
-
-    def read(self, cur, source: Source, after: int, upto: int, limit: int) -> list:
-        """What `_read` answers, from the window where it holds them."""
-        with self._lock:
-            lo, hi, built = self._windows.get(source.table, (0, 0, []))
-        cached: list = []
-        if lo <= after < hi:
-            ids = [e.id for e in built]
-            start, end = bisect_right(ids, after), bisect_right(ids, min(upto, hi))
-            cached = built[start : min(end, start + limit)]
-            if len(cached) == limit or hi >= upto:
-                self.hits += len(cached)
-                return cached
-            after = hi
-        self.hits += len(cached)
-        fresh = _read(cur, source, after, upto, limit - len(cached))
-        # Every event after `after` up to here is in `fresh`.
-        reached = fresh[-1].id if len(fresh) == limit - len(cached) else upto
-        self._add(source.table, after, reached, fresh)
-        return cached + fresh
-
-    def _add(self, table: str, after: int, reached: int, fresh: list) -> None:
-        with self._lock:
-            lo, hi, built = self._windows.get(table, (0, 0, []))
-            if after == hi:  # the window goes on
-                built = built + fresh
-            elif reached > hi:  # ahead of it, or none yet: a new one
-                lo, built = after, list(fresh)
-            else:
-                return
-            if len(built) > self.keep:
-                lo, built = built[-self.keep - 1].id, built[-self.keep :]
-            self._windows[table] = (lo, reached, built)
-
-
 class Dispatcher:
     """Hands every new history row to each subscriber, each behind its own cursor."""
 
     def __init__(self, subscribers: Sequence | None = None, batch: int = 500,
                  interval: float | None = None,
                  sources: Sequence[Source] = (HISTORY,),
-                 built: _Built | None = None) -> None:  # fmt: skip
+                 built: Built | None = None) -> None:  # fmt: skip
         if subscribers is None:
             subscribers = [WebhookFanout()]
             if settings.REDIS_URL:
@@ -494,13 +451,15 @@ class Dispatcher:
         self.interval = settings.JOBS_OUTBOX_INTERVAL if interval is None else interval
         self.sources = tuple(sources)
         # Shared with the process's other dispatchers by dispatchers(); else its own.
-        self.built = _Built(keep=2 * batch) if built is None else built
+        self.built = Built(keep=2 * batch) if built is None else built
         self._not_started_logged: dict[str, float] = {}
+        self.waiting = 0  # ids behind the horizon the last tick noted (run's wait)
 
     def tick(self) -> int:
         """One pass over every subscriber; the number of events handed out. A subscriber
         that fails (Redis down) rolls back alone and repeats its batch next time."""
         total = 0
+        self.waiting = 0
         for source in self.sources:
             for subscriber in self.subscribers:
                 try:
@@ -546,6 +505,8 @@ class Dispatcher:
                 cur.execute(_SNAPSHOT_SQL, [source.table])
                 snapshot = cur.fetchone()[0]
             cur.execute(_MOVE_SQL, [new_last, horizon_id, snapshot, name])
+        if horizon_id is not None:  # ids drawn behind the horizon: read next tick
+            self.waiting = max(self.waiting, horizon_id - new_last)
         if events:
             metrics.EVENTS_DISPATCHED.labels(name).inc(len(events))
         return len(events)
@@ -568,6 +529,17 @@ class Dispatcher:
         """The cursors this dispatcher moves: one per subscriber and source."""
         return [s.name + source.suffix for source in self.sources for s in self.subscribers]
 
+    def _wait(self, handed: int) -> float:
+        """At once after a full batch; soon while a drain writes events faster than a
+        tick passes them (its next horizon already holds a quarter of a batch more), so
+        a relay that is behind never sleeps a whole interval (issue 41); else the
+        interval."""
+        if handed >= self.batch:
+            return 0.0
+        if handed and self.waiting >= self.batch // BEHIND_SHARE:
+            return min(BEHIND_WAIT, self.interval)
+        return self.interval
+
     def run(self, stop: threading.Event) -> None:
         """Tick every `interval` until `stop` is set (at once again after a full batch)."""
         backoff = Backoff(max(self.interval, 0.1), 30.0)
@@ -579,7 +551,7 @@ class Dispatcher:
                 try:
                     handed = self.tick()
                     backoff.reset()
-                    wait = 0.0 if handed >= self.batch else self.interval
+                    wait = self._wait(handed)
                 except (DatabaseError, InterfaceError) as exc:
                     metrics.DB_ERRORS.labels(op="outbox").inc()
                     log.warning("outbox tick failed, postgres unavailable: %s", exc)
@@ -593,6 +565,13 @@ class Dispatcher:
             connection.close()
 
 
+# Behind: the horizon a tick noted holds a quarter of a batch or more past its cursor;
+# the next tick waits only for the writers in the horizon's snapshot to end
+# (milliseconds). Not less: a tick's own statements (two reads of pg_locks) cost about
+# as much as reading a few hundred events.
+BEHIND_SHARE = 4
+BEHIND_WAIT = 0.05
+
 # Events per tick of the reaper's dispatchers: a drain writes thousands of history rows
 # a second, and each tick's statements cost about the same for 500 rows or 2,000.
 DISPATCH_BATCH = 2000
@@ -603,7 +582,7 @@ def dispatchers() -> list[Dispatcher]:
     stream (with Redis) and the Kafka sink (when configured), so none waits for another's
     tick (a broker that is slow or away, a fan-out of many deliveries) and each keeps up
     with a drain on its own (issue 41)."""
-    built = _Built(keep=2 * DISPATCH_BATCH)  # read and built once for stream and Kafka
+    built = Built(keep=2 * DISPATCH_BATCH)  # read and built once for stream and Kafka
     found = [Dispatcher([WebhookFanout()], batch=DISPATCH_BATCH, sources=(FANOUT_HISTORY,))]
     if settings.REDIS_URL:
         found.append(Dispatcher([StreamPublisher()], batch=DISPATCH_BATCH, built=built))
