@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from django.db import transaction
+from django.db import connection, transaction
 
 from jobs import lifecycle, metrics, quotas
 from jobs.conf import settings
@@ -16,11 +16,13 @@ from jobs.lifecycle import BLOCKED_RUN_AT, TERMINAL, Role, Status, WaitReason, a
 from jobs.models import JobSignal, JobStep
 from jobs.services.common import (
     _FINISH_RETURNING,
+    _RECOVERABLE,
     _UNOWN,
     Lease,
     T,
     _count_on_commit,
     _finished,
+    _hot_rows,
     _rows,
     worker_actor,
 )
@@ -39,10 +41,12 @@ _FENCE_ONE = (
 # INSERT are one statement, like a fenced completion. The share lock holds off every
 # write of the row (a requeue, a revoke) until the step commits, and no row version,
 # trigger call or WAL of the wide job row is written per step (D320); the heartbeat
-# keeps the lease.
-_STEP_SQL = f"""
+# keeps the lease. Alone in its transaction it commits without waiting for the WAL
+# flush (D370): a checkpoint a database crash loses is a step that runs again, as after
+# a worker's crash before it, and every later durable commit of the job flushes it.
+_STEP_TEMPLATE = f"""
 WITH f AS (
-  SELECT j.id, j.lease_version FROM {T} j WHERE {_FENCE_ONE} FOR SHARE),
+  SELECT j.id, j.lease_version FROM {T} j WHERE {_FENCE_ONE}{{recoverable}} FOR SHARE),
 ins AS (
   INSERT INTO {_STEP} (job_id, name, result, lease_version, worker_id, created_at)
   SELECT f.id, %(name)s, %(result)s::jsonb, f.lease_version, %(owner)s, statement_timestamp()
@@ -50,13 +54,18 @@ ins AS (
   ON CONFLICT (job_id, name) DO NOTHING
   RETURNING id)
 SELECT (SELECT count(*) FROM f), (SELECT count(*) FROM ins)"""
+_STEP_SQL = _STEP_TEMPLATE.format(recoverable=f" AND {_RECOVERABLE}")
+# Inside a caller's transaction the setting would outlive the checkpoint: that one
+# keeps the transaction's own commit.
+_STEP_IN_TRANSACTION_SQL = _STEP_TEMPLATE.format(recoverable="")
 
 
 def checkpoint_step(lease: Lease, name: str, result_json: str) -> bool:
     """Store a step's result under the lease's fence; False when the fence refused it
     (the lease is stale: the step's effects were not recorded)."""
-    rows = _rows(
-        _STEP_SQL,
+    alone = not connection.in_atomic_block
+    rows = _hot_rows(
+        _STEP_SQL if alone else _STEP_IN_TRANSACTION_SQL,
         {
             "id": lease.job_id,
             "lv": lease.lease_version,
