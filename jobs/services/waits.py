@@ -18,6 +18,7 @@ from jobs.services.common import (
     _FINISH_RETURNING,
     _RECOVERABLE,
     _UNOWN,
+    HOT,
     Lease,
     T,
     _count_on_commit,
@@ -44,37 +45,36 @@ _FENCE_ONE = (
 # keeps the lease. Alone in its transaction it commits without waiting for the WAL
 # flush (D370): a checkpoint a database crash loses is a step that runs again, as after
 # a worker's crash before it, and every later durable commit of the job flushes it.
+# It reads the hot partition by name, with no CTE: a plan PostgreSQL keeps (D371).
 _STEP_TEMPLATE = f"""
-WITH f AS (
-  SELECT j.id, j.lease_version FROM {T} j WHERE {_FENCE_ONE}{{recoverable}} FOR SHARE),
-ins AS (
-  INSERT INTO {_STEP} (job_id, name, result, lease_version, worker_id, created_at)
-  SELECT f.id, %(name)s, %(result)s::jsonb, f.lease_version, %(owner)s, statement_timestamp()
-  FROM f
-  ON CONFLICT (job_id, name) DO NOTHING
-  RETURNING id)
-SELECT (SELECT count(*) FROM f), (SELECT count(*) FROM ins)"""
+INSERT INTO {_STEP} (job_id, name, result, lease_version, worker_id, created_at)
+SELECT j.id, %(name)s, %(result)s::jsonb, j.lease_version, j.owned_by, statement_timestamp()
+FROM {HOT} j WHERE {_FENCE_ONE}{{recoverable}} FOR SHARE
+ON CONFLICT (job_id, name) DO NOTHING
+RETURNING id"""
 _STEP_SQL = _STEP_TEMPLATE.format(recoverable=f" AND {_RECOVERABLE}")
 # Inside a caller's transaction the setting would outlive the checkpoint: that one
 # keeps the transaction's own commit.
 _STEP_IN_TRANSACTION_SQL = _STEP_TEMPLATE.format(recoverable="")
+# No row inserted: the fence refused it, or the step was stored already (then the
+# answer is the fence's).
+_STEP_FENCE_SQL = f"SELECT 1 FROM {HOT} j WHERE {_FENCE_ONE}"
 
 
 def checkpoint_step(lease: Lease, name: str, result_json: str) -> bool:
     """Store a step's result under the lease's fence; False when the fence refused it
     (the lease is stale: the step's effects were not recorded)."""
+    params = {
+        "id": lease.job_id,
+        "lv": lease.lease_version,
+        "owner": lease.worker_id,
+        "name": name,
+        "result": result_json,
+    }
     alone = not connection.in_atomic_block
-    rows = _hot_rows(
-        _STEP_SQL if alone else _STEP_IN_TRANSACTION_SQL,
-        {
-            "id": lease.job_id,
-            "lv": lease.lease_version,
-            "owner": lease.worker_id,
-            "name": name,
-            "result": result_json,
-        },
-    )
-    return bool(rows[0][0])
+    if _hot_rows(_STEP_SQL if alone else _STEP_IN_TRANSACTION_SQL, params):
+        return True
+    return bool(_hot_rows(_STEP_FENCE_SQL, params))
 
 
 # Park: processing → queued, lease bumped (the parking worker can no longer write), no
