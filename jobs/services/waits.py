@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from django.db import connection, transaction
+from django.db import transaction
 
 from jobs import lifecycle, metrics, quotas
 from jobs.conf import settings
@@ -16,7 +16,6 @@ from jobs.lifecycle import BLOCKED_RUN_AT, TERMINAL, Role, Status, WaitReason, a
 from jobs.models import JobSignal, JobStep
 from jobs.services.common import (
     _FINISH_RETURNING,
-    _RECOVERABLE,
     _UNOWN,
     HOT,
     Lease,
@@ -42,20 +41,15 @@ _FENCE_ONE = (
 # INSERT are one statement, like a fenced completion. The share lock holds off every
 # write of the row (a requeue, a revoke) until the step commits, and no row version,
 # trigger call or WAL of the wide job row is written per step (D320); the heartbeat
-# keeps the lease. Alone in its transaction it commits without waiting for the WAL
-# flush (D370): a checkpoint a database crash loses is a step that runs again, as after
-# a worker's crash before it, and every later durable commit of the job flushes it.
-# It reads the hot partition by name, with no CTE: a plan PostgreSQL keeps (D371).
-_STEP_TEMPLATE = f"""
+# keeps the lease. It reads the hot partition by name, without a CTE: a plan PostgreSQL
+# keeps, where one over jobs_job was planned again per step (D371). Its commit waits
+# for the WAL flush: a checkpoint the job's end may not outlive (D370).
+_STEP_SQL = f"""
 INSERT INTO {_STEP} (job_id, name, result, lease_version, worker_id, created_at)
 SELECT j.id, %(name)s, %(result)s::jsonb, j.lease_version, j.owned_by, statement_timestamp()
-FROM {HOT} j WHERE {_FENCE_ONE}{{recoverable}} FOR SHARE
+FROM {HOT} j WHERE {_FENCE_ONE} FOR SHARE
 ON CONFLICT (job_id, name) DO NOTHING
 RETURNING id"""
-_STEP_SQL = _STEP_TEMPLATE.format(recoverable=f" AND {_RECOVERABLE}")
-# Inside a caller's transaction the setting would outlive the checkpoint: that one
-# keeps the transaction's own commit.
-_STEP_IN_TRANSACTION_SQL = _STEP_TEMPLATE.format(recoverable="")
 # No row inserted: the fence refused it, or the step was stored already (then the
 # answer is the fence's).
 _STEP_FENCE_SQL = f"SELECT 1 FROM {HOT} j WHERE {_FENCE_ONE}"
@@ -71,8 +65,7 @@ def checkpoint_step(lease: Lease, name: str, result_json: str) -> bool:
         "name": name,
         "result": result_json,
     }
-    alone = not connection.in_atomic_block
-    if _hot_rows(_STEP_SQL if alone else _STEP_IN_TRANSACTION_SQL, params):
+    if _hot_rows(_STEP_SQL, params):
         return True
     return bool(_hot_rows(_STEP_FENCE_SQL, params))
 
