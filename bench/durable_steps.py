@@ -1,4 +1,5 @@
-"""`python -m bench.durable_steps [--jobs N] [--steps S] [--baseline REF] [--dbos]`.
+"""`python -m bench.durable_steps [--jobs N] [--steps S] [--baseline REF] [--dbos]
+[--concurrency C]` (C: the worker's --concurrency).
 
 Durable steps per second (issue 45): N jobs of S no-op checkpointed steps
 (`bench.durable_steps`) submitted first, then one default `runworker` drains them on
@@ -63,7 +64,7 @@ def _backends_cpu(url: str, seen: dict[int, float]) -> None:
             seen[pid] = max(seen.get(pid, 0.0), _cpu(pid))
 
 
-def run_jobservice(ref: str | None, jobs: int, steps: int) -> dict:
+def run_jobservice(ref: str | None, jobs: int, steps: int, concurrency: int | None = None) -> dict:
     from bench.env import Code, processes, scratch_database, setup_django
     from harness import RedisServer, wait_until
 
@@ -85,7 +86,8 @@ def run_jobservice(ref: str | None, jobs: int, steps: int) -> dict:
             procs = processes(db.url(), redis.url, Path(logs))
             try:
                 procs.reaper(root=code.root)  # repairs a push a busy machine's Redis refused
-                worker = procs.worker(root=code.root, ready=True)
+                more = ("--concurrency", str(concurrency)) if concurrency else ()
+                worker = procs.worker(*more, root=code.root, ready=True)
                 cpu_at_start = _cpu(worker.pid)
                 server: dict[int, float] = {}
                 _backends_cpu(db.url(), server)
@@ -112,7 +114,8 @@ def run_jobservice(ref: str | None, jobs: int, steps: int) -> dict:
         connections.close_all()
         per = [(a - b) / jobs for a, b in zip(after, before, strict=True)]
         cpu = [1000 * worker_cpu / jobs, 1000 * server_cpu / jobs]
-        return {"label": code.label, "span": float(span), "done": done, "per_job": per, "cpu": cpu}
+        label = code.label + (f" --concurrency {concurrency}" if concurrency else "")
+        return {"label": label, "span": float(span), "done": done, "per_job": per, "cpu": cpu}
     finally:
         redis.stop()
         db.drop()
@@ -160,7 +163,7 @@ def run_dbos(jobs: int, steps: int) -> dict | None:
         db.drop()
 
 
-def _one(kind: str, ref: str | None, jobs: int, steps: int) -> dict:
+def _one(kind: str, ref: str | None, jobs: int, steps: int, concurrency: int | None) -> dict:
     """One variant in a process of its own (Django is set up once per process)."""
     import json
     import subprocess
@@ -168,6 +171,7 @@ def _one(kind: str, ref: str | None, jobs: int, steps: int) -> dict:
 
     args = [sys.executable, "-m", "bench.durable_steps", "--jobs", str(jobs), "--steps",
             str(steps), "--only", kind] + (["--ref", ref] if ref else [])  # fmt: skip
+    args += ["--concurrency", str(concurrency)] if concurrency else []
     out = subprocess.run(args, capture_output=True, text=True, timeout=1800)
     lines = [x for x in out.stdout.splitlines() if x.startswith("{")]
     if out.returncode != 0 or not lines:
@@ -183,21 +187,23 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--baseline", help="A git ref whose worker runs the same workload first.")
     p.add_argument("--dbos", action="store_true", help="Also run the workload on DBOS.")
+    p.add_argument("--concurrency", type=int,
+                   help="The worker's --concurrency (default: runworker's own, 4).")  # fmt: skip
     p.add_argument("--only", choices=["jobservice", "dbos"], help=argparse.SUPPRESS)
     p.add_argument("--ref", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.only == "jobservice":
-        print(json.dumps(run_jobservice(args.ref, args.jobs, args.steps)))
+        print(json.dumps(run_jobservice(args.ref, args.jobs, args.steps, args.concurrency)))
         return
     if args.only == "dbos":
         print(json.dumps(run_dbos(args.jobs, args.steps) or {"label": "DBOS: NOT MEASURED"}))
         return
     results = []
     if args.baseline:
-        results.append(_one("jobservice", args.baseline, args.jobs, args.steps))
-    results.append(_one("jobservice", None, args.jobs, args.steps))
+        results.append(_one("jobservice", args.baseline, args.jobs, args.steps, args.concurrency))
+    results.append(_one("jobservice", None, args.jobs, args.steps, args.concurrency))
     if args.dbos:
-        results.append(_one("dbos", None, args.jobs, args.steps))
+        results.append(_one("dbos", None, args.jobs, args.steps, None))
     total = args.jobs * args.steps
     for r in results:
         if "span" not in r:
