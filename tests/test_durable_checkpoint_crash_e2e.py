@@ -14,18 +14,16 @@ invariants hold.
 
 from __future__ import annotations
 
-import json
-import subprocess
 from collections import defaultdict
 from pathlib import Path
 
 import psycopg
 import pytest
-from django.conf import settings as dj_settings
 
 from chaos import checks
-from harness import Processes, manage, service_env, wait_until
-from harness.pgserver import PostgresServer, available
+from harness import Processes, wait_until
+from tests.test_async_commit_e2e import Stack as AsyncCommitStack
+from tests.test_async_commit_e2e import private_stack
 
 pytestmark = pytest.mark.slow
 
@@ -34,23 +32,7 @@ STEP_SECONDS = 0.004  # 5 steps of 4 ms: two workers take several seconds, the s
 FAST = {"JOBS_LEASE_SECONDS": "4", "JOBS_PRESENCE_SECONDS": "0.5"}
 
 
-class Stack:
-    def __init__(self, server: PostgresServer, env: dict[str, str]) -> None:
-        self.server, self.env = server, env
-        self.url = env["DATABASE_URL"]
-
-    def python(self, code: str) -> list:
-        """`code` in a Django shell on the private server; the JSON it prints last."""
-        out = subprocess.run(manage("shell", "-c", code), env=self.env, capture_output=True,
-                             text=True, timeout=120)  # fmt: skip
-        assert out.returncode == 0, out.stdout + out.stderr
-        return json.loads(out.stdout.strip().splitlines()[-1])
-
-    def crash(self) -> None:
-        """Stop PostgreSQL with `pg_ctl stop -m immediate` and start it again."""
-        self.server.stop_immediate()
-        self.server.start()
-
+class Stack(AsyncCommitStack):
     def one(self, sql: str, params: list) -> tuple:
         with psycopg.connect(self.url, autocommit=True) as conn:
             return conn.execute(sql, params).fetchone()
@@ -62,22 +44,8 @@ class Stack:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    reason = available()
-    if reason:
-        pytest.skip(reason)
-    server = PostgresServer(PostgresServer.QUIET).start()
-    try:
-        env = service_env(server.createdb("jobs"), dj_settings.REDIS_URL,
-                          dj_settings.JOBS_REDIS_PREFIX + "asyncstep:",
-                          "demo.tasks,tests.durable_tasks", **FAST)  # fmt: skip
-        top = Stack(server, env)
-        out = subprocess.run(manage("migrate", "--noinput"), env=env, capture_output=True,
-                             text=True, timeout=300)  # fmt: skip
-        assert out.returncode == 0, out.stdout + out.stderr
-        top.logs = tmp_path_factory.mktemp("asyncstep")
-        yield top
-    finally:
-        server.close()
+    yield from private_stack(tmp_path_factory, Stack, "asyncstep",
+                             "demo.tasks,tests.durable_tasks", **FAST)  # fmt: skip
 
 
 def _lease(job_id: int, lv: int) -> str:
