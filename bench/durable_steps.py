@@ -1,10 +1,14 @@
-"""`python -m bench.durable_steps [--jobs N] [--steps S] [--baseline REF] [--dbos]`.
+"""`python -m bench.durable_steps [--jobs N] [--steps S] [--baseline REF] [--dbos]
+[--concurrency C]` (C: the worker's --concurrency).
 
 Durable steps per second (issue 45): N jobs of S no-op checkpointed steps
 (`bench.durable_steps`) submitted first, then one default `runworker` drains them on
 a scratch database and a private redis-server; steps/s is N x S over first start ->
 last finish (database clock). Also the rows written and the transactions committed per
-job (pg_stat counters of the scratch database, every process included). `--baseline
+job (pg_stat counters of the scratch database, every process included) and the CPU
+per job of the worker process and of the database's server processes (from /proc,
+from the worker's start to the last job's end: a figure the machine's load moves less
+than the wall clock). `--baseline
 REF` runs the same with the worker of a git ref, side by side; `--dbos` the same
 workload on DBOS Transact (not a dependency: `pip install dbos==3.4.0` by hand, as the
 pgqueuer peer, D248): S @DBOS.step no-ops in a @DBOS.workflow, N workflows enqueued on
@@ -15,6 +19,7 @@ reports; it never asserts a timing.
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -33,7 +38,33 @@ def _counters(url: str) -> tuple[int, int, int]:
         return tuple(int(v) for v in conn.execute(_COUNTERS_SQL).fetchone())
 
 
-def run_jobservice(ref: str | None, jobs: int, steps: int) -> dict:
+_TICK = os.sysconf("SC_CLK_TCK")
+_BACKENDS_SQL = "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+
+
+def _cpu(pid: int) -> float:
+    """User + system CPU seconds of a process so far (0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def _backends_cpu(url: str, seen: dict[int, float]) -> None:
+    """Record the CPU of the database's server processes now (their pids from
+    pg_stat_activity): a backend's last reading stands for it once it is gone."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        pids = [r[0] for r in conn.execute(_BACKENDS_SQL).fetchall()]
+        me = conn.info.backend_pid
+    for pid in pids:
+        if pid != me:
+            seen[pid] = max(seen.get(pid, 0.0), _cpu(pid))
+
+
+def run_jobservice(ref: str | None, jobs: int, steps: int, concurrency: int | None = None) -> dict:
     from bench.env import Code, processes, scratch_database, setup_django
     from harness import RedisServer, wait_until
 
@@ -55,8 +86,21 @@ def run_jobservice(ref: str | None, jobs: int, steps: int) -> dict:
             procs = processes(db.url(), redis.url, Path(logs))
             try:
                 procs.reaper(root=code.root)  # repairs a push a busy machine's Redis refused
-                procs.worker(root=code.root)
-                wait_until(lambda: _finished(db.url()) >= jobs, 600, "jobs done", interval=0.2)
+                more = ("--concurrency", str(concurrency)) if concurrency else ()
+                worker = procs.worker(*more, root=code.root, ready=True)
+                cpu_at_start = _cpu(worker.pid)
+                server: dict[int, float] = {}
+                _backends_cpu(db.url(), server)
+                server_at_start = dict(server)
+
+                def done() -> bool:
+                    _backends_cpu(db.url(), server)
+                    return _finished(db.url()) >= jobs
+
+                wait_until(done, 600, "jobs done", interval=0.2)
+                worker_cpu = _cpu(worker.pid) - cpu_at_start
+                _backends_cpu(db.url(), server)
+                server_cpu = sum(v - server_at_start.get(k, 0.0) for k, v in server.items())
             finally:
                 procs.stop_all()
         time.sleep(1.0)
@@ -69,7 +113,9 @@ def run_jobservice(ref: str | None, jobs: int, steps: int) -> dict:
             span, done = cur.fetchone()
         connections.close_all()
         per = [(a - b) / jobs for a, b in zip(after, before, strict=True)]
-        return {"label": code.label, "span": float(span), "done": done, "per_job": per}
+        cpu = [1000 * worker_cpu / jobs, 1000 * server_cpu / jobs]
+        label = code.label + (f" --concurrency {concurrency}" if concurrency else "")
+        return {"label": label, "span": float(span), "done": done, "per_job": per, "cpu": cpu}
     finally:
         redis.stop()
         db.drop()
@@ -117,7 +163,7 @@ def run_dbos(jobs: int, steps: int) -> dict | None:
         db.drop()
 
 
-def _one(kind: str, ref: str | None, jobs: int, steps: int) -> dict:
+def _one(kind: str, ref: str | None, jobs: int, steps: int, concurrency: int | None) -> dict:
     """One variant in a process of its own (Django is set up once per process)."""
     import json
     import subprocess
@@ -125,6 +171,7 @@ def _one(kind: str, ref: str | None, jobs: int, steps: int) -> dict:
 
     args = [sys.executable, "-m", "bench.durable_steps", "--jobs", str(jobs), "--steps",
             str(steps), "--only", kind] + (["--ref", ref] if ref else [])  # fmt: skip
+    args += ["--concurrency", str(concurrency)] if concurrency else []
     out = subprocess.run(args, capture_output=True, text=True, timeout=1800)
     lines = [x for x in out.stdout.splitlines() if x.startswith("{")]
     if out.returncode != 0 or not lines:
@@ -140,21 +187,23 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--baseline", help="A git ref whose worker runs the same workload first.")
     p.add_argument("--dbos", action="store_true", help="Also run the workload on DBOS.")
+    p.add_argument("--concurrency", type=int,
+                   help="The worker's --concurrency (default: runworker's own, 4).")  # fmt: skip
     p.add_argument("--only", choices=["jobservice", "dbos"], help=argparse.SUPPRESS)
     p.add_argument("--ref", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.only == "jobservice":
-        print(json.dumps(run_jobservice(args.ref, args.jobs, args.steps)))
+        print(json.dumps(run_jobservice(args.ref, args.jobs, args.steps, args.concurrency)))
         return
     if args.only == "dbos":
         print(json.dumps(run_dbos(args.jobs, args.steps) or {"label": "DBOS: NOT MEASURED"}))
         return
     results = []
     if args.baseline:
-        results.append(_one("jobservice", args.baseline, args.jobs, args.steps))
-    results.append(_one("jobservice", None, args.jobs, args.steps))
+        results.append(_one("jobservice", args.baseline, args.jobs, args.steps, args.concurrency))
+    results.append(_one("jobservice", None, args.jobs, args.steps, args.concurrency))
     if args.dbos:
-        results.append(_one("dbos", None, args.jobs, args.steps))
+        results.append(_one("dbos", None, args.jobs, args.steps, None))
     total = args.jobs * args.steps
     for r in results:
         if "span" not in r:
@@ -164,7 +213,10 @@ def main(argv: list[str] | None = None) -> None:
         line += f"{total / r['span']:.0f} steps/s"
         if r["per_job"]:
             xacts, ins, upd = r["per_job"]
-            line += f" ({xacts:.1f} commits, {ins:.1f} rows inserted, {upd:.1f} updated per job)"
+            line += f" ({xacts:.1f} commits, {ins:.1f} rows inserted, {upd:.1f} updated per job"
+            if r.get("cpu"):
+                line += ", CPU {:.2f} ms worker + {:.2f} ms PostgreSQL per job".format(*r["cpu"])
+            line += ")"
         print(line, flush=True)
 
 

@@ -142,3 +142,30 @@ def versioned(payload: dict, ctx: Any) -> dict:
     ctx.sleep(payload.get("sleep", 0))
     c = ctx.step("c", lambda: "c")
     return {"a": a, "b": b, "c": c}
+
+
+def _logged_run(directory: str, n: int, job_id: int, lease_version: int, seconds: float) -> list:
+    """Step n's run, one line ("job step lease") in one append-only file shared by every
+    worker: a run under a later lease than its committed checkpoint's would be a
+    committed step run again."""
+    with (Path(directory) / "step-runs").open("a") as f:
+        f.write(f"{job_id} s{n} {lease_version}\n")
+    time.sleep(seconds)
+    return [n, lease_version]
+
+
+@task("durable.logged_steps")
+def logged_steps(payload: dict, ctx: Any) -> list:
+    """Five steps that log each run of their function (the async checkpoint fault test)."""
+    return [
+        ctx.step(
+            f"s{n}",
+            _logged_run,
+            payload["dir"],
+            n,
+            ctx.job_id,
+            ctx.lease_version,
+            payload.get("seconds", 0),
+        )  # fmt: skip
+        for n in range(1, 6)
+    ]

@@ -51,23 +51,28 @@ class Stack:
             return {k: v for k, v in checks.run_all(conn, accepted).items() if v}
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory):
+def private_stack(factory, cls: type[Stack], name: str, tasks: str, **settings: str):
+    """A Stack on a PostgreSQL server of its own, migrated (a module fixture's body)."""
     reason = available()
     if reason:
         pytest.skip(reason)
     server = PostgresServer(PostgresServer.QUIET).start()
     try:
         env = service_env(server.createdb("jobs"), dj_settings.REDIS_URL,
-                          dj_settings.JOBS_REDIS_PREFIX + "asynccommit:", "demo.tasks")  # fmt: skip
-        top = Stack(server, env)
+                          f"{dj_settings.JOBS_REDIS_PREFIX}{name}:", tasks, **settings)  # fmt: skip
+        top = cls(server, env)
         out = subprocess.run(manage("migrate", "--noinput"), env=env, capture_output=True,
                              text=True, timeout=300)  # fmt: skip
         assert out.returncode == 0, out.stdout + out.stderr
-        top.logs = tmp_path_factory.mktemp("asynccommit")
+        top.logs = factory.mktemp(name)
         yield top
     finally:
         server.close()
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    yield from private_stack(tmp_path_factory, Stack, "asynccommit", "demo.tasks")
 
 
 def _row(stack: Stack, job_id: int) -> tuple:

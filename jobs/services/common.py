@@ -26,6 +26,9 @@ from jobs.models import Job
 log = logging.getLogger(__name__)
 
 T = Job._meta.db_table
+# The partition of live jobs (lifecycle.hot_sql): a statement about one live job that
+# names it plans like a plain table, where jobs_job's plan weighs every partition.
+HOT = f"{T}_hot"
 # What a finished row needs to report its metrics. Latency counts from when the job
 # became due (SPEC §6): `due_at`, or created_at on rows older than that column.
 _FINISH_RETURNING = (

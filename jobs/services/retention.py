@@ -10,18 +10,17 @@ from functools import partial
 
 from jobs.lifecycle import TERMINAL
 from jobs.models import JobEvent
-from jobs.services.common import _rows, moved_retry
+from jobs.services.common import HOT, _rows, moved_retry
 
 _H = JobEvent._meta.db_table
 
 
-# Row-wise retention reads the hot partition only: a cold period goes whole, by
+# Row-wise retention reads the hot partition (HOT) only: a cold period goes whole, by
 # partition (jobs.archive.retention), once every job of it is finished and moved.
-_HOT = "jobs_job_hot"
 
 _PRUNE_SQL = f"""
 WITH victims AS (
-  SELECT id FROM {_HOT}
+  SELECT id FROM {HOT}
   WHERE status = ANY(%(statuses)s)
     AND finished_at < now() - %(age)s * interval '1 second'
   LIMIT %(batch)s
@@ -34,7 +33,7 @@ edges AS (DELETE FROM jobs_jobdependency
           WHERE child_id IN (SELECT id FROM victims) OR parent_id IN (SELECT id FROM victims)),
 -- A webhook delivery goes with its delivery job (jobs.events): its status was the job's.
 dl AS (DELETE FROM jobs_webhookdelivery WHERE job_id IN (SELECT id FROM victims)),
-gone AS (DELETE FROM {_HOT} WHERE id IN (SELECT id FROM victims) RETURNING 1)
+gone AS (DELETE FROM {HOT} WHERE id IN (SELECT id FROM victims) RETURNING 1)
 SELECT count(*) FROM gone"""
 
 

@@ -17,10 +17,12 @@ from jobs.models import JobSignal, JobStep
 from jobs.services.common import (
     _FINISH_RETURNING,
     _UNOWN,
+    HOT,
     Lease,
     T,
     _count_on_commit,
     _finished,
+    _hot_rows,
     _rows,
     worker_actor,
 )
@@ -39,33 +41,33 @@ _FENCE_ONE = (
 # INSERT are one statement, like a fenced completion. The share lock holds off every
 # write of the row (a requeue, a revoke) until the step commits, and no row version,
 # trigger call or WAL of the wide job row is written per step (D320); the heartbeat
-# keeps the lease.
+# keeps the lease. It reads the hot partition by name, without a CTE: a plan PostgreSQL
+# keeps, where one over jobs_job was planned again per step (D371). Its commit waits
+# for the WAL flush: a checkpoint the job's end may not outlive (D370).
 _STEP_SQL = f"""
-WITH f AS (
-  SELECT j.id, j.lease_version FROM {T} j WHERE {_FENCE_ONE} FOR SHARE),
-ins AS (
-  INSERT INTO {_STEP} (job_id, name, result, lease_version, worker_id, created_at)
-  SELECT f.id, %(name)s, %(result)s::jsonb, f.lease_version, %(owner)s, statement_timestamp()
-  FROM f
-  ON CONFLICT (job_id, name) DO NOTHING
-  RETURNING id)
-SELECT (SELECT count(*) FROM f), (SELECT count(*) FROM ins)"""
+INSERT INTO {_STEP} (job_id, name, result, lease_version, worker_id, created_at)
+SELECT j.id, %(name)s, %(result)s::jsonb, j.lease_version, j.owned_by, statement_timestamp()
+FROM {HOT} j WHERE {_FENCE_ONE} FOR SHARE
+ON CONFLICT (job_id, name) DO NOTHING
+RETURNING id"""
+# No row inserted: the fence refused it, or the step was stored already (then the
+# answer is the fence's).
+_STEP_FENCE_SQL = f"SELECT 1 FROM {HOT} j WHERE {_FENCE_ONE}"
 
 
 def checkpoint_step(lease: Lease, name: str, result_json: str) -> bool:
     """Store a step's result under the lease's fence; False when the fence refused it
     (the lease is stale: the step's effects were not recorded)."""
-    rows = _rows(
-        _STEP_SQL,
-        {
-            "id": lease.job_id,
-            "lv": lease.lease_version,
-            "owner": lease.worker_id,
-            "name": name,
-            "result": result_json,
-        },
-    )
-    return bool(rows[0][0])
+    params = {
+        "id": lease.job_id,
+        "lv": lease.lease_version,
+        "owner": lease.worker_id,
+        "name": name,
+        "result": result_json,
+    }
+    if _hot_rows(_STEP_SQL, params):
+        return True
+    return bool(_hot_rows(_STEP_FENCE_SQL, params))
 
 
 # Park: processing → queued, lease bumped (the parking worker can no longer write), no
