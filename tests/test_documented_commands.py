@@ -108,8 +108,9 @@ def dry_run(*args: str) -> list[str]:
 def test_long_runs_are_what_make_test_leaves():
     """`make test` leaves the marker `long` out and `make test-long` runs exactly it; CI
     runs both, so a long run moved out of `make test` is still run on every submission."""
-    assert dry_run("test")[-1].endswith('pytest -m "not long" -n 2 --dist loadgroup'), dry_run("test")
-    assert dry_run("test-long")[-1].endswith("pytest -m long -n 2 --dist loadgroup")
+    test, long = dry_run("test")[-1], dry_run("test-long")[-1]
+    assert test.endswith('pytest -m "not long" -n 2 --dist loadgroup'), test
+    assert long.endswith("pytest -m long -n 2 --dist loadgroup"), long
     ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
     assert ci.index("make test") < ci.index("make test-long") < ci.index("make test-matrix")
 
