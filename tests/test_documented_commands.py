@@ -109,8 +109,8 @@ def test_long_runs_are_what_make_test_leaves():
     """`make test` leaves the marker `long` out and `make test-long` runs exactly it; CI
     runs both, so a long run moved out of `make test` is still run on every submission."""
     test, long = dry_run("test")[-1], dry_run("test-long")[-1]
-    assert test.endswith('pytest -m "not long" -n 2 --dist loadgroup'), test
-    assert long.endswith("pytest -m long -n 2 --dist loadgroup"), long
+    assert '/pytest -m "not long" ' in test, test  # PYTEST_ARGS follow, as a caller sets them
+    assert "/pytest -m long " in long, long
     ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
     assert ci.index("make test") < ci.index("make test-long") < ci.index("make test-matrix")
 

@@ -76,7 +76,11 @@ def parks(jobs: list[int]) -> int:
                                    to_status=Status.QUEUED).count()  # fmt: skip
 
 
-def test_a_fast_endpoints_deliveries_go_out_in_the_first_ones_run(hook, receiver):
+def test_a_fast_endpoints_deliveries_go_out_in_the_first_ones_run(hook, receiver, monkeypatch):
+    # What "fast" and the run's length are is the bench's question; here, that a run
+    # takes the others: a loaded machine's 50 ms call must not end it.
+    monkeypatch.setattr(batches, "FAST_SECONDS", 2.0)
+    monkeypatch.setattr(batches, "RUN_SECONDS", 30.0)
     jobs = deliveries_queued(hook)
     assert attempt(jobs[0])["run"] == N - 1  # its run took the other eleven
     assert len(receiver.calls) == N
