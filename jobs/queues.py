@@ -182,7 +182,11 @@ def is_declared(name: Any) -> bool:
 def is_internal(name: str) -> bool:
     """The service's own queue (a built-in one) or one an operator marked `"internal":
     true`: code may submit to it, a client may not (D197)."""
-    return name in BUILTIN or declared().get(name, {}).get("internal") is True
+    return _internal(name, declared().get(name, {}))
+
+
+def _internal(name: str, declared_as: dict[str, Any]) -> bool:
+    return name in BUILTIN or declared_as.get("internal") is True
 
 
 def refusal(name: Any, *, for_client: bool = False) -> str | None:
@@ -192,7 +196,7 @@ def refusal(name: Any, *, for_client: bool = False) -> str | None:
     if not valid_name(name):
         return "invalid"
     found = declared().get(name)
-    if found is None or (for_client and (name in BUILTIN or found.get("internal") is True)):
+    if found is None or (for_client and _internal(name, found)):
         return "unknown"
     return None
 

@@ -271,14 +271,18 @@ def names() -> list[str]:
 def is_public(name: str) -> bool:
     """A client may submit it: registered public, or made so by JOBS_PUBLIC_TASKS."""
     spec = get(name)
-    return spec is not None and (spec.public or name in settings.JOBS_PUBLIC_TASKS)
+    return spec is not None and _public(name, spec)
+
+
+def _public(name: str, spec: TaskSpec) -> bool:
+    return spec.public or name in settings.JOBS_PUBLIC_TASKS
 
 
 def submittable(name: str, *, for_client: bool = False) -> TaskSpec | None:
     """The task a submission names, or None when it may not: unknown, or (for a client)
     not public. One look-up for the submission's rules (jobs.validation)."""
     spec = get(name)
-    if spec is None or not for_client or spec.public or name in settings.JOBS_PUBLIC_TASKS:
+    if spec is None or not for_client or _public(name, spec):
         return spec
     return None
 
