@@ -65,6 +65,19 @@ def test_a_slow_endpoint_parks_at_once(slots):
     again.give()
 
 
+def test_a_kept_session_the_server_ended_does_not_park_a_delivery(slots):
+    first = slots.take(WEBHOOK)
+    pid = first.slot.session.info.backend_pid
+    first.give()
+    assert slots.release_idle() == 1  # its session is kept for the next slot
+    with psycopg.connect(database_url(), autocommit=True) as other:
+        assert other.execute("SELECT pg_terminate_backend(%s, 10000)", [pid]).fetchone()[0]
+    again = slots.take(WEBHOOK)
+    assert again is not None and again.slot.session.info.backend_pid != pid
+    assert held_elsewhere(0)
+    again.give()
+
+
 def test_no_slot_when_other_processes_hold_them_all(slots, settings):
     settings.JOBS_WEBHOOK_ENDPOINT_CONCURRENCY = 2
     with psycopg.connect(database_url(), autocommit=True) as other:

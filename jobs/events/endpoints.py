@@ -353,25 +353,30 @@ class Slots:
             self._workers, self._workers_at = max(1, row[0]), time.monotonic()
 
     def _lock_one(self, webhook_id: int, numbers: list[int]) -> Slot | None:
-        session = self._session()
-        if session is None:
+        # A kept session the server ended while it waited (a restart, an operator's
+        # pg_terminate_backend) fails at its first use: one new session tries again, so
+        # a dead spare never parks a delivery whose endpoint has a free slot.
+        for spare_allowed in (True, False):
+            session = self._session(spare_allowed)
+            if session is None:
+                return None
+            try:
+                self._count_workers(session)
+                for number in random.sample(numbers, len(numbers)):
+                    row = session.execute(_TAKE_SQL, [ENDPOINT_LOCK_SPACE + number, webhook_id])
+                    if row.fetchone()[0]:
+                        return Slot(webhook_id, number, session)
+            except psycopg.Error as exc:
+                log.warning("endpoint slot session failed: %s", exc)
+                session.close()
+                continue
+            self._spare_session(session)
             return None
-        try:
-            self._count_workers(session)
-            for number in random.sample(numbers, len(numbers)):
-                row = session.execute(_TAKE_SQL, [ENDPOINT_LOCK_SPACE + number, webhook_id])
-                if row.fetchone()[0]:
-                    return Slot(webhook_id, number, session)
-        except psycopg.Error as exc:
-            log.warning("endpoint slot session failed: %s", exc)
-            session.close()
-            return None
-        self._spare_session(session)
         return None
 
-    def _session(self) -> psycopg.Connection | None:
+    def _session(self, spare_allowed: bool = True) -> psycopg.Connection | None:
         with self._lock:
-            if self._spare:
+            if self._spare and spare_allowed:
                 return self._spare.pop()
         from jobs.presence import direct_connection_params
 
