@@ -32,11 +32,11 @@ def _api(tmp_path, lane: str, **env: str) -> ApiServer:
     return ApiServer(tmp_path, metrics_dir, WEB_CONCURRENCY="1", JOBS_API_FAST_LANE=lane, **env)
 
 
-def _post(api: ApiServer, token: str, body=BODY) -> tuple[int, HTTPMessage, bytes]:
+def _post(api: ApiServer, token: str) -> tuple[int, HTTPMessage, bytes]:
     """A plain submission, as the lane serves it."""
     conn = http.client.HTTPConnection("127.0.0.1", api.port, timeout=30)
     try:
-        conn.request("POST", "/api/v1/jobs/", body=body, headers={
+        conn.request("POST", "/api/v1/jobs/", body=BODY, headers={
             "Authorization": f"Token {token}", "Content-Type": "application/json",
         })  # fmt: skip
         resp = conn.getresponse()
