@@ -63,6 +63,16 @@ class QueueSpec:
                 out[queue] = weight
         return out
 
+    def polling_order(
+        self,
+        found: Iterable[str] = (),
+        defaults: Mapping[str, float] | None = None,
+        rng: random.Random | None = None,
+    ) -> list[str]:
+        """The queues to poll now in their weighted random order: `with_queues`, then
+        `polling_order`, in one call."""
+        return polling_order(self.with_queues(found, defaults), rng)
+
     def without(self, queue: str) -> QueueSpec:
         """This spec less `queue`, which `*` no longer adds either (its own worker has it)."""
         return replace(

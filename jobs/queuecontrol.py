@@ -24,6 +24,7 @@ from django.db import transaction
 from django.db.models.functions import Now
 
 from jobs import queues, selectors, services
+from jobs.dispatch import QueueSpec
 from jobs.models import Queue
 from jobs.services import Lease
 
@@ -199,15 +200,28 @@ class Gate:
         pending = [q for q in order if q in self._pending]
         return self.claim_next(worker_id, pending, limit, start=start) if pending else []
 
-    def open_after_pending(
-        self, worker_id: str, order: list[str], limit: int, *, start: int | None = None
-    ) -> tuple[list[Lease], list[str]]:
-        """A worker's first ask, in one call: the work the controls held back claimed
-        (claim_pending) from the open queues of `order`, and the queues open after it
-        (less any that claim found blocked again)."""
-        order = self.open(order)
+    def polling_order(self, spec: QueueSpec, found: Iterable[str] = ()) -> list[str]:
+        """The queues of `spec` (and `found`, for `*`) in a weighted random order, a
+        weight the spec does not give taken from the controls; paused or blocked ones
+        left out."""
+        return self.open(spec.polling_order(found, self.weights()))
+
+    def first_look(
+        self,
+        worker_id: str,
+        spec: QueueSpec,
+        found: Iterable[str],
+        limit: int,
+        *,
+        start: int | None = None,
+    ) -> tuple[list[Lease], list[str], float | None]:
+        """A worker's first ask of a discovery, in one call: its open queues in polling
+        order (polling_order), the work the controls held back claimed from them
+        (claim_pending), the queues open after that claim (less any it found blocked
+        again), and the seconds until a blocked queue may be claimed again (wake_in)."""
+        order = self.polling_order(spec, found)
         leases = self.claim_pending(worker_id, order, limit, start=start)
-        return leases, order if leases else self.open(order)
+        return leases, order if leases else self.open(order), self.wake_in()
 
     def claim_next(
         self, worker_id: str, order: Iterable[str], limit: int, *, start: int | None = None

@@ -77,21 +77,26 @@ class StopRequests:
 
 class Backoff:
     """Exponential backoff: `next()` gives the wait to use now and doubles the next one
-    up to `maximum`; `reset()` after a success starts again from `initial`."""
+    up to `maximum`; `reset()` after a success starts again from `initial`. `backing_off`
+    says whether there is anything to reset (a hot loop checks it, not calling reset()
+    after every success)."""
 
     def __init__(self, initial: float, maximum: float, factor: float = 2.0) -> None:
         self.initial = initial
         self.maximum = maximum
         self.factor = factor
         self.current = initial
+        self.backing_off = False
 
     def next(self) -> float:
         wait = self.current
         self.current = min(self.current * self.factor, self.maximum)
+        self.backing_off = True
         return wait
 
     def reset(self) -> None:
         self.current = self.initial
+        self.backing_off = False
 
 
 def add_metrics_arguments(parser) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -263,16 +263,18 @@ class QueueControl:
     key_concurrency: int | None = None
     key_rate_limit: int | None = None
     key_rate_period: int | None = None
+    # Claimed under the queue's row lock (a cap, a rate, a per-key cap or rate). Set once
+    # when the row is read: every claim of the worker asks it.
+    limited: bool = field(init=False)
 
-    @property
-    def limited(self) -> bool:
-        """Claimed under the queue's row lock (a cap, a rate, a per-key cap or rate)."""
-        return (
+    def __post_init__(self) -> None:
+        limited = (
             self.concurrency is not None
             or self.rate_limit is not None
             or self.key_concurrency is not None
             or self.key_rate_limit is not None
         )
+        object.__setattr__(self, "limited", limited)
 
 
 def paused_queues() -> list[str]:

@@ -97,9 +97,7 @@ def run_jobs(
 
 def _claim(worker: Worker, limit: int) -> list[Lease]:
     """What the worker's dispatcher claims from PostgreSQL (Redis hints are not read)."""
-    from jobs.dispatch import polling_order
-
-    order = worker.gate.open(polling_order(worker._weights()))
+    order = worker.gate.polling_order(worker.spec, worker._queues_found())
     if not order:
         return []
     return worker.gate.claim_next(worker.worker_id, order, limit, start=limit)

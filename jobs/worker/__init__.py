@@ -48,7 +48,7 @@ from django.db import (
 
 from jobs import durable, metrics, selectors, tasks, watchdog
 from jobs.conf import settings
-from jobs.dispatch import QueueSpec, parse_queues, polling_order
+from jobs.dispatch import QueueSpec, parse_queues
 from jobs.errors import PerKeyRateLimit
 from jobs.presence import Presence
 from jobs.queuecontrol import Gate
@@ -140,7 +140,8 @@ class Worker(Execution, Prefetch, WriteBack, Heartbeats, Watch, Shutdown):
         # The built-in queues (webhook deliveries) do not count: the default worker
         # serves `default,webhooks`.
         own = [q for q in self.spec.weights if q not in BUILTIN_QUEUES]
-        self._several_queues = len(own) > 1 or self.spec.serves_all
+        self._serves_all = self.spec.serves_all  # the spec is the worker's for its life
+        self._several_queues = len(own) > 1 or self._serves_all
         self._run_time: float | None = None  # estimated seconds per job; None: not measured
         self._long_running = 0  # handlers busy for longer than the prefetch window
         self._long_at = float("-inf")
@@ -285,12 +286,13 @@ class Worker(Execution, Prefetch, WriteBack, Heartbeats, Watch, Shutdown):
         log.info("worker stopped", extra={"worker_id": self.worker_id, "finished": self.finished})
         return self.finished
 
-    def _weights(self) -> dict[str, float]:
-        """The queues to poll now with their weights (`*` adds every queue with work)."""
-        if self.spec.serves_all and time.monotonic() - self._found_at >= self.poll_interval:
+    def _queues_found(self) -> list[str]:
+        """The queues with work, read at most once a poll interval (for a worker serving
+        `*`; none otherwise)."""
+        if self._serves_all and time.monotonic() - self._found_at >= self.poll_interval:
             self._found = selectors.queued_queues()
             self._found_at = time.monotonic()
-        return self.spec.with_queues(self._found, self.gate.weights())
+        return self._found
 
     def _discover(self, free: int, start: int | None = None) -> list[Lease] | None:
         """Claim up to `free` jobs. None means "nothing, loop again at once".
@@ -300,13 +302,13 @@ class Worker(Execution, Prefetch, WriteBack, Heartbeats, Watch, Shutdown):
         no row (claimed by someone else already) counts as a duplicate delivery.
         """
         try:
-            leases, order = self.gate.open_after_pending(
-                self.worker_id, polling_order(self._weights()), free, start=start
+            # The gate is asked once before the pop: the order, the held-back work, the wake.
+            leases, order, wake = self.gate.first_look(
+                self.worker_id, self.spec, self._queues_found(), free, start=start
             )
             if leases:
                 return leases
             if not order:  # serving `*` and no queue has work, or every queue paused or limited
-                wake = self.gate.wake_in()
                 if wake is not None:  # a slot this worker frees may end a cap's wait sooner
                     self._slot_free.wait(wake)
                     return None
@@ -314,9 +316,12 @@ class Worker(Execution, Prefetch, WriteBack, Heartbeats, Watch, Shutdown):
                 return []
             if self.transport.enabled and time.monotonic() >= self._redis_down_until:
                 try:
-                    timeout = 0 if self._pg_had_work else self.gate.wake_in(self.poll_interval)
+                    timeout = 0 if self._pg_had_work else self.poll_interval
+                    if wake is not None:  # a blocked queue's slot may come sooner
+                        timeout = min(wake, timeout)
                     queue, ids = self.transport.pop(order, timeout, free)
-                    self._redis_backoff.reset()
+                    if self._redis_backoff.backing_off:
+                        self._redis_backoff.reset()
                 except TransportError as exc:
                     down_for = self._redis_backoff.next()
                     self._redis_down_until = time.monotonic() + down_for
@@ -332,12 +337,14 @@ class Worker(Execution, Prefetch, WriteBack, Heartbeats, Watch, Shutdown):
                     dupes = len(ids) - len(leases)
                     if dupes and not self.gate.held_back(queue):  # held back: not duplicates
                         metrics.child(metrics.DUPLICATE_DELIVERIES, queue).inc(dupes)
-                    self._db_backoff.reset()
+                    if self._db_backoff.backing_off:
+                        self._db_backoff.reset()
                     if leases:
                         return leases
                     return None
             leases = self.gate.claim_next(self.worker_id, order, free, start=start)
-            self._db_backoff.reset()
+            if self._db_backoff.backing_off:
+                self._db_backoff.reset()
             self._pg_had_work = len(leases) == free
             if not leases and (not self.transport.enabled or self._redis_down()):
                 self.stopping.wait(self.poll_interval if not self.burst else 0)

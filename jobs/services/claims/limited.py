@@ -19,7 +19,7 @@ from jobs.services.claims.turns import (
     CAP_RECHECK_SECONDS,
     _claim_in_turns_under_queue_lock,
 )
-from jobs.services.common import Lease, T, _hot_rows, _rows, worker_actor
+from jobs.services.common import Lease, T, _hot_rows, _rows
 
 # The same claim under the queue's row lock, with the limit its controls allow.
 _CLAIM_LIMITED_SQL = _claim_queue_sql()
@@ -110,7 +110,7 @@ def claim_limited_under_queue_lock(
             rows = _hot_rows(
                 _CLAIM_LIMITED_SQL,
                 {"queue": queue, "limit": allowed, "worker": worker_id,
-                 "actor": worker_actor(worker_id), "start": start},
+                 "start": start},
             )  # fmt: skip
         if rate is not None and rows:
             _rows(_QUEUE_STARTS_SQL, [[r[-1] for r in rows] + window, queue])

@@ -14,8 +14,8 @@ from django.db import transaction
 from jobs import lifecycle
 from jobs.flow import keyrate
 from jobs.lifecycle import NOT_STARTED, Status
-from jobs.services.claims.plain import _LIMITED, QT, _leases
-from jobs.services.common import Lease, T, _hot_rows, _rows, worker_actor
+from jobs.services.claims.plain import _LIMITED, CLAIMER, QT, _leases
+from jobs.services.common import Lease, T, _hot_rows, _rows
 
 # A fair queue's claim takes turns between clients: a loose index scan of
 # job_fair_claim_idx visits up to `limit` clients with queued rows, starting after the
@@ -126,7 +126,7 @@ UPDATE {T} j SET status = '{Status.PROCESSING}', lease_version = j.lease_version
        started_at = CASE WHEN j.id = ANY(ARRAY(
                       SELECT id FROM {chosen} ORDER BY ord LIMIT %(start)s))
                     THEN statement_timestamp() END,
-       updated_by = %(actor)s
+       updated_by = {CLAIMER}
 WHERE j.id = ANY(ARRAY(SELECT id FROM {chosen})) AND {lifecycle.hot_sql("j")}
 RETURNING j.id, j.lease_version, j.task, j.payload, j.queue, j.retry_count,
           j.max_retries, j.created_at, j.priority,
@@ -178,7 +178,7 @@ def claim_fair(
         rows = _hot_rows(
             _CLAIM_FAIR_OPEN_SQL,
             {"queue": queue, "limit": limit, "after": after, "worker": worker_id,
-             "actor": worker_actor(worker_id), "start": start},
+             "start": start},
         )  # fmt: skip
     return Turns(_leases(rows, worker_id), rows[-1][_TURN_CLIENT] if rows else after)
 
@@ -216,7 +216,7 @@ def _claim_in_turns_under_queue_lock(
     _rows(_GENERIC_PLAN_SQL, [])
     params: dict[str, Any] = {
         "queue": queue, "after": after, "worker": worker_id,
-        "actor": worker_actor(worker_id), "key_cap": key_cap, "start": start,
+        "key_cap": key_cap, "start": start,
         **keyrate.NO_RATE,
     }  # fmt: skip
     if key_cap is None and key_rate is None:
