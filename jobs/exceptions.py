@@ -141,7 +141,7 @@ class DebounceConflict(SubmissionError):
 
 class QuotaExceeded(SubmissionError):
     """A client holds as many schedules or webhooks, or a job as many signals, as its
-    quota allows (jobs.quotas); the message names the limit."""
+    quota allows (jobs.admission); the message names the limit."""
 
     code = "quota_exceeded"
 

@@ -54,7 +54,7 @@ class Client(models.Model):
     token_hash = models.CharField(max_length=64, unique=True)
     is_active = models.BooleanField(default=True)
     created_at = models.DateTimeField(db_default=Now())
-    # Per-client quotas (jobs.quotas): empty takes the setting's default; staff raise one
+    # Per-client quotas (jobs.admission): empty takes the setting's default; staff raise one
     # client's limit in the admin.
     max_schedules = models.PositiveIntegerField(
         null=True, blank=True, help_text="Schedules it may hold; empty: JOBS_MAX_SCHEDULES."
@@ -219,6 +219,9 @@ class Job(models.Model):
     # or its key was busy and its key_strategy skipped it (jobs.flow.strategies).
     debounced = False
     skipped = False
+    # Set on the job its INSERT returned (jobs.services.inserts): whether its queue was
+    # paused, read in that statement, so the answer reads nothing more. None: not read.
+    queue_paused: bool | None = None
 
     class Meta:
         db_table = "jobs_job"

@@ -1,4 +1,4 @@
-"""Submitting jobs: the rules (jobs.validation), room (jobs.backpressure), then the write.
+"""Submitting jobs: the rules (jobs.validation), room (jobs.admission), then the write.
 
     from jobs.submission import submit
 
@@ -26,7 +26,7 @@ from typing import Any
 from django.db import transaction
 
 from jobs import metrics, queues, services
-from jobs.backpressure import admit, check_room, due_soon
+from jobs.admission import admit, check_room, due_soon
 from jobs.exceptions import (  # noqa: F401  (re-exported: jobs.submission.QueueFull, ...)
     RETRY_AFTER_SECONDS,
     BatchIdempotencyConflict,
@@ -46,7 +46,7 @@ from jobs.exceptions import (  # noqa: F401  (re-exported: jobs.submission.Queue
 from jobs.flow import pipeline as flow
 from jobs.flow import rules as flow_rules
 from jobs.models import Client, Job
-from jobs.observability import hooks
+from jobs.observability import tracing
 from jobs.services import Submitted
 from jobs.validation import check_item
 
@@ -165,11 +165,11 @@ def submit_checked(item: dict[str, Any], client: Client | None) -> tuple[Job, bo
             raise IdempotencyConflict(existing) from None
         return existing, False
     actor = f"client:{client.name}" if client is not None else "app"
-    if flow_rules.wanted(item):  # debounce, a key's rate or strategy: jobs.flow
+    if item["flow_control"]:  # debounce, a key's rate or strategy: jobs.flow
         write = partial(_flow_write, item, client, actor)
     else:  # the services' insert itself
         write = partial(services.submit, **_write_args(item, client, actor))
-    job, created = hooks.send(queue, task, write)  # in the producer span (jobs.observability)
+    job, created = tracing.send(queue, task, write)  # in its producer span (D302, D372)
     if created:
         fields = {
             "job_id": job.pk,
@@ -451,10 +451,10 @@ def _write_many(
     one INSERT (services.submit_many); an item with flow fields goes through jobs.flow as
     a single submission would (D360). A refusal of any item undoes the whole batch."""
     actor = f"client:{client.name}" if client is not None else "app"
-    trace_context = hooks.current_context()  # each job's process span links to it
+    trace_context = tracing.current()  # each job's process span links to it
     out: list[Submitted] = []
     with transaction.atomic():
-        for flowed, group in groupby(enumerate(items), key=lambda p: flow_rules.wanted(p[1])):
+        for flowed, group in groupby(enumerate(items), key=lambda p: p[1]["flow_control"]):
             run = list(group)
             start = run[0][0]
             if flowed:

@@ -272,7 +272,8 @@ def check_item(
 ) -> None:
     """Every rule of one submission, asked in one place: `validate` on the job's fields,
     then the rules of its flow fields (jobs.flow.rules; absent ones become None). Fills
-    in `item` its run_at in UTC, max_retries, request_hash, payload_json and timeout."""
+    in `item` its run_at in UTC, max_retries, request_hash, payload_json and timeout,
+    and `flow_control`: whether it takes the flow path (jobs.flow.rules.wanted)."""
     (
         item["run_at"],
         item["max_retries"],
@@ -294,7 +295,11 @@ def check_item(
         for_client=for_client,
         run_at_text=run_at_text,
     )
-    flow_rules.check(item)
+    if any(item.get(name) is not None for name in flow_rules.FIELDS):
+        flow_rules.check(item)
+        item["flow_control"] = flow_rules.wanted(item)
+    else:  # a plain submission: no flow field to check, nothing of jobs.flow to ask
+        item.update(dict.fromkeys(flow_rules.FIELDS), flow_control=False)
 
 
 def check_timeout(value: Any) -> float | None:

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from jobs import backpressure, selectors, services, submission, tasks, validation
+from jobs import admission, selectors, services, submission, tasks, validation
 from jobs.conf import settings
 from jobs.exceptions import InvalidSubmission, RequestInvalid, SubmissionError
 from jobs.models import Client, OnFailure
@@ -187,7 +187,7 @@ def create(
         replay = key is not None and selectors.workflow_key_used(client_id, key)
         return Counter() if replay else per_queue
 
-    backpressure.check_room(per_queue, new_per_queue, client)
+    admission.check_room(per_queue, new_per_queue, client)
     workflow_id, created = services.create_workflow(
         graph.name,
         graph.on_failure,
@@ -199,7 +199,7 @@ def create(
         trace_context=hooks.current_context(),  # every step goes on in the caller's trace
     )
     if created:
-        backpressure.count_accepted(per_queue, client_id)
+        admission.count_accepted(per_queue, client_id)
     return workflow_id, created
 
 

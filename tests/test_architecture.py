@@ -44,10 +44,8 @@ LAYERS: list[tuple[str, list[str]]] = [
     # @periodic: what a declaration runs, resolved through the task registry (D223).
     ("task declarations", ["jobs.schedules.periodic"]),
     # Talk to the outside world; transport is the only module that imports redis.
-    # jobs.quotas: a client's limits, read (and its row locked) in the guarded write.
     ("infrastructure", ["jobs.transport", "jobs.runtime", "jobs.reloading", "jobs.events.signing",
                         "jobs.events.ssrf", "jobs.events.deadline",
-                        "jobs.quotas",
                         # the read replica: where reads that may lag go (D147)
                         "jobs.replica",
                         # PostgreSQL's infinite dates as Python values (D158)
@@ -64,8 +62,10 @@ LAYERS: list[tuple[str, list[str]]] = [
     # jobs.validation asks with the rest of a job's rules.
     ("flow field rules", ["jobs.flow.rules"]),
     # What a submission is checked against before anything is written: the rules of one
-    # job (jobs.validation) and the room in its queue and its client's share of it.
-    ("submission checks", ["jobs.validation", "jobs.backpressure"]),
+    # job (jobs.validation) and admission (jobs.admission): the room in its queue, its
+    # client's share of it, and a client's quotas, read (and its row locked) in the
+    # guarded write of a schedule, a webhook or a signal (D372).
+    ("submission checks", ["jobs.validation", "jobs.admission"]),
     # Rates per concurrency key counted in jobs_keyhit: the claim's and the submission's.
     ("per-key rates", ["jobs.flow.keyrate"]),
     # Every write, one compare-and-set each, in rooms that follow the job's life (issue

@@ -12,7 +12,7 @@ from django.db import transaction
 from django.utils import timezone
 from prometheus_client import REGISTRY
 
-from jobs import backpressure, services
+from jobs import admission, services
 from jobs.events import signing
 from jobs.events.outbox import Dispatcher, WebhookFanout
 from jobs.models import Client, Job, SchedulerRun, Webhook, WebhookDelivery
@@ -58,7 +58,7 @@ def test_parked_jobs_skip_no_slot_and_hold_no_delivery(settings):
     s = make()
     backdate(s, 0)
     assert (Scheduler().tick().jobs, len(jobs_of(s))) == (1, 1)
-    assert backpressure.queue_depth("webhooks", 2) == 0  # the fan-out's room: the whole limit
+    assert admission.queue_depth("webhooks", 2) == 0  # the fan-out's room: the whole limit
     JobFactory.create_batch(2, queue="default")  # due work counts: 3 due now
     backdate(s, 0)
     assert Scheduler().tick().skipped == 1
@@ -72,7 +72,7 @@ def test_a_full_queue_holds_webhook_deliveries_and_releases_them_with_room(setti
     dispatcher = Dispatcher([WebhookFanout()])
     dispatcher.tick()  # its first tick notes a horizon
     settings.JOBS_MAX_QUEUE_DEPTH = 2
-    backpressure.clear_depth_cache()
+    admission.clear_depth_cache()
     held = sample("jobs_webhook_deliveries_held_total")
 
     services.submit("echo", {}, client_id=client.pk)  # one event, three webhooks
@@ -88,7 +88,7 @@ def test_a_full_queue_holds_webhook_deliveries_and_releases_them_with_room(setti
     # the next tick without any new event for its chain.
     first = Job.objects.filter(queue=signing.WEBHOOK_QUEUE).order_by("id").first()
     assert services.claim("w-hooks", first.pk) is not None
-    backpressure.clear_depth_cache()
+    admission.clear_depth_cache()
     dispatcher.tick()
     assert deliveries.filter(job__isnull=True).count() == 0
     assert sample("jobs_webhook_deliveries_held_total") == held + 1

@@ -14,8 +14,10 @@ import json
 import pytest
 from rest_framework.test import APIClient
 
-from jobs import backpressure, queuecontrol, selectors, validation
+from jobs import admission, queuecontrol, selectors, validation
 from jobs.api.views import JobViewSet
+from jobs.exceptions import InvalidSubmission
+from jobs.flow import rules as flow_rules
 from jobs.models import Client, Job
 from jobs.transport import get_transport
 from jobs.worker import Worker
@@ -25,12 +27,13 @@ from tests.test_architecture import LAYERS, layer_of
 
 pytestmark = pytest.mark.django_db
 
-# The figures after issue 43's change (D363), each a ceiling: lower it when a change
-# shortens a path. Measured the same way (docs/architecture.md): at 2b07e26, before the
-# services split, submission 10 / 15 (stages 5 / 4), claim 9 / 22 (4 / 13); with the
-# split and before this change, submission 17 / 32 (11 / 17), claim 10 / 26 (5 / 18).
-SUBMISSION = {"modules": 16, "returns": 10, "stages": 11, "stage returns": 8}
-CLAIM = {"modules": 10, "returns": 22, "stages": 5, "stage returns": 14}
+# The figures after D372, each a ceiling: lower it when a change shortens a path.
+# Measured the same way (docs/architecture.md): at 2b07e26, before the services split,
+# submission 10 / 15 (stages 5 / 4), claim 9 / 22 (4 / 13); with the split, submission
+# 17 / 32 (11 / 17), claim 10 / 26 (5 / 18); after D363-D366, submission 16 / 10
+# (11 / 8), claim 10 / 22 (5 / 14).
+SUBMISSION = {"modules": 11, "returns": 7, "stages": 8, "stage returns": 6}
+CLAIM = {"modules": 8, "returns": 7, "stages": 5, "stage returns": 6}
 
 LOWEST = [name for name, _ in LAYERS].index("model caches")
 
@@ -70,7 +73,7 @@ def test_a_submission_through_the_api():
 
     assert post().status_code == 201  # the process's first request imports and loads
     # The readings cached for a second are read again, as every second in a live process.
-    backpressure.clear_depth_cache()
+    admission.clear_depth_cache()
     selectors.forget_paused_queues()
     path = CallPath(JobViewSet.create.__code__)
     response = path.run(post)
@@ -101,12 +104,27 @@ def test_a_path_counts_returns_to_a_module_left():
 
 def test_the_rules_of_one_job_are_asked_in_one_place():
     """A small path read whole: the rules ask the task and the queue registries once
-    each (a setting read is no step), then the flow fields' rules."""
-    item = {"task": "echo", "payload": {}, "queue": "default", "priority": 0,
-            "run_at": None, "max_retries": None, "idempotency_key": "k"}  # fmt: skip
+    each (a setting read is no step); the flow fields' rules only for an item that gives
+    a flow field (D372), which also says whether it takes the flow path."""
+
+    def item(**flow: object) -> dict:
+        return {"task": "echo", "payload": {}, "queue": "default", "priority": 0,
+                "run_at": None, "max_retries": None, "idempotency_key": "k",
+                "concurrency_key": "c", **flow}  # fmt: skip
+
+    plain = item()
     path = CallPath(validation.check_item.__code__)
-    path.run(lambda: validation.check_item(item))
-    assert path.steps == ["jobs.validation", "jobs.tasks", "jobs.validation", "jobs.queues",
-                          "jobs.validation", "jobs.flow.rules"]  # fmt: skip
-    assert (path.modules, path.returns) == (4, 2)
-    assert item["request_hash"] and item["debounce_key"] is None
+    path.run(lambda: validation.check_item(plain))
+    assert path.steps == ["jobs.validation", "jobs.tasks", "jobs.validation", "jobs.queues"]
+    assert (path.modules, path.returns) == (3, 1)
+    assert plain["request_hash"] and plain["flow_control"] is False
+    assert all(plain[name] is None for name in flow_rules.FIELDS)
+
+    for flow, wanted in (({"key_strategy": "skip_new"}, True), ({"key_strategy": "queue"}, False)):
+        flowed = item(**flow)
+        path = CallPath(validation.check_item.__code__)
+        path.run(lambda flowed=flowed: validation.check_item(flowed))
+        assert path.steps[-1] == "jobs.flow.rules" and flowed["flow_control"] is wanted
+        assert flowed["debounce_key"] is None
+    with pytest.raises(InvalidSubmission):  # a flow field given is still held to its rules
+        validation.check_item(item(key_strategy="later"))

@@ -17,8 +17,8 @@ from django.urls import reverse
 from django.utils import timezone
 
 from jobs import services
+from jobs.admission import clear_depth_cache
 from jobs.backends import InvalidTaskArguments, JobServiceBackend, idempotency_key
-from jobs.backpressure import clear_depth_cache
 from jobs.models import Job
 from jobs.submission import IdempotencyConflict, QueueFull
 from jobs.tasks_compat import (

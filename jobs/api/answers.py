@@ -44,7 +44,13 @@ def submitted(job: Job) -> dict[str, Any]:
         return dict(SubmittedJobSerializer(job).data)
     tz = timezone.get_current_timezone()
     timeout = job.timeout
-    progress, wait_reason = selectors.progress_and_wait(job)
+    if job.queue_paused is None or job.progress is not None:  # a row read from the table
+        progress, wait_reason = selectors.progress_and_wait(job)
+    else:  # the row its INSERT returned, with its queue's state: nothing more to read
+        progress = None
+        wait_reason = job.wait_reason or (  # as selectors.wait_reason
+            selectors.QUEUE_PAUSED if job.status == Status.QUEUED and job.queue_paused else None
+        )
     return {
         "id": job.id,
         "task": job.task,

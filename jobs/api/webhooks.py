@@ -13,7 +13,7 @@ from rest_framework import exceptions, serializers, status, viewsets
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from jobs import quotas, selectors, services
+from jobs import admission, selectors, services
 from jobs.api.errors import Conflict, exception_handler
 from jobs.api.parsers import BoundedJSONParser
 from jobs.api.policy import APIPolicy
@@ -163,7 +163,7 @@ class WebhookViewSet(APIPolicy, viewsets.GenericViewSet):
         ser = WebhookSerializer(data=request.data)
         ser.is_valid(raise_exception=True)
         with transaction.atomic(durable=True):
-            quotas.check_room(quotas.WEBHOOKS, request.user.pk)
+            admission.check_quota(admission.WEBHOOKS, request.user.pk)
             hook = Webhook.objects.create(
                 client=request.user,
                 secret_salt=signing.new_salt(),

@@ -39,7 +39,7 @@ from django.db import DatabaseError, InterfaceError, close_old_connections, conn
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from jobs import backpressure, metrics, selectors, services
+from jobs import admission, metrics, selectors, services
 from jobs.conf import settings
 from jobs.events import domain_event_body, fanout, kafka, signing
 from jobs.events.reads import Built, binary_rows
@@ -375,7 +375,7 @@ class WebhookFanout:
             self._maybe_held = True
             transaction.on_commit(lambda: metrics.WEBHOOK_DELIVERIES_HELD.inc(done.held))
         if done.released:
-            backpressure.count_accepted({signing.WEBHOOK_QUEUE: done.released})
+            admission.count_accepted({signing.WEBHOOK_QUEUE: done.released})
         return len(rows)
 
     def release_held(self) -> int:
@@ -395,7 +395,7 @@ class WebhookFanout:
 
     def _room(self) -> int:
         limit = settings.JOBS_MAX_QUEUE_DEPTH
-        return limit - backpressure.queue_depth(signing.WEBHOOK_QUEUE, limit)
+        return limit - admission.queue_depth(signing.WEBHOOK_QUEUE, limit)
 
     def _release(self, cur, ready: list[int]) -> int:
         """One delivery job per ready chain while the webhooks queue has room; the rest

@@ -12,7 +12,6 @@ which reports nothing).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -48,12 +47,6 @@ def watching() -> bool:
 
 
 # --- submission ---------------------------------------------------------------------
-
-
-def send(queue: str, task: str, write: Callable[..., tuple[Any, bool]]) -> tuple[Any, bool]:
-    """A submission's write in its producer span: `write(trace_context=...)` makes the
-    job, which stores the span's context (or the request's headers without an SDK)."""
-    return tracing.send(queue, task, write)
 
 
 def current_context() -> str | None:

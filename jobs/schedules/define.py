@@ -12,7 +12,7 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.db import IntegrityError, transaction
 
-from jobs import quotas, tasks, validation
+from jobs import admission, tasks, validation
 from jobs.exceptions import InvalidSubmission, RequestInvalid, SubmissionError
 from jobs.models import Client, Schedule
 from jobs.observability import hooks
@@ -163,7 +163,7 @@ def create(values: dict[str, Any], *, client: Client | None, origin: str) -> Sch
     schedule.trace_context = hooks.link_context()  # its jobs link to the creating trace
     with transaction.atomic():
         if client is not None:
-            quotas.check_room(quotas.SCHEDULES, client.pk)
+            admission.check_quota(admission.SCHEDULES, client.pk)
         return _save(schedule)
 
 

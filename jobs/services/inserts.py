@@ -3,7 +3,7 @@
 Each is one statement that states the keys it must not collide with (ON CONFLICT DO
 NOTHING on the idempotency and unique keys), so a refused insert says who holds the key
 instead of raising; a key held in a cold partition rolls the insert back (D159). The
-rules of what may be submitted live in jobs.validation and jobs.backpressure; this room
+rules of what may be submitted live in jobs.validation and jobs.admission; this room
 writes, counts what it wrote in the readings backpressure keeps (so the submission asks
 the room once and is not asked back), and signals the due rows once the transaction
 commits.
@@ -20,15 +20,16 @@ from typing import Any
 
 from django.db import connection, transaction
 
-from jobs import backpressure, lifecycle, metrics
+from jobs import admission, lifecycle, metrics
 from jobs.conf import settings
 from jobs.exceptions import BatchIdempotencyConflict, IdempotencyConflict
 from jobs.lifecycle import NON_TERMINAL, Status
-from jobs.models import Job
+from jobs.models import Job, Queue
 from jobs.services.common import T, _count_on_commit, _hot_rows, _rows
 from jobs.services.signals import signal_after_commit
 
 _JOB_FIELDS = [f.attname for f in Job._meta.concrete_fields]
+QT = Queue._meta.db_table
 _INSERT_SQL = f"""
 INSERT INTO {T} (task, payload, queue, priority, run_at, max_retries, client_id,
                  idempotency_key, request_hash, updated_by, unique_key, concurrency_key,
@@ -36,7 +37,8 @@ INSERT INTO {T} (task, payload, queue, priority, run_at, max_retries, client_id,
 VALUES (%s, %s::jsonb, %s, %s, COALESCE(%s, now()), %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,
         '{Status.QUEUED}', 0, 0)
 ON CONFLICT DO NOTHING
-RETURNING {", ".join(_JOB_FIELDS)}, run_at <= now()
+RETURNING {", ".join(_JOB_FIELDS)}, run_at <= now(),
+          EXISTS (SELECT FROM {QT} q WHERE q.name = {T}.queue AND q.paused)
 """
 # The live job holding a unique key (the partial unique index job_unique_key_live).
 _KEY_HOLDER_SQL = f"""
@@ -166,10 +168,10 @@ def submit(
         raise RuntimeError(f"unique key {unique_key!r} changed hands {_KEY_ROUNDS} times")
     row = rows[0]
     job = _job_from_row(row, binary=True)
-    due = row[-1]
+    due, job.queue_paused = row[-2], row[-1]  # the answer's wait reason (jobs.api.answers)
     # Counted when the caller's transaction commits: a rolled-back job never existed.
     transaction.on_commit(metrics.SUBMITTED.labels(queue, task).inc)
-    backpressure.count_accepted({queue: 1}, client_id)  # this process's readings, now
+    admission.count_accepted({queue: 1}, client_id)  # this process's readings, now
     if due:
 
         def parked(ids: list[int]) -> None:
@@ -367,6 +369,6 @@ def submit_many(
         for (queue, task), n in counts.items():
             _count_on_commit(metrics.child(metrics.SUBMITTED, queue, task), n)
             per_queue[queue] += n
-        backpressure.count_accepted(per_queue, client_id)
+        admission.count_accepted(per_queue, client_id)
         signal_after_commit(due, park_on_failure=True)
     return out

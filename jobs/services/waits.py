@@ -10,7 +10,7 @@ from datetime import datetime
 
 from django.db import transaction
 
-from jobs import lifecycle, metrics, quotas
+from jobs import admission, lifecycle, metrics
 from jobs.conf import settings
 from jobs.lifecycle import BLOCKED_RUN_AT, TERMINAL, Role, Status, WaitReason, actor_sql
 from jobs.models import JobSignal, JobStep
@@ -276,7 +276,7 @@ def deliver_signal(
             raise SignalRefused(
                 "not_waiting", f"job {job_id} is waiting for the signal {waits_for!r}, not {key!r}"
             )
-        quotas.check_room(quotas.SIGNALS_PER_JOB, row[1], job_id)  # the job row is locked
+        admission.check_quota(admission.SIGNALS_PER_JOB, row[1], job_id)  # the job row is locked
         params = {"id": job_id, "key": key, "payload": payload_json, "actor": actor}
         if not _rows(_SIGNAL_INSERT_SQL, params):
             raise SignalRefused("duplicate", f"job {job_id} already has a signal {key!r}")

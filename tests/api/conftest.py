@@ -11,7 +11,7 @@ import pytest
 from django.core.cache import cache
 from rest_framework.test import APIClient
 
-from jobs import backpressure
+from jobs import admission
 from jobs.api.auth import ClientRateThrottle
 from jobs.models import Client, Job, JobEvent
 from tests.harness import free_port
@@ -52,11 +52,11 @@ def pytest_deselected(items):
 @pytest.fixture(autouse=True)
 def _fresh_caches():
     """Backpressure readings and throttle counters are per process: reset per test."""
-    backpressure.clear_depth_cache()
+    admission.clear_depth_cache()
     cache.clear()
     ClientRateThrottle.reset()
     yield
-    backpressure.clear_depth_cache()
+    admission.clear_depth_cache()
     cache.clear()
     ClientRateThrottle.reset()
 

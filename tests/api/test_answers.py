@@ -11,11 +11,12 @@ from django.utils import timezone as dj_timezone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from jobs import queuecontrol, selectors
 from jobs.api import answers
 from jobs.api.renderers import ORJSONRenderer
 from jobs.api.serializers import SubmittedJobSerializer
 from jobs.lifecycle import STATUSES, WaitReason
-from jobs.models import Job
+from jobs.models import Job, Queue
 from tests.api.conftest import authed, new_client
 
 _json = st.recursive(
@@ -117,6 +118,29 @@ def test_a_submission_answers_the_serializers_bytes_for_the_stored_row():
     stored = Job.objects.get(pk=again.json()["id"])
     stored.duplicate = True
     assert again.content == ORJSONRenderer().render(SubmittedJobSerializer(stored).data)
+
+
+@pytest.mark.django_db
+def test_a_new_job_answers_its_queues_pause_as_read_by_its_insert(settings):
+    """The 201 answer is rendered from the row the INSERT returned, which says whether the
+    queue is paused (D372): the serializer's bytes for the stored row, even while this
+    process's reading of the paused queues (at most a second old) does not know it yet."""
+    settings.JOBS_QUEUES = {"default": {}, "mail": {}}
+    queuecontrol.sync()
+    _, token = new_client()
+    api = authed(token)
+    body = json.dumps({"task": "echo", "payload": 1, "queue": "mail"})
+    assert selectors.paused_queues_cached() == frozenset()  # this process's reading
+    Queue.objects.filter(name="mail").update(paused=True)  # paused by another process
+    r = api.post("/api/v1/jobs/", data=body, content_type="application/json")
+    assert r.status_code == 201, r.content
+    assert r.json()["wait_reason"] == "queue_paused"
+    selectors.forget_paused_queues()
+    stored = Job.objects.get(pk=r.json()["id"])
+    assert r.content == ORJSONRenderer().render(SubmittedJobSerializer(stored).data)
+    Queue.objects.filter(name="mail").update(paused=False)
+    r = api.post("/api/v1/jobs/", data=body, content_type="application/json")
+    assert r.status_code == 201 and r.json()["wait_reason"] is None
 
 
 @pytest.mark.parametrize("prefix", ["/", "/svc/", "/a%20b/"])

@@ -9,7 +9,7 @@ import pytest
 from django.db import connection, transaction
 from prometheus_client import REGISTRY
 
-from jobs import backpressure, services, submission
+from jobs import admission, services, submission
 from jobs.models import Job
 from tests.api.conftest import counts
 from tests.factories import JobFactory
@@ -73,8 +73,8 @@ def test_depth_reading_is_cached_briefly(api, settings, monkeypatch):
     assert post(api).status_code == 429
     services.cancel([j.pk for j in jobs], actor="test")  # the queue drains
     assert post(api).status_code == 429  # the cached reading still says full
-    backpressure.clear_depth_cache()
-    monkeypatch.setattr(backpressure, "DEPTH_CACHE_SECONDS", 0.0)
+    admission.clear_depth_cache()
+    monkeypatch.setattr(admission, "DEPTH_CACHE_SECONDS", 0.0)
     assert post(api).status_code == 201  # counted afresh: empty
     fill("default", 3)
     assert post(api).status_code == 429  # the reading expired at once: counted again
@@ -86,7 +86,7 @@ def test_idempotent_replay_is_answered_even_when_full(api, settings):
     first = post(api, key="k")
     assert first.status_code == 201
     fill("default", 3)
-    backpressure.clear_depth_cache()  # the factory bypassed this process's reading
+    admission.clear_depth_cache()  # the factory bypassed this process's reading
     again = post(api, key="k")
     assert again.status_code == 200
     assert again.json()["id"] == first.json()["id"]
@@ -107,9 +107,9 @@ def test_python_submit_raises_queue_full(settings):
 @pytest.mark.django_db
 def test_depth_count_is_bounded():
     fill("deep", 7)
-    assert backpressure.queue_depth("deep", 2) == 3  # stops at limit + 1
-    backpressure.clear_depth_cache()
-    assert backpressure.queue_depth("deep", 100) == 7
+    assert admission.queue_depth("deep", 2) == 3  # stops at limit + 1
+    admission.clear_depth_cache()
+    assert admission.queue_depth("deep", 100) == 7
 
 
 @pytest.mark.django_db
@@ -128,7 +128,7 @@ def test_depth_count_is_served_by_the_partial_claim_index():
         for (name,) in cur.fetchall():
             cur.execute(f'DROP INDEX "{name}"')
         cur.execute("SET LOCAL enable_seqscan = off")
-        cur.execute("EXPLAIN " + backpressure._DEPTH_SQL, ["deep", 101])
+        cur.execute("EXPLAIN " + admission._DEPTH_SQL, ["deep", 101])
         plan = "\n".join(r[0] for r in cur.fetchall())
     assert "job_claim_idx" in plan, plan
     assert "Limit" in plan, plan

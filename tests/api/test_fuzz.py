@@ -28,7 +28,7 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
-from jobs import queues, quotas, signals, submission, tasks, validation
+from jobs import admission, queues, signals, submission, tasks, validation
 from jobs.events import signing
 from jobs.lifecycle import STATUSES, is_legal
 from jobs.models import Client, Job, JobEvent, JobSignal, Schedule, Webhook, Workflow
@@ -224,15 +224,15 @@ def assert_within_quotas_and_storable() -> None:
     every name and key stored as text the API would accept again."""
     for client in Client.objects.all():
         for quota, held in (
-            (quotas.SCHEDULES, Schedule.objects.filter(client=client).count()),
-            (quotas.WEBHOOKS, Webhook.objects.filter(client=client).count()),
+            (admission.SCHEDULES, Schedule.objects.filter(client=client).count()),
+            (admission.WEBHOOKS, Webhook.objects.filter(client=client).count()),
         ):
-            assert held <= quotas.limit(quota, client.pk), (client.name, quota.what, held)
+            assert held <= admission.quota_limit(quota, client.pk), (client.name, quota.what, held)
     for signal in JobSignal.objects.all():
         signals.check_key(signal.key)
         client_id = Job.objects.get(pk=signal.job_id).client_id
         held = JobSignal.objects.filter(job_id=signal.job_id).count()
-        assert held <= quotas.limit(quotas.SIGNALS_PER_JOB, client_id), signal.job_id
+        assert held <= admission.quota_limit(admission.SIGNALS_PER_JOB, client_id), signal.job_id
     for name in Schedule.objects.values_list("name", flat=True):
         assert not validation.why_unstorable(name), name
     for name in Workflow.objects.values_list("name", flat=True):

@@ -11,7 +11,7 @@ from django.contrib.auth.models import Permission, User
 from django.db import close_old_connections, connection
 from django.urls import reverse
 
-from jobs import quotas, services, signals
+from jobs import admission, services, signals
 from jobs.exceptions import QuotaExceeded
 from jobs.models import Client, JobSignal, Schedule, Webhook
 from jobs.schedules import define
@@ -39,8 +39,8 @@ def assert_quota(r, limit: int, what: str):
 
 
 def test_the_documented_defaults():
-    assert [quotas.default(q) for q in (quotas.SCHEDULES, quotas.WEBHOOKS,
-                                        quotas.SIGNALS_PER_JOB)] == [100, 10, 20]  # fmt: skip
+    assert [admission.quota_default(q) for q in (admission.SCHEDULES, admission.WEBHOOKS,
+                                        admission.SIGNALS_PER_JOB)] == [100, 10, 20]  # fmt: skip
 
 
 def test_schedules_per_client(api, me, other, settings):

@@ -10,7 +10,7 @@ import json
 import pytest
 from django.core.handlers.wsgi import WSGIHandler
 
-from jobs import backpressure, submission
+from jobs import admission, submission
 from jobs.api.fastlane import FastLane
 from jobs.models import Job, Schedule
 from tests.api.conftest import new_client
@@ -91,7 +91,7 @@ def test_parked_jobs_of_one_client_refuse_nobody_else(app, settings):
     for n in range(6):  # one at a time: each fits below the limit, the last goes past it
         later = {"task": "echo", "payload": {"n": n}, "run_at": FAR}
         assert post(app, noisy, JOBS, later)[0] == 201
-    backpressure.clear_depth_cache()  # another process, or a second later
+    admission.clear_depth_cache()  # another process, or a second later
 
     other, token = new_client()
     single = post(app, token, JOBS, {"task": "echo", "payload": {}})

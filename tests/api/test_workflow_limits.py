@@ -9,7 +9,7 @@ import json
 import pytest
 from prometheus_client import REGISTRY
 
-from jobs import backpressure, submission, workflows
+from jobs import admission, submission, workflows
 from jobs.exceptions import QueueFull
 from jobs.models import Workflow, WorkflowNode
 from tests.api.conftest import counts
@@ -77,7 +77,7 @@ def test_the_default_cap_is_ten_thousand_edges(api):
 def test_a_workflow_that_would_pass_the_queue_depth_is_a_429(api, settings):
     settings.JOBS_MAX_QUEUE_DEPTH = 10
     JobFactory.create_batch(5, queue="default")
-    backpressure.clear_depth_cache()
+    admission.clear_depth_cache()
     before, refused = written(), rejected()
     r = post(api, chain(6))
     assert r.status_code == 429, r.content
@@ -104,7 +104,7 @@ def test_a_replay_is_answered_when_the_queue_is_full(api, settings):
 
 def test_the_django_builder_meets_the_same_backpressure(settings):
     settings.JOBS_MAX_QUEUE_DEPTH = 1
-    backpressure.clear_depth_cache()
+    admission.clear_depth_cache()
     wf = workflows.Workflow("nightly").step("a", "echo").step("b", "echo", after=["a"])
     before = written()
     with pytest.raises(QueueFull):

@@ -1,10 +1,20 @@
-"""Backpressure: whether a queue, and a client's share of it, has room for more jobs.
+"""Admission: whether one more thing fits, asked before it is written. A job in its queue
+(backpressure) and a client's schedules, webhooks and signals per job (quotas).
 
-Two limits (D198). A queue's depth, shared by everyone: past JOBS_MAX_QUEUE_DEPTH queued
-jobs, only those due within JOBS_QUEUE_DEPTH_HORIZON count, so parked work never refuses
-anybody. A client's share: at most its limit of queued jobs (parked ones too) in one
-queue, refused to that client alone. Each reading is a bounded count cached ~1 s per
-process; below both limits a submission costs the one count it always did.
+Backpressure has two limits (D198). A queue's depth, shared by everyone: past
+JOBS_MAX_QUEUE_DEPTH queued jobs, only those due within JOBS_QUEUE_DEPTH_HORIZON count,
+so parked work never refuses anybody. A client's share: at most its limit of queued jobs
+(parked ones too) in one queue, refused to that client alone. Each reading is a bounded
+count cached ~1 s per process; below both limits a submission costs the one count it
+always did.
+
+Quotas: a setting gives each default; a client's own column (set by staff in the admin)
+replaces it for that client (the share of a queue's depth is one). A refusal is
+QuotaExceeded (the depth's: ClientQueueFull), naming the limit, and writes nothing. The
+check of a schedule, webhook or signal runs in the transaction of the write it guards,
+after locking the client's row (or, for signals, the job's row, which deliver_signal
+locks first): two requests racing for the last place are taken one after the other, so
+the limit holds.
 """
 
 from __future__ import annotations
@@ -12,16 +22,78 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import connection
 
-from jobs import metrics, quotas
+from jobs import metrics
 from jobs.conf import settings
-from jobs.exceptions import ClientQueueFull, QueueFull
+from jobs.exceptions import ClientQueueFull, QueueFull, QuotaExceeded
 from jobs.lifecycle import Status
 from jobs.models import Client, Job
+
+# --- quotas ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Quota:
+    what: str  # in the message: "schedules", "webhooks", "signals per job"
+    column: str  # jobs_client's override
+    setting: str
+    default: int
+    count_sql: str
+
+
+SCHEDULES = Quota("schedules", "max_schedules", "JOBS_MAX_SCHEDULES", 100,
+                  "SELECT count(*) FROM jobs_schedule WHERE client_id = %s")  # fmt: skip
+WEBHOOKS = Quota("webhooks", "max_webhooks", "JOBS_MAX_WEBHOOKS", 10,
+                 "SELECT count(*) FROM jobs_webhook WHERE client_id = %s")  # fmt: skip
+# Per queue: counted below (bounded, cached), refused as ClientQueueFull.
+QUEUE_DEPTH = Quota("queued jobs per queue", "max_queue_depth", "JOBS_MAX_CLIENT_QUEUE_DEPTH",
+                    10_000, "")  # fmt: skip
+SIGNALS_PER_JOB = Quota("signals per job", "max_signals_per_job", "JOBS_MAX_SIGNALS_PER_JOB", 20,
+                        "SELECT count(*) FROM jobs_jobsignal WHERE job_id = %s")  # fmt: skip
+
+_LIMIT_SQL = "SELECT {column} FROM jobs_client WHERE id = %s"
+_LOCKED_LIMIT_SQL = _LIMIT_SQL + " FOR NO KEY UPDATE"
+
+
+def quota_default(quota: Quota) -> int:
+    return int(getattr(settings, quota.setting))
+
+
+def quota_limit(quota: Quota, client_id: int | None, *, lock: bool = False) -> int:
+    """The client's limit (its column, else the setting); `lock` holds its row until
+    the transaction ends, so a concurrent check of the same client waits."""
+    if client_id is None:
+        return quota_default(quota)
+    sql = (_LOCKED_LIMIT_SQL if lock else _LIMIT_SQL).format(column=quota.column)
+    with connection.cursor() as cur:
+        cur.execute(sql, [client_id])
+        row = cur.fetchone()
+    return quota_default(quota) if row is None or row[0] is None else row[0]
+
+
+def check_quota(quota: Quota, client_id: int | None, counted_id: int | None = None) -> None:
+    """Raise QuotaExceeded unless one more fits: `counted_id` is what the count is
+    per (the client, or the job for signals). Call inside the guarded write's
+    transaction; client rows are locked here, a job's by its caller."""
+    allowed = quota_limit(quota, client_id, lock=counted_id is None)
+    with connection.cursor() as cur:
+        cur.execute(quota.count_sql, [client_id if counted_id is None else counted_id])
+        held = cur.fetchone()[0]
+    if held >= allowed:
+        raise QuotaExceeded(
+            f"quota exceeded: at most {allowed} {quota.what}"
+            + ("" if counted_id is not None else " per client")
+            + f" (holds {held}); delete one or ask staff to raise the limit",
+            field=None,
+        )
+
+
+# --- backpressure ---------------------------------------------------------------------
 
 DEPTH_CACHE_SECONDS = 1.0  # how long a queue-depth reading is trusted
 _depth_lock = threading.Lock()
@@ -74,7 +146,7 @@ def queue_depth(queue: str, limit: int) -> int:
 
 
 def _lowest_share() -> int:
-    default = quotas.default(quotas.QUEUE_DEPTH)
+    default = quota_default(QUEUE_DEPTH)
     lowest = _cached_count(("lowest share",), _LOWEST_SHARE_SQL, [])
     return default if lowest is None else min(default, lowest)
 
@@ -89,7 +161,7 @@ def check_share(queue: str, client: Client | None, new: int) -> None:
     depth = _cached_count(("all", queue), _DEPTH_SQL, [queue, limit + 1])
     if depth <= limit and depth + new <= _lowest_share():
         return
-    share = quotas.limit(quotas.QUEUE_DEPTH, client.pk)
+    share = quota_limit(QUEUE_DEPTH, client.pk)
     held = _cached_count(("client", queue, client.pk), _CLIENT_DEPTH_SQL,
                          [queue, client.pk, share + 1])  # fmt: skip
     if held + new > share:
