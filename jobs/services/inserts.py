@@ -38,8 +38,11 @@ VALUES (%s, %s::jsonb, %s, %s, COALESCE(%s, now()), %s, %s, %s, %s, %s, %s, %s, 
         '{Status.QUEUED}', 0, 0)
 ON CONFLICT DO NOTHING
 RETURNING {", ".join(_JOB_FIELDS)}, run_at <= now(),
-          EXISTS (SELECT FROM {QT} q WHERE q.name = {T}.queue AND q.paused)
+          EXISTS (SELECT FROM {QT} q WHERE q.name = %s AND q.paused)
 """
+# The last column says whether the job's queue is paused, for the answer's wait reason
+# (jobs.api.answers): uncorrelated, so one primary-key probe of jobs_queue per statement
+# (an InitPlan), as the open-queue claim makes; the answer then reads nothing more.
 # The live job holding a unique key (the partial unique index job_unique_key_live).
 _KEY_HOLDER_SQL = f"""
 SELECT {", ".join(_JOB_FIELDS)} FROM {T}
@@ -140,6 +143,7 @@ def submit(
         timeout,
         trace_context,
         sequence_key,  # the database blocks it behind its sequence (jobs.flow.triggers)
+        queue,  # whether it is paused (the RETURNING's last column)
     ]
     for _ in range(_KEY_ROUNDS):
         if idempotency_key is None:
