@@ -3,6 +3,11 @@ SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
+# Bytecode is cached even where the environment says not to (some base images set
+# PYTHONDONTWRITEBYTECODE=1): without it every process the suite starts (workers, reapers,
+# servers, pytest itself with its assertion rewriting) compiled the project again, about
+# a third of an end-to-end test's CPU (D391). The caches are git- and docker-ignored.
+unexport PYTHONDONTWRITEBYTECODE
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-12)
 
 .PHONY: run test docs lint install tools migrate browser chaos chaos-long bench crash-bench webhooks durable-loop \

@@ -115,6 +115,19 @@ def test_long_runs_are_what_make_test_leaves():
     assert ci.index("make test") < ci.index("make test-long") < ci.index("make test-matrix")
 
 
+def test_recipes_write_bytecode_whatever_the_environment_says(tmp_path):
+    """D391: with PYTHONDONTWRITEBYTECODE=1 every process a recipe starts compiled the
+    project again; the Makefile unexports it."""
+    probe = tmp_path / "probe.mk"
+    probe.write_text(
+        f'include {ROOT / "Makefile"}\nprobe:\n\t@echo "[$$PYTHONDONTWRITEBYTECODE]"\n'
+    )
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    out = subprocess.run(["make", "-s", "-f", str(probe), "probe"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert out.strip() == "[]", out
+
+
 @pytest.mark.parametrize("args", sorted(SAME_AS_SUITE), ids=" ".join)
 def test_recipe_matches_suite(args):
     """A target skipped here runs exactly the command its own test runs."""

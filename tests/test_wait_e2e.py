@@ -41,9 +41,9 @@ def test_wait_answers_as_the_job_ends(stack, api, settings):
     assert (answer.json()["status"], answer["Jobs-Wait"]) == ("done", "ended")
     job = Job.objects.get(pk=job_id)
     assert 2.0 <= took, took
-    # Within 0.2 s of the job's end, and the 2 s sleep from its start: the end's own write
-    # may take a loaded machine's second, far short of the 30 s poll it is told from.
-    assert answered_at - job.finished_at.timestamp() < 0.2
+    # Within a second of the job's end (0.01-0.2 s on a quiet machine, 0.21 s seen at load
+    # 7), and the 2 s sleep from its start: far short of the 30 s poll it is told from.
+    assert answered_at - job.finished_at.timestamp() < 1.0
     ran = took - (job.started_at.timestamp() - (answered_at - took))
     assert 1.8 <= ran < 3.0, ran
 
