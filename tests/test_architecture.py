@@ -70,7 +70,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("per-key rates", ["jobs.flow.keyrate"]),
     # Every write, one compare-and-set each, in rooms that follow the job's life (issue
     # 43). First what they share: the lease, a finished row, how a statement runs.
-    ("service statements", ["jobs.services.common", "jobs.services.grouped"]),
+    ("service statements", ["jobs.services.common"]),
     # The Redis wake-ups sent once a write commits (and the park when one fails).
     ("service signals", ["jobs.services.signals"]),
     # The claim's three ways: plain (and by id), then turns (fair share and keys), then

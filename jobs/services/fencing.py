@@ -94,10 +94,6 @@ def heartbeat(
     if not leases:
         return Held()
     texts = [None if p is None else json.dumps(p) for p in (progress or [None] * len(leases))]
-    # In job id order: the order a batch of checkpoints locks its rows in (D385), so
-    # the two never wait on each other in a cycle.
-    pairs = sorted(zip(leases, texts, strict=True), key=lambda p: p[0].job_id)
-    leases, texts = [p[0] for p in pairs], [p[1] for p in pairs]
     rows = _hot_rows(_HEARTBEAT_SQL, {**_fence_params(leases), "progress": texts})
     per_queue: dict[str, int] = defaultdict(int)
     for row in rows:

@@ -6,10 +6,9 @@ a park does, so whichever of the two commits first the other sees (no lost wake-
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from datetime import datetime
 
-from django.db import connection, transaction
+from django.db import transaction
 
 from jobs import lifecycle, metrics, quotas
 from jobs.conf import settings
@@ -27,7 +26,6 @@ from jobs.services.common import (
     _rows,
     worker_actor,
 )
-from jobs.services.grouped import GroupCommit
 from jobs.services.signals import signal_after_commit
 
 _STEP = JobStep._meta.db_table
@@ -57,25 +55,9 @@ RETURNING id"""
 _STEP_FENCE_SQL = f"SELECT 1 FROM {HOT} j WHERE {_FENCE_ONE}"
 
 
-# Checkpoints of several handler threads in one transaction (D385): each row fenced by
-# its own lease, as above. The rows are locked in job id order (ORDER BY before FOR
-# SHARE), the order a heartbeat's batch locks them in, so two batches never wait on
-# each other in a cycle. A row not returned is settled by the single statement.
-_STEPS_SQL = f"""
-INSERT INTO {_STEP} (job_id, name, result, lease_version, worker_id, created_at)
-SELECT j.id, f.name, f.result::jsonb, j.lease_version, j.owned_by, statement_timestamp()
-FROM unnest(%(ids)s::bigint[], %(lvs)s::bigint[], %(owners)s::text[], %(names)s::text[],
-            %(results)s::text[]) AS f(id, lv, owner, name, result)
-JOIN {HOT} j ON j.id = f.id AND j.lease_version = f.lv AND j.owned_by = f.owner
-     AND j.status = '{Status.PROCESSING}' AND {lifecycle.hot_sql("j")}
-WHERE j.id = ANY(%(ids)s::bigint[])
-ORDER BY j.id FOR SHARE OF j
-ON CONFLICT (job_id, name) DO NOTHING
-RETURNING job_id, lease_version, name"""
-
-
-def _checkpoint_one(item: tuple[Lease, str, str]) -> bool:
-    lease, name, result_json = item
+def checkpoint_step(lease: Lease, name: str, result_json: str) -> bool:
+    """Store a step's result under the lease's fence; False when the fence refused it
+    (the lease is stale: the step's effects were not recorded)."""
     params = {
         "id": lease.job_id,
         "lv": lease.lease_version,
@@ -86,38 +68,6 @@ def _checkpoint_one(item: tuple[Lease, str, str]) -> bool:
     if _hot_rows(_STEP_SQL, params):
         return True
     return bool(_hot_rows(_STEP_FENCE_SQL, params))
-
-
-def _checkpoint_many(items: Sequence[tuple[Lease, str, str]]) -> list[bool | None]:
-    stored = {
-        (r[0], r[1], r[2])
-        for r in _hot_rows(
-            _STEPS_SQL,
-            {
-                "ids": [lease.job_id for lease, _, _ in items],
-                "lvs": [lease.lease_version for lease, _, _ in items],
-                "owners": [lease.worker_id for lease, _, _ in items],
-                "names": [name for _, name, _ in items],
-                "results": [text for _, _, text in items],
-            },
-        )
-    }
-    return [
-        True if (lease.job_id, lease.lease_version, name) in stored else None
-        for lease, name, _ in items
-    ]
-
-
-_CHECKPOINTS: GroupCommit[bool] = GroupCommit(_checkpoint_one, _checkpoint_many)
-
-
-def checkpoint_step(lease: Lease, name: str, result_json: str) -> bool:
-    """Store a step's result under the lease's fence; False when the fence refused it
-    (the lease is stale: the step's effects were not recorded). Returns once it
-    committed; concurrent checkpoints of the process commit together (D385)."""
-    if connection.in_atomic_block:  # the caller's transaction commits it: not a batch's
-        return _checkpoint_one((lease, name, result_json))
-    return _CHECKPOINTS.write((lease, name, result_json))
 
 
 # Park: processing → queued, lease bumped (the parking worker can no longer write), no
