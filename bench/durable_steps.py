@@ -172,12 +172,14 @@ def run_dbos(jobs: int, steps: int) -> dict | None:
             deadline = time.monotonic() + 600
             while conn.execute(done).fetchone()[0] < jobs and time.monotonic() < deadline:
                 time.sleep(0.2)
-            span, finished = conn.execute(
+            span, finished, first = conn.execute(
                 "SELECT (max(updated_at) - min(started_at_epoch_ms)) / 1000.0,"
-                " count(*) FILTER (WHERE status = 'SUCCESS') FROM dbos.workflow_status"
+                " count(*) FILTER (WHERE status = 'SUCCESS'),"
+                " max(created_at) <= min(started_at_epoch_ms) FROM dbos.workflow_status"
             ).fetchone()
         DBOS.destroy()
-        return {"label": "DBOS Transact", "span": float(span), "done": finished, "per_job": None}
+        return {"label": "DBOS Transact", "span": float(span), "done": finished, "per_job": None,
+                "enqueued_first": first}  # fmt: skip
     finally:
         db.drop()
 
