@@ -8,11 +8,14 @@ last finish (database clock). Also the rows written and the transactions committ
 job (pg_stat counters of the scratch database, every process included) and the CPU
 per job of the worker process and of the database's server processes (from /proc,
 from the worker's start to the last job's end: a figure the machine's load moves less
-than the wall clock). `--baseline
+than the wall clock), and what the checkpointing connections were doing on average
+(pg_stat_activity sampled every 0.2 s: running, waiting for the WAL or a lock, or idle
+while the worker runs). `--baseline
 REF` runs the same with the worker of a git ref, side by side; `--dbos` the same
 workload on DBOS Transact (not a dependency: `pip install dbos==3.4.0` by hand, as the
 pgqueuer peer, D248): S @DBOS.step no-ops in a @DBOS.workflow, N workflows enqueued on
-a queue and run by DBOS's in-process queue worker on the same PostgreSQL server. It
+a queue first, then run by DBOS's in-process queue worker on the same PostgreSQL
+server, measured the same way (first start -> last finish, database clock). It
 reports; it never asserts a timing.
 """
 
@@ -22,6 +25,7 @@ import argparse
 import os
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 _COUNTERS_SQL = """
@@ -51,14 +55,29 @@ def _cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICK
 
 
-def _backends_cpu(url: str, seen: dict[int, float]) -> None:
+# What each checkpoint's connection is doing: running, waiting for a lock or the WAL
+# (WALWrite: another backend's flush; WALSync: its own), or idle, the worker's turn.
+_STEP_WAITS_SQL = """
+SELECT pid, CASE WHEN state = 'active' THEN coalesce(wait_event, 'running')
+                 ELSE 'idle (the worker)' END
+FROM pg_stat_activity
+WHERE datname = current_database() AND pid <> pg_backend_pid()
+  AND query LIKE '%%INSERT INTO jobs_jobstep%%'"""
+
+
+def _backends_cpu(url: str, seen: dict[int, float], waits: Counter | None = None) -> None:
     """Record the CPU of the database's server processes now (their pids from
-    pg_stat_activity): a backend's last reading stands for it once it is gone."""
+    pg_stat_activity): a backend's last reading stands for it once it is gone. With
+    `waits`, count what each checkpointing connection is doing now (one sample)."""
     import psycopg
 
     with psycopg.connect(url, autocommit=True) as conn:
         pids = [r[0] for r in conn.execute(_BACKENDS_SQL).fetchall()]
         me = conn.info.backend_pid
+        if waits is not None:
+            waits["samples"] += 1
+            for _, doing in conn.execute(_STEP_WAITS_SQL).fetchall():
+                waits[doing] += 1
     for pid in pids:
         if pid != me:
             seen[pid] = max(seen.get(pid, 0.0), _cpu(pid))
@@ -93,8 +112,10 @@ def run_jobservice(ref: str | None, jobs: int, steps: int, concurrency: int | No
                 _backends_cpu(db.url(), server)
                 server_at_start = dict(server)
 
+                waits: Counter = Counter()
+
                 def done() -> bool:
-                    _backends_cpu(db.url(), server)
+                    _backends_cpu(db.url(), server, waits)
                     return _finished(db.url()) >= jobs
 
                 wait_until(done, 600, "jobs done", interval=0.2)
@@ -115,7 +136,10 @@ def run_jobservice(ref: str | None, jobs: int, steps: int, concurrency: int | No
         per = [(a - b) / jobs for a, b in zip(after, before, strict=True)]
         cpu = [1000 * worker_cpu / jobs, 1000 * server_cpu / jobs]
         label = code.label + (f" --concurrency {concurrency}" if concurrency else "")
-        return {"label": label, "span": float(span), "done": done, "per_job": per, "cpu": cpu}
+        samples = waits.pop("samples", 0) or 1
+        step_waits = {k: round(v / samples, 2) for k, v in waits.most_common()}
+        return {"label": label, "span": float(span), "done": done, "per_job": per, "cpu": cpu,
+                "step_waits": step_waits}  # fmt: skip
     finally:
         redis.stop()
         db.drop()
@@ -130,15 +154,22 @@ def _finished(url: str) -> int:
 
 
 def run_dbos(jobs: int, steps: int) -> dict | None:
+    """DBOS measured as ours: every workflow enqueued first (DBOSClient, before the
+    launch that starts the queue worker), then first start -> last finish on the
+    database clock. Enqueued while the worker ran (`queue.enqueue` after `launch`), the
+    enqueue took longer than the run and the span from its end counted the tail only."""
     try:
-        from dbos import DBOS
+        from dbos import DBOS, DBOSClient
     except ImportError:
         return None
+    import psycopg
+
     from bench.env import scratch_database
 
     db = scratch_database().create()
     try:
-        DBOS(config={"name": "bench", "system_database_url": db.url(), "log_level": "WARNING"})
+        config = {"name": "bench", "system_database_url": db.url(), "log_level": "WARNING"}
+        DBOS(config=config)
 
         @DBOS.step()
         def noop(i: int) -> int:
@@ -150,15 +181,28 @@ def run_dbos(jobs: int, steps: int) -> dict | None:
                 noop(i)
             return n
 
+        DBOS.launch()  # migrates the system database
+        DBOS.register_queue("bench")
+        DBOS.destroy(destroy_registry=False)
+        client = DBOSClient(system_database_url=db.url())
+        for _ in range(jobs):
+            client.enqueue({"queue_name": "bench", "workflow_name": five.__qualname__}, steps)
+        client.destroy()
+        DBOS(config=config)
         DBOS.launch()
-        queue = DBOS.register_queue("bench")
-        handles = [queue.enqueue(five, steps) for _ in range(jobs)]
-        started = time.perf_counter()
-        for h in handles:
-            h.get_result()
-        span = time.perf_counter() - started
+        with psycopg.connect(db.url(), autocommit=True) as conn:
+            done = "SELECT count(*) FROM dbos.workflow_status WHERE status = 'SUCCESS'"
+            deadline = time.monotonic() + 600
+            while conn.execute(done).fetchone()[0] < jobs and time.monotonic() < deadline:
+                time.sleep(0.2)
+            span, finished, first = conn.execute(
+                "SELECT (max(updated_at) - min(started_at_epoch_ms)) / 1000.0,"
+                " count(*) FILTER (WHERE status = 'SUCCESS'),"
+                " max(created_at) <= min(started_at_epoch_ms) FROM dbos.workflow_status"
+            ).fetchone()
         DBOS.destroy()
-        return {"label": "DBOS Transact", "span": span, "done": jobs, "per_job": None}
+        return {"label": "DBOS Transact", "span": float(span), "done": finished, "per_job": None,
+                "enqueued_first": first}  # fmt: skip
     finally:
         db.drop()
 
@@ -217,6 +261,9 @@ def main(argv: list[str] | None = None) -> None:
             if r.get("cpu"):
                 line += ", CPU {:.2f} ms worker + {:.2f} ms PostgreSQL per job".format(*r["cpu"])
             line += ")"
+        if r.get("step_waits"):
+            doing = ", ".join(f"{v:.2f} {k}" for k, v in r["step_waits"].items())
+            line += f"\n  checkpointing connections, on average: {doing}"
         print(line, flush=True)
 
 
