@@ -83,18 +83,22 @@ def test_request_cpu_reports_each_trees_cpu_per_submission():
     assert "$ python -m bench.request_cpu --baseline HEAD" in proc.stdout
 
 
+def durable_steps_report(*args: str) -> dict:
+    """`python -m bench.durable_steps ARGS` run to its end: its last JSON line."""
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.durable_steps", *args],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads([x for x in proc.stdout.splitlines() if x.startswith("{")][-1])
+
+
 def test_durable_steps_times_dbos_as_ours_with_every_workflow_enqueued_first():
     """D386: DBOS's span is first start -> last finish on the database clock, and no
     workflow starts before the last is enqueued (as ours are submitted first)."""
     pytest.importorskip("dbos")
-    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.durable_steps", "--jobs", "20", "--steps", "2",
-         "--only", "dbos"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    report = json.loads([x for x in proc.stdout.splitlines() if x.startswith("{")][-1])
+    report = durable_steps_report("--jobs", "20", "--steps", "2", "--only", "dbos")
     assert report["done"] == 20 and report["enqueued_first"] is True
     assert 0 < report["span"] < 300
 
@@ -102,14 +106,7 @@ def test_durable_steps_times_dbos_as_ours_with_every_workflow_enqueued_first():
 def test_durable_steps_reports_what_the_checkpointing_connections_wait_for():
     """The split that says why a default worker's steps/s stop where they do: the
     average number of checkpointing connections in each state, sampled."""
-    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.durable_steps", "--jobs", "300", "--steps", "5",
-         "--only", "jobservice"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    report = json.loads([x for x in proc.stdout.splitlines() if x.startswith("{")][-1])
+    report = durable_steps_report("--jobs", "300", "--steps", "5", "--only", "jobservice")
     assert report["done"] == 300
     waits = report["step_waits"]
     # Four handler threads, so at most four checkpointing connections, and some seen.
