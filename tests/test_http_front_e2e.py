@@ -29,8 +29,11 @@ from jobs.api.parsers import BATCH_BODY_FACTOR, max_body_bytes
 from jobs.models import Client, Job
 from tests.test_http_edge_e2e import answer, api, assert_served
 
+# One group under `--dist loadgroup`: the module's front and API server
+# starts once, not once on each worker.
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.xdist_group("http_front"),
     pytest.mark.skipif(front_proxy.available() is not None, reason=str(front_proxy.available())),
 ]
 

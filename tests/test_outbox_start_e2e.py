@@ -31,7 +31,9 @@ from tests.harness import database_url, free_port, wait_until
 from tests.scrape import port_scrape
 from tests.test_webhooks_e2e import Receiver
 
-pytestmark = pytest.mark.slow
+# One group under `--dist loadgroup`: the module's API server
+# starts once, not once on each worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("outbox_start")]
 
 JOBS = 200
 ENV = {
