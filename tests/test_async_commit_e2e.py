@@ -22,7 +22,9 @@ from chaos import checks
 from harness import Processes, manage, service_env, wait_until
 from harness.pgserver import PostgresServer, available
 
-pytestmark = pytest.mark.slow
+# One group under `--dist loadgroup`: the module's private PostgreSQL
+# starts once, not once on each worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("async_commit")]
 
 DRAIN_JOBS = 2000
 # 20 ms each: two default workers (4 threads each) take ~5 s, so the stop lands mid-drain.

@@ -134,23 +134,41 @@ def test_recipe_matches_suite(args):
     assert dry_run(*args)[-1].strip() == SAME_AS_SUITE[args]
 
 
-@pytest.mark.parametrize("target", sorted(SIZED))
-def test_sized_target_runs_suite_tests(target):
-    """A full-size target runs tests that exist, and sets the size they read."""
+def sized_nodes(target: str) -> list[str]:
+    """The test nodes `make -n <target>` names."""
     recipe = " ".join(dry_run(target)).replace("\\", " ")
-    size = SIZED[target]
-    assert f"{size}=$(" not in recipe and f"{size}=" in recipe, recipe
-    nodes = re.findall(r"tests/\S+?\.py(?:::\w+)?", recipe)
-    assert nodes, recipe
-    for node in nodes:
-        assert size in (ROOT / node.split("::")[0]).read_text(), node
+    return re.findall(r"tests/\S+?\.py(?:::\w+)?", recipe)
+
+
+@pytest.fixture(scope="module")
+def collected() -> tuple[subprocess.CompletedProcess, list[str]]:
+    """One `pytest --collect-only` of every sized target's nodes (one per target cost
+    5-10 s each) and the test ids it listed."""
+    nodes = sorted({node for target in SIZED for node in sized_nodes(target)})
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     done = subprocess.run(
         [PY, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *nodes],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
+    return done, [line for line in done.stdout.splitlines() if line.startswith("tests/")]
+
+
+@pytest.mark.parametrize("target", sorted(SIZED))
+def test_sized_target_runs_suite_tests(target, collected):
+    """A full-size target runs tests that exist, and sets the size they read."""
+    recipe = " ".join(dry_run(target)).replace("\\", " ")
+    size = SIZED[target]
+    assert f"{size}=$(" not in recipe and f"{size}=" in recipe, recipe
+    nodes = sized_nodes(target)
+    assert nodes, recipe
+    for node in nodes:
+        assert size in (ROOT / node.split("::")[0]).read_text(), node
+    done, ids = collected
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert f"{len(nodes)} test" in done.stdout.splitlines()[-1], done.stdout[-500:]
+    # Each node names one test: a function (one case of it), a file (its only test).
+    mine = [i for i in ids for node in nodes
+            if i == node or i.startswith((f"{node}::", f"{node}["))]  # fmt: skip
+    assert len(mine) == len(nodes), (nodes, mine)
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,9 @@ from harness import Processes, wait_until
 from tests.test_async_commit_e2e import Stack as AsyncCommitStack
 from tests.test_async_commit_e2e import private_stack
 
-pytestmark = pytest.mark.slow
+# One group under `--dist loadgroup`: the module's private PostgreSQL
+# starts once, not once on each worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("durable_checkpoint_crash")]
 
 DRAIN_JOBS = 600
 STEP_SECONDS = 0.004  # 5 steps of 4 ms: two workers take several seconds, the stop lands mid-drain

@@ -29,8 +29,11 @@ from jobs.api.parsers import BATCH_BODY_FACTOR, max_body_bytes
 from jobs.models import Client, Job
 from tests.test_http_edge_e2e import answer, api, assert_served
 
+# One group under `--dist loadgroup`: the module's front and API server
+# starts once, not once on each worker.
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.xdist_group("http_front"),
     pytest.mark.skipif(front_proxy.available() is not None, reason=str(front_proxy.available())),
 ]
 
@@ -38,12 +41,12 @@ REQUEST_TIMEOUT = 4  # PROXY_REQUEST_TIMEOUT: request line, headers and body, fr
 KEEPALIVE = 4  # PROXY_KEEPALIVE: a kept-alive connection's wait for its next request
 
 
-@pytest.fixture
-def front(transactional_db, tmp_path):
-    """(the front's port, a token): HAProxy on a free port in front of a real API server
-    of two processes of four threads."""
-    _, token = Client.create_with_token("front")
-    server = api(tmp_path)
+@pytest.fixture(scope="module")
+def front_server(django_db_setup, tmp_path_factory):
+    """HAProxy on a free port in front of a real API server of two processes of four
+    threads, for the module: each test closes every socket it opened, and a start of the
+    two cost a test's setup 4-15 s on a loaded machine."""
+    server = api(tmp_path_factory.mktemp("front"))
     proxy = Front(
         server.port,
         {
@@ -54,11 +57,20 @@ def front(transactional_db, tmp_path):
     )
     try:
         proxy.start()
-        yield proxy.port, token
-        assert proxy.service.alive(), proxy.log()
+        yield proxy, server
     finally:
         assert proxy.stop() == 0
         assert server.stop() == 0
+
+
+@pytest.fixture
+def front(transactional_db, front_server):
+    """(the front's port, a token); the front and the server still up after the test."""
+    proxy, server = front_server
+    _, token = Client.create_with_token("front")
+    yield proxy.port, token
+    assert proxy.service.alive(), proxy.log()
+    assert server.server.alive(), server.output()
 
 
 def stalled_with_credentials(port: int, token: str, count: int) -> list[socket.socket]:

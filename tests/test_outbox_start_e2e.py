@@ -22,15 +22,18 @@ from django.conf import settings
 from django.core.management import call_command
 from standardwebhooks.webhooks import Webhook as Verifier
 
+from harness import Processes, service_env
 from jobs.events import signing
 from jobs.lifecycle import TERMINAL
 from jobs.models import Client, Job, JobEvent, WebhookDelivery
 from tests.factories import raw
-from tests.harness import free_port, wait_until
+from tests.harness import database_url, free_port, wait_until
 from tests.scrape import port_scrape
 from tests.test_webhooks_e2e import Receiver
 
-pytestmark = pytest.mark.slow
+# One group under `--dist loadgroup`: the module's API server
+# starts once, not once on each worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("outbox_start")]
 
 JOBS = 200
 ENV = {
@@ -77,18 +80,31 @@ def terminal_events(job_ids: list[int]) -> set[str]:
     return {signing.message_id(i) for i in ids}
 
 
+@pytest.fixture(scope="module")
+def api_port(django_db_setup, tmp_path_factory):
+    """The API server, for the module: it holds no state of a test's (the token is the
+    test's), and its start cost each test's setup 5-20 s on a loaded machine."""
+    env = service_env(database_url(), settings.REDIS_URL, settings.JOBS_REDIS_PREFIX,
+                      "demo.tasks", **ENV)  # fmt: skip
+    procs = Processes(tmp_path_factory.mktemp("api"), env)
+    port = free_port()
+    try:
+        procs.api(port)
+        yield port
+    finally:
+        procs.close()
+
+
 @pytest.fixture
-def deployment(stack):
+def deployment(stack, api_port):
     """A database whose dispatcher never ran; API and two workers up, no reaper; a
     client with a webhook (done and failed) registered through the API."""
     raw("DELETE FROM jobs_outboxcursor")
     redis.Redis.from_url(settings.REDIS_URL).delete(f"{settings.JOBS_REDIS_PREFIX}events")
     stack.env.update(ENV)
-    port = free_port()
-    stack.api(port)
     receiver = Receiver(signing.secret_for(signing.new_salt()), mode="ok")  # until registered
     _, token = Client.create_with_token("late-reaper")
-    api = Api(port, token)
+    api = Api(api_port, token)
     hook = api.post("/api/v1/webhooks/", {"url": receiver.url,
                                          "events": ["job.done", "job.failed"]})  # fmt: skip
     receiver.verifier = Verifier(hook["secret"])

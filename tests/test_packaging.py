@@ -23,7 +23,9 @@ from tests.test_fresh_project import source_copy
 
 ROOT = Path(__file__).resolve().parents[1]
 
-pytestmark = pytest.mark.timeout(300)
+# One group under `--dist loadgroup`: the module's wheel and sdist are built once, not
+# once on each worker.
+pytestmark = [pytest.mark.timeout(300), pytest.mark.xdist_group("packaging")]
 
 BUILD = """
 import sys

@@ -16,7 +16,9 @@ from tests.conftest import job_row
 from tests.harness import database_url, free_port, wait_until
 from tests.runbook import run_check
 
-pytestmark = pytest.mark.slow
+# One group under `--dist loadgroup`: the module's PgBouncer starts once, not once on
+# each worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("pgbouncer")]
 
 TASKS = "demo.tasks,tests.e2e_tasks"  # e2e.hold
 RECOVERY_BOUND = 6.0  # seconds from kill -9 to claimed elsewhere, as without the pooler

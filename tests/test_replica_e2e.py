@@ -21,12 +21,14 @@ from pathlib import Path
 import pytest
 from django.conf import settings as dj_settings
 
-from harness import Processes, free_port, manage, service_env, wait_until
+from harness import Processes, free_port, http_ok, manage, service_env, wait_until
 from harness.pgpair import PostgresPair, available
 from tests.runbook import run_check
 from tests.scrape import port_scrape
 
-pytestmark = pytest.mark.slow
+# One group under `--dist loadgroup`: the module's primary and replica start once,
+# not once on each worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("replica")]
 
 TIGHT = 2.0  # seconds: the lag bound of the "tight" API; the others tolerate an hour
 
@@ -132,7 +134,11 @@ def topo(tmp_path_factory):
                       JOBS_REPLICA_MAX_LAG_SECONDS=str(TIGHT))  # fmt: skip
         top.procs.worker("--concurrency", "2", "--queues", "default")
         top.reaper_port = free_port()
-        top.procs.reaper("--metrics-port", str(top.reaper_port))
+        reaper = top.procs.reaper("--metrics-port", str(top.reaper_port))
+        # The tests scrape it at once (a test run first on its worker found it not up).
+        wait_until(lambda: http_ok(top.reaper_port, "/metrics") or not reaper.alive(), 60,
+                   "the reaper's metrics")  # fmt: skip
+        assert reaper.alive(), reaper.output()
         for api in (top.loose, top.tight):
             api.login("staff", "pw-staff-1")
         yield top
