@@ -23,7 +23,7 @@ from jobs import admission, selectors, services, submission, tasks, validation
 from jobs.conf import settings
 from jobs.exceptions import InvalidSubmission, RequestInvalid, SubmissionError
 from jobs.models import Client, OnFailure
-from jobs.observability import hooks
+from jobs.observability import tracing
 
 MAX_STEPS = 1000
 MAX_NAME = 200
@@ -196,7 +196,7 @@ def create(
         actor=actor,
         idempotency_key=key,
         request_hash=graph.request_hash if key is not None else None,
-        trace_context=hooks.current_context(),  # every step goes on in the caller's trace
+        trace_context=tracing.current(),  # every step goes on in the caller's trace
     )
     if created:
         admission.count_accepted(per_queue, client_id)

@@ -49,11 +49,6 @@ def watching() -> bool:
 # --- submission ---------------------------------------------------------------------
 
 
-def current_context() -> str | None:
-    """The trace context to store with jobs made now (workflow steps, schedules)."""
-    return tracing.current()
-
-
 def link_context() -> str | None:
     """The trace context a schedule keeps for the jobs it fires: a link, not a parent
     (D306), so each firing is a trace of its own."""
