@@ -134,11 +134,14 @@ _POOLED = bool(_DIRECT) and _DIRECT != env.str("DATABASE_URL", "")
 DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = env.bool(
     "DB_DISABLE_SERVER_SIDE_CURSORS", default=_POOLED
 )
-# Named prepared statements (the worker's hot path asks for them, D23) only with
-# DB_PREPARED_STATEMENTS=1: straight to PostgreSQL, or PgBouncer >= 1.21 with
-# max_prepared_statements. Off (Django's default) they are bound on the server unnamed,
-# which any pooler passes (D146).
-if env.bool("DB_PREPARED_STATEMENTS", default=False):
+# Named prepared statements (the worker's hot path asks for them, D23): on by default
+# straight to PostgreSQL, off by default behind a pooler (JOBS_DIRECT_DATABASE_URL names
+# another address), where they need PgBouncer >= 1.21 with max_prepared_statements;
+# DB_PREPARED_STATEMENTS=0/1 says otherwise. Off, the hot path is bound on the server
+# unnamed, which any pooler passes (D146), and parsed and planned per statement: 40% of
+# a durable step's server CPU (D392).
+_PREPARED = env.str("DB_PREPARED_STATEMENTS", "").strip()
+if env.bool("DB_PREPARED_STATEMENTS") if _PREPARED else not _POOLED:
     DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = 5
 DATABASES["default"].setdefault("TEST", {})
 # A streaming replica for reads that may lag (listings, history, admin lists, scrapes,
