@@ -163,6 +163,57 @@ def _cursor(name: str) -> int:
     return rows[0][0] if rows else 0
 
 
+SINKS = ("webhooks", "stream", "kafka")
+
+
+class CursorTrace:
+    """The three cursors every 50 ms, in a thread of its own, from the submission on:
+    how far behind each sink was when the last job ended, and how it caught up (its
+    cursor's moves after that: the ticks, their size and the time between them)."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.samples: list[tuple[float, dict[str, int]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        from django.db import connection
+
+        try:
+            while not self._stop.wait(0.05):
+                rows = sql("SELECT name, last_id FROM jobs_outboxcursor WHERE name = ANY(%s)",
+                           [list(SINKS)])  # fmt: skip
+                self.samples.append((time.time(), dict(rows)))
+        finally:
+            connection.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def at_end(self, last_finish: float, last: int, passed: dict[str, float]) -> dict:
+        """Per sink: events behind at the last job's end, its moves after, and the rate."""
+        out: dict[str, dict] = {}
+        for name in SINKS:
+            before = [s[name] for t, s in self.samples if t <= last_finish and name in s]
+            cursor = before[-1] if before else 0
+            behind = sql("SELECT count(*) FROM jobs_jobevent WHERE id > %s AND id <= %s AND "
+                         "kind = 'transition'", [cursor, last])[0][0]  # fmt: skip
+            moves, prev = [], cursor
+            for t, s in self.samples:
+                if t > last_finish and s.get(name, prev) != prev and prev < last:
+                    moves.append((t, s[name] - prev))
+                    prev = s[name]
+            took = passed.get(name, last_finish) - last_finish
+            out[name] = {"behind": behind, "moves": len(moves),
+                         "ids_per_move": sum(m for _, m in moves) / max(len(moves), 1),
+                         "rate": behind / took if took > 0 else None}  # fmt: skip
+        return out
+
+
 @scenario("drain-sinks")
 def drain_sinks(ctx: Context) -> Iterator[dict]:
     """A drain of n no-op jobs by two runworkers (--concurrency 128) beside a runreaper
@@ -197,6 +248,7 @@ def drain_sinks(ctx: Context) -> Iterator[dict]:
                 pids = [reaper.pid], [w.pid for w in workers]
                 cpu_before = [cpu_seconds(p) for p in pids] + [cpu_seconds(backend_pids())]
                 first_event = sql("SELECT COALESCE(max(id), 0) FROM jobs_jobevent")[0][0]
+                trace = CursorTrace()
                 job_ids = _submit(client_id, n)
                 wait_terminal(n, timeout=max(60, n / 200))
                 first_claim, last_finish = sql(
@@ -221,6 +273,8 @@ def drain_sinks(ctx: Context) -> Iterator[dict]:
                     return len(passed) == 4
 
                 wait_until(caught_up, max(300, n / 20), "every sink caught up", interval=0.05)
+                trace.stop()
+                behind = trace.at_end(float(last_finish), last, passed)
                 # CPU per history event relayed (the jobs', the deliveries' too) from the
                 # submission to the last sink: what bounds the relays on a busy machine.
                 cpu = [cpu_seconds(p) for p in pids] + [cpu_seconds(backend_pids())]
@@ -246,7 +300,14 @@ def drain_sinks(ctx: Context) -> Iterator[dict]:
                 "summary": f"drain {n / drain_s:,.0f} jobs/s; last event passed by "
                 + ", ".join(f"{k} {v:.2f}s" for k, v in sorted(after.items()))
                 + " after the last job's end (receiver: its last delivery); CPU per history "
-                f"event ({events}): " + ", ".join(f"{k} {v:.0f} us" for k, v in per.items()),
+                f"event ({events}): "
+                + ", ".join(f"{k} {v:.0f} us" for k, v in per.items())
+                + "; behind at the last job's end: "
+                + ", ".join(
+                    f"{k} {b['behind']} events, passed at {b['rate'] or 0:,.0f}/s in "
+                    f"{b['moves']} moves of {b['ids_per_move']:,.0f} ids"
+                    for k, b in behind.items()
+                ),  # fmt: skip
                 "brief": f"drain {n / drain_s:,.0f} jobs/s; after the last job: "
                 + ", ".join(f"{k} {after[k]:.2f} s" for k in ("webhooks", "stream", "kafka")),
                 "details": {
@@ -255,6 +316,7 @@ def drain_sinks(ctx: Context) -> Iterator[dict]:
                     "after_last_job_s": after,
                     "events": events,
                     "cpu_us_per_event": per,
+                    "behind_at_end": behind,
                 },
             }
     finally:

@@ -17,7 +17,7 @@ from harness.receiver import Recording
 from jobs import services
 from jobs.events import batches, endpoints, signing
 from jobs.events.outbox import FANOUT_HISTORY, HISTORY, Dispatcher, WebhookFanout
-from jobs.events.reads import binary_rows
+from jobs.events.reads import Built, binary_rows
 from jobs.events.webhooks import deliver
 from jobs.lifecycle import Status
 from jobs.models import Client, Job, JobEvent, Webhook, WebhookDelivery
@@ -26,6 +26,20 @@ from jobs.tasks import JobContext
 pytestmark = pytest.mark.django_db(transaction=True)
 
 N = 12
+
+
+class Recorder:
+    """A subscriber like the stream: each event's body, by event id."""
+
+    name = "recorder"
+    starts_at_beginning = True
+
+    def __init__(self) -> None:
+        self.bodies: dict[int, str] = {}
+
+    def handle(self, events) -> int:
+        self.bodies.update((e.id, e.body) for e in events)
+        return len(events)
 
 
 @pytest.fixture
@@ -163,3 +177,38 @@ def test_the_fan_out_writes_rows_and_jobs_in_one_statement_one_job_per_chain(hoo
         fanout.handle(events)
     assert WebhookDelivery.objects.count() == 15
     assert Job.objects.filter(task=signing.DELIVER_TASK).count() == 5
+
+
+def test_the_fan_out_takes_its_range_from_the_streams_window(hook):
+    """Sharing the reaper's window (D394): once the stream has read a range, the fan-out
+    takes its events from there (whole rows: no read of its own, narrow or whole), and
+    writes each delivery's body as the stream has it; its narrow rows never enter the
+    window, and a range the window does not hold is read as before."""
+    Webhook.objects.filter(pk=hook.pk).update(events=["*"])
+    built = Built(keep=100)
+    stream = Recorder()
+    reader = Dispatcher([stream], batch=50, built=built)
+    fanout = Dispatcher([WebhookFanout()], batch=50, sources=(FANOUT_HISTORY,), built=built)
+    for d in (reader, fanout):
+        d.tick()  # the cursors' first horizons
+    items = [services.NewJob("echo", {"n": i}) for i in range(4)]
+    sources = [s.job_id for s in services.submit_many(items, client_id=hook.client_id)]
+    for job_id in sources:
+        services.complete([(services.claim("w1", job_id), {"n": job_id})])
+    for _ in range(3):
+        reader.tick()
+    assert len(stream.bodies) == 12  # queued, processing, done of four jobs
+    hits = built.hits
+    with CaptureQueriesContext(connection) as queries:
+        for _ in range(2):  # a horizon past the twelve, then their tick
+            fanout.tick()
+    assert built.hits - hits == 12
+    assert not [q for q in queries if "FROM jobs_jobevent e" in q["sql"]]
+    assert {d.event_id: d.body for d in WebhookDelivery.objects.all()} == stream.bodies
+    assert all(e.row is not None for e in built._windows["jobs_jobevent"][2])
+    # Further jobs the stream has not read yet: the fan-out reads them itself.
+    for job_id in [s.job_id for s in services.submit_many(items, client_id=hook.client_id)]:
+        services.complete([(services.claim("w1", job_id), {})])
+    for _ in range(3):
+        fanout.tick()
+    assert WebhookDelivery.objects.count() == 24

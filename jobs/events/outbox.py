@@ -264,6 +264,9 @@ class Source:
     # Read in binary: timestamps by psycopg's C loaders, JSON parsed by psycopg (a JSON
     # string too), a third of the read's CPU in text.
     binary: bool = False
+    # Narrow rows (the webhooks fan-out's): never stored in a shared window, but served
+    # from one that holds the whole rows of the range (Built.read, D394).
+    narrow: bool = False
 
     @property
     def newest_sql(self) -> str:
@@ -310,7 +313,8 @@ def with_rows(events: Sequence[OutboxEvent]) -> None:
 
 
 # The history as the webhooks fan-out reads it: the same events, narrow rows (D262).
-FANOUT_HISTORY = replace(HISTORY, events_sql=_FANOUT_EVENTS_SQL, event=_fanout_event)
+FANOUT_HISTORY = replace(HISTORY, events_sql=_FANOUT_EVENTS_SQL, event=_fanout_event,
+                         narrow=True)  # fmt: skip
 
 
 # --- webhooks ---------------------------------------------------------------------------
@@ -582,8 +586,11 @@ def dispatchers() -> list[Dispatcher]:
     stream (with Redis) and the Kafka sink (when configured), so none waits for another's
     tick (a broker that is slow or away, a fan-out of many deliveries) and each keeps up
     with a drain on its own (issue 41)."""
-    built = Built(keep=2 * DISPATCH_BATCH)  # read and built once for stream and Kafka
-    found = [Dispatcher([WebhookFanout()], batch=DISPATCH_BATCH, sources=(FANOUT_HISTORY,))]
+    # Read and built once for stream and Kafka; the webhooks fan-out takes its range from
+    # their window when it holds it (D394), so the window keeps a few batches.
+    built = Built(keep=4 * DISPATCH_BATCH)
+    found = [Dispatcher([WebhookFanout()], batch=DISPATCH_BATCH, sources=(FANOUT_HISTORY,),
+                        built=built)]  # fmt: skip
     if settings.REDIS_URL:
         found.append(Dispatcher([StreamPublisher()], batch=DISPATCH_BATCH, built=built))
     if kafka.configured():  # the domain events of publish() too, behind a cursor of their own

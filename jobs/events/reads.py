@@ -55,6 +55,10 @@ _PLAIN_TIMESTAMPTZ = psycopg.adapters.get_loader(
 )
 
 
+def _id(event) -> int:
+    return event.id
+
+
 class Built:
     """The events a dispatcher of this process built last, for the others (issue 41):
     the webhooks, the stream and the Kafka sink read the same rows, and reading and
@@ -75,10 +79,27 @@ class Built:
         """What `_read` answers, from the window where it holds them. One read of a
         source at a time: dispatchers ticking in step (the stream and Kafka) otherwise
         both miss and read the same rows; the second now finds them in the window."""
+        if source.narrow:  # the window's whole rows serve it; its own never go in
+            found = self._peek(source, after, upto, limit)
+            return _read(cur, source, after, upto, limit) if found is None else found
         with self._lock:
             reading = self._reading[source.table]
         with reading:
             return self._from_window(cur, source, after, upto, limit)
+
+    def _peek(self, source, after: int, upto: int, limit: int) -> list | None:
+        """What `_read` answers if the window holds all of it, else None."""
+        with self._lock:
+            lo, hi, built = self._windows.get(source.table, (0, 0, []))
+        if not lo <= after < hi:
+            return None
+        start = bisect_right(built, after, key=_id)
+        end = bisect_right(built, min(upto, hi), key=_id)
+        cached = built[start : min(end, start + limit)]
+        if len(cached) == limit or hi >= upto:
+            self.hits += len(cached)
+            return cached
+        return None
 
     def _from_window(self, cur, source, after: int, upto: int, limit: int) -> list:
         with self._lock:
