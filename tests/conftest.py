@@ -8,7 +8,10 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
+from tests import flush
 from tests.factories import raw
+
+flush.install()  # transactional tests truncate only the tables they wrote to (D367)
 
 
 @pytest.fixture
@@ -92,7 +95,7 @@ def pytest_runtest_makereport(item, call):
 
 
 # Tests that must share one process, or that load the machine, each run as one group on
-# one worker of `pytest -n 2 --dist loadgroup` (make test): the API tests, because the
+# one worker of `pytest -n 3 --dist loadgroup` (make test): the API tests, because the
 # schema-coverage test reads what the others requested; the long CPU-heavy runs, so that
 # two of them never compete for the two cores while asserting their own figures.
 HEAVY_FILES = {"test_chaos_short.py", "test_e2e_slo.py", "test_bench.py", "test_schedules_e2e.py"}
