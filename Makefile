@@ -86,9 +86,10 @@ reset-db: install
 browser:
 	@test -x /usr/bin/chromium || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium; }
 
-## PYTEST_ARGS: two worker processes by default (tests/conftest.py groups the tests that
+## PYTEST_ARGS: three worker processes by default, on two cores too (at two, a quarter of
+## the CPU sat idle while tests waited for processes, D368; tests/conftest.py groups the tests that
 ## must share one); PYTEST_ARGS= runs everything in one process, in file order.
-PYTEST_ARGS ?= -n 2 --dist loadgroup
+PYTEST_ARGS ?= -n 3 --dist loadgroup
 
 ## test: the whole suite against the real PostgreSQL and Redis on 127.0.0.1, but for the
 ## long runs (marker `long`: the quick bench, each documented make target at its quickest,
