@@ -11,7 +11,7 @@ from django.db import connection
 from tests import flush
 from tests.factories import raw
 
-flush.install()  # transactional tests truncate only the tables they wrote to (D367)
+flush.install()  # transactional tests empty only the tables they wrote to (D367)
 
 
 @pytest.fixture
