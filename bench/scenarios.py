@@ -336,8 +336,9 @@ def cpu_pool(ctx: Context) -> Iterator[dict]:
 
 @scenario("drain-pool")
 def drain_pool(ctx: Context) -> Iterator[dict]:
-    """No-op jobs through each pool at runworker's default --concurrency (4): what a
-    child's round trip (a pipe message each way, pickling) costs per job."""
+    """No-op jobs through each pool at the process pool's default --concurrency (4), the
+    threads given the same: what a child's round trip (a pipe message each way,
+    pickling) costs per job."""
     n = ctx.args.jobs or (300 if ctx.quick else 5000)
     yield from pool_drain(
         ctx, "drain-pool", f"drain {n} no-op jobs", n, ctx.args.concurrency or 4, "echo", {}

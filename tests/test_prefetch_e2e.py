@@ -213,9 +213,9 @@ def test_a_prefetched_attempt_revoked_or_cancelled_never_calls_its_handler(stack
 
 
 def test_long_jobs_are_claimed_one_thread_at_a_time(stack):
-    """Two default workers (4 threads): 8 long jobs run 4 + 4 at once, first before any
-    run time is known, then again once the worker has measured that jobs are long."""
-    workers = [stack.worker("--queues", "pf-long") for _ in range(2)]
+    """Two workers of 4 threads: 8 long jobs run 4 + 4 at once, first before any run
+    time is known, then again once the worker has measured that jobs are long."""
+    workers = [stack.worker("--queues", "pf-long", "--concurrency", "4") for _ in range(2)]
     for w in workers:
         wait_until(lambda w=w: _registered(w.pid), 20, message="registered")
     for _round in range(2):

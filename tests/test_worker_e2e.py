@@ -207,3 +207,29 @@ def test_bad_arguments_are_refused(stack):
     w = stack.worker("--concurrency", "0")
     assert w.wait(20) != 0
     assert "--concurrency must be at least 1" in w.output()
+
+
+def test_a_default_worker_runs_eight_threads_and_a_process_pool_four_children(stack):
+    """D395: --concurrency left out means 8 handler threads (they mostly wait on a
+    flushed commit or a handler's I/O), and 4 children with --pool processes."""
+    threads = stack.worker()
+    wait_until(
+        lambda: WorkerProcess.objects.filter(concurrency=8).exists(), 20, message="registered"
+    )
+    ids = [services.submit("sleep", {"seconds": 1.0})[0].pk for _ in range(8)]
+    # Eight one-second jobs on one worker: all started and running together.
+    wait_until(
+        lambda: (
+            Job.objects.filter(pk__in=ids, status="processing", started_at__isnull=False).count()
+            == 8
+        ),
+        20,
+        message="eight running at once",
+    )
+    threads.signal(signal.SIGTERM)
+    assert threads.wait(20) == 0
+    children = stack.worker("--pool", "processes")
+    wait_until(lambda: WorkerProcess.objects.filter(concurrency=4).exists(), 30, message="pool up")
+    children.signal(signal.SIGTERM)
+    assert children.wait(30) == 0
+    assert set(statuses(ids).values()) == {"done"}

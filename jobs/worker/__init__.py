@@ -100,7 +100,7 @@ class Worker(Execution, Prefetch, WriteBack, Heartbeats, Watch, Shutdown):
     def __init__(
         self,
         queues: list[str] | QueueSpec | None = None,
-        concurrency: int = 4,
+        concurrency: int | None = None,
         *,
         burst: bool = False,
         max_jobs: int | None = None,
@@ -119,6 +119,8 @@ class Worker(Execution, Prefetch, WriteBack, Heartbeats, Watch, Shutdown):
             queues = parse_queues(",".join(queues or ["default"]))
         self.spec = queues
         self.queues = list(queues.names)
+        if concurrency is None:
+            concurrency = pools.DEFAULT_CONCURRENCY.get(pool, 1)  # pools.make refuses a bad one
         self.concurrency = max(1, concurrency)
         self.burst = burst
         self.max_jobs = max_jobs

@@ -15,7 +15,7 @@ from jobs.conf import settings
 from jobs.dispatch import QueueSpec
 from jobs.runtime import HEADLESS_CHECKS, add_metrics_arguments, start_metrics_server
 from jobs.worker import MAX_PREFETCH, Worker
-from jobs.worker.pools import POOLS
+from jobs.worker.pools import DEFAULT_CONCURRENCY, POOLS
 
 
 def parse_queues(value: str) -> QueueSpec:
@@ -31,7 +31,11 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument(
-            "--concurrency", type=int, default=4, help="Jobs run at once [%(default)s]."
+            "--concurrency",
+            type=int,
+            default=None,
+            help="Jobs run at once: handler threads, or child processes with --pool "
+            "processes [{threads} threads; {processes} processes].".format(**DEFAULT_CONCURRENCY),
         )
         parser.add_argument(
             "--queues",
@@ -128,6 +132,8 @@ class Command(BaseCommand):
                 "cannot see uncommitted jobs. Use jobs.testing.run_jobs(), or a "
                 "TransactionTestCase (docs/testing.md)"
             )
+        if opts["concurrency"] is None:
+            opts["concurrency"] = DEFAULT_CONCURRENCY[opts["pool"]]
         if opts["concurrency"] < 1:
             raise CommandError("--concurrency must be at least 1")
         if not 0 <= opts["flush_interval"] <= 5:

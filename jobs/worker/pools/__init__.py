@@ -17,6 +17,10 @@ if TYPE_CHECKING:
     from jobs.worker.attempts import InFlight
 
 POOLS = ("threads", "processes")
+# Attempts run at once when --concurrency is not given (D395): threads mostly wait (a
+# durable step's flushed commit, a handler's I/O), so eight; a child is a process of
+# its own per attempt, so four, as before.
+DEFAULT_CONCURRENCY = {"threads": 8, "processes": 4}
 
 
 class Pool(Protocol):
