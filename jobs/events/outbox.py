@@ -278,6 +278,9 @@ class Source:
     # Narrow rows (the webhooks fan-out's): never stored in a shared window, but served
     # from one that holds the whole rows of the range (Built.read, D394).
     narrow: bool = False
+    # The whole rows of a narrow source: what it reads through the shared window when
+    # it is the first to reach a range (Built.read, D397).
+    wide: Source | None = None
 
     @property
     def newest_sql(self) -> str:
@@ -327,7 +330,7 @@ def with_rows(events: Sequence[OutboxEvent]) -> None:
 
 # The history as the webhooks fan-out reads it: the same events, narrow rows (D262).
 FANOUT_HISTORY = replace(HISTORY, events_sql=_FANOUT_EVENTS_SQL, event=_fanout_event,
-                         narrow=True)  # fmt: skip
+                         narrow=True, wide=HISTORY)  # fmt: skip
 
 
 # --- webhooks ---------------------------------------------------------------------------
@@ -599,9 +602,11 @@ def dispatchers() -> list[Dispatcher]:
     stream (with Redis) and the Kafka sink (when configured), so none waits for another's
     tick (a broker that is slow or away, a fan-out of many deliveries) and each keeps up
     with a drain on its own (issue 41)."""
-    # Read and built once for stream and Kafka; the webhooks fan-out takes its range from
-    # their window when it holds it (D394), so the window keeps a few batches.
-    built = Built(keep=4 * DISPATCH_BATCH)
+    # Read and built once for the three; the window keeps a few batches for the ones that
+    # follow. The fan-out takes its range from there when the window holds it (D394); with
+    # the stream or Kafka on, it reads whole rows there when it is first (D397).
+    shared = bool(settings.REDIS_URL) or kafka.configured()
+    built = Built(keep=4 * DISPATCH_BATCH, lead=shared)
     found = [Dispatcher([WebhookFanout()], batch=DISPATCH_BATCH, sources=(FANOUT_HISTORY,),
                         built=built)]  # fmt: skip
     if settings.REDIS_URL:
