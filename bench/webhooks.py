@@ -71,7 +71,7 @@ def _run(ctx: Context, code, n: int, fail: float, events: list[str]) -> dict:
         cpu_before = cpu_seconds(pids[0]), cpu_seconds(pids[1]), cpu_seconds(backend_pids())
         started = time.time()
         job_ids = _submit(client_id, n)
-        wait_terminal(n, timeout=max(120, n / 50))
+        wait_terminal(n, timeout=max(120, n / 50), job_ids=job_ids)
         expected = _expected(job_ids, events)
         # A failing receiver's deliveries wait out its circuit (open 10 s and more after
         # five failures in a row), not the machine: 10,000 of its events take minutes.
@@ -250,7 +250,7 @@ def drain_sinks(ctx: Context) -> Iterator[dict]:
                 first_event = sql("SELECT COALESCE(max(id), 0) FROM jobs_jobevent")[0][0]
                 trace = CursorTrace()
                 job_ids = _submit(client_id, n)
-                wait_terminal(n, timeout=max(60, n / 200))
+                wait_terminal(n, timeout=max(60, n / 200), job_ids=job_ids)
                 first_claim, last_finish = sql(
                     "SELECT extract(epoch FROM min(at)), (SELECT extract(epoch FROM "
                     "max(finished_at)) FROM jobs_job WHERE id = ANY(%s)) FROM jobs_jobevent "

@@ -10,7 +10,7 @@ import json
 
 import psycopg
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 
 from harness import database_url
 from jobs import services
@@ -361,3 +361,22 @@ def test_dispatchers_sharing_built_events_each_get_every_event_once_in_order(cli
         behind.tick()
     for r in recorders:
         assert r.ids == expected
+
+
+def test_a_read_joins_the_jobs_of_its_batch_only(client):
+    """A relay far behind (its horizon thousands of events ahead) joins the jobs and
+    deliveries of the batch it reads, not of every event up to the horizon (D396): the
+    cost of a read stays that of its batch however long the backlog."""
+    for i in range(30):
+        services.submit("echo", {"n": i}, client_id=client.pk)
+    with connection.cursor() as cur:
+        cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + HISTORY.events_sql, [0, 1 << 62, 5])
+        plan = cur.fetchone()[0]
+    plan = json.loads(plan) if isinstance(plan, str) else plan
+    joins, stack = [], [plan[0]["Plan"]]
+    while stack:
+        node = stack.pop()
+        stack += node.get("Plans", [])
+        if node["Node Type"] in ("Nested Loop", "Hash Join", "Merge Join"):
+            joins.append(node["Actual Rows"] * node["Actual Loops"])
+    assert joins and max(joins) <= 5

@@ -212,3 +212,43 @@ def test_the_fan_out_takes_its_range_from_the_streams_window(hook):
     for _ in range(3):
         fanout.tick()
     assert WebhookDelivery.objects.count() == 24
+
+
+def test_the_fan_out_first_to_a_range_reads_it_whole_for_the_stream(hook):
+    """With the stream or Kafka sharing the window (D397), the fan-out that reaches a range
+    first reads its whole rows into the window: the stream then reads no row itself and
+    gets each event once, in order, with the body the deliveries carry. Without a lead
+    (no other sink) the fan-out reads narrow rows and leaves the window empty."""
+    Webhook.objects.filter(pk=hook.pk).update(events=["*"])
+    built = Built(keep=100, lead=True)
+    stream = Recorder()
+    reader = Dispatcher([stream], batch=50, built=built)
+    fanout = Dispatcher([WebhookFanout()], batch=50, sources=(FANOUT_HISTORY,), built=built)
+    alone = Built(keep=100)
+    solo = Dispatcher([WebhookFanout()], batch=50, sources=(FANOUT_HISTORY,), built=alone)
+    solo.subscribers[0].name = "webhooks-alone"  # a cursor of its own, from the beginning
+    for d in (fanout, reader, solo):
+        d.tick()  # the cursors' first horizons
+    items = [services.NewJob("echo", {"n": i}) for i in range(4)]
+    for job_id in [s.job_id for s in services.submit_many(items, client_id=hook.client_id)]:
+        services.complete([(services.claim("w1", job_id), {"n": job_id})])
+    for _ in range(2):  # a horizon past the twelve, then their tick
+        fanout.tick()
+    assert WebhookDelivery.objects.count() == 12
+    hits = built.hits
+    with CaptureQueriesContext(connection) as queries:
+        for _ in range(3):
+            reader.tick()
+    assert not [q for q in queries if "FROM jobs_jobevent e" in q["sql"]]
+    assert built.hits - hits == 12
+    expected = list(
+        JobEvent.objects.filter(kind="transition").order_by("id").values_list("id", flat=True)
+    )
+    assert list(stream.bodies) == expected
+    assert {d.event_id: d.body for d in WebhookDelivery.objects.all()} == {
+        i: b for i, b in stream.bodies.items() if i in set(
+            WebhookDelivery.objects.values_list("event_id", flat=True))
+    }  # fmt: skip
+    for _ in range(2):
+        solo.tick()
+    assert alone._windows == {}  # read narrow: nothing for others to follow

@@ -99,19 +99,30 @@ UPDATE jobs_outboxcursor SET last_id = %s, horizon_id = %s, horizon_snapshot = %
        updated_at = now()
 WHERE name = %s
 """
-_EVENTS_SQL = """
-SELECT e.id, e.job_id, e.at, e.from_status, e.to_status, e.lease_version, e.seq,
+_EVENT_COLUMNS = """e.id, e.job_id, e.at, e.from_status, e.to_status, e.lease_version, e.seq,
        j.client_id, j.task, j.queue, j.priority, j.status, j.payload, j.result, j.error,
        j.retry_count, j.max_retries, j.lease_version, j.idempotency_key, j.run_at,
        j.created_at, j.updated_at, j.finished_at, j.progress, j.cancel_requested_at,
-       d.id, d.webhook_id, d.source_job_id, j.trace_context
-FROM jobs_jobevent e
-LEFT JOIN jobs_job j ON j.id = e.job_id
-LEFT JOIN jobs_webhookdelivery d ON d.job_id = e.job_id
-WHERE e.id > %s AND e.id <= %s AND e.kind = 'transition'
+       d.id, d.webhook_id, d.source_job_id, j.trace_context"""
+_EVENT_JOINS = """LEFT JOIN jobs_job j ON j.id = e.job_id
+LEFT JOIN jobs_webhookdelivery d ON d.job_id = e.job_id"""
+# The batch's history rows first, then their jobs and deliveries (D396): with the join
+# under the LIMIT, the planner (on a freshly written range its statistics do not know)
+# joined every row up to the horizon, a drain's 20,000, and kept 2,000: five times the
+# read's cost, growing with the backlog.
+_RANGE_SQL = """
+WITH e AS MATERIALIZED (
+  SELECT e.id, e.job_id, e.at, e.from_status, e.to_status, e.lease_version, e.seq
+  FROM jobs_jobevent e
+  WHERE e.id > %s AND e.id <= %s AND e.kind = 'transition'
+  ORDER BY e.id
+  LIMIT %s)
+SELECT {columns}
+FROM e
+{joins}
 ORDER BY e.id
-LIMIT %s
 """
+_EVENTS_SQL = _RANGE_SQL.format(columns=_EVENT_COLUMNS, joins=_EVENT_JOINS)
 _JOB_FIELDS = ("task", "queue", "priority", "status", "payload", "result", "error",
                "retry_count", "max_retries", "lease_version", "idempotency_key", "run_at",
                "created_at", "updated_at", "finished_at", "progress",
@@ -267,6 +278,9 @@ class Source:
     # Narrow rows (the webhooks fan-out's): never stored in a shared window, but served
     # from one that holds the whole rows of the range (Built.read, D394).
     narrow: bool = False
+    # The whole rows of a narrow source: what it reads through the shared window when
+    # it is the first to reach a range (Built.read, D397).
+    wide: Source | None = None
 
     @property
     def newest_sql(self) -> str:
@@ -286,14 +300,16 @@ SOURCES = (HISTORY, DOMAIN)
 
 # What the webhooks fan-out needs of every event: whose job it is and whether the job is
 # a delivery. The whole row (the body) is read for the events a webhook takes only.
-_FANOUT_EVENTS_SQL = (
-    "SELECT e.id, e.job_id, e.to_status, e.seq, j.client_id, d.id, d.webhook_id, "
-    "d.source_job_id\n" + _EVENTS_SQL[_EVENTS_SQL.index("FROM jobs_jobevent e") :]
+_FANOUT_EVENTS_SQL = _RANGE_SQL.format(
+    columns="e.id, e.job_id, e.to_status, e.seq, j.client_id, d.id, d.webhook_id, d.source_job_id",
+    joins=_EVENT_JOINS,
 )
-_EVENTS_BY_ID_SQL = _EVENTS_SQL.replace(
-    "WHERE e.id > %s AND e.id <= %s AND e.kind = 'transition'\nORDER BY e.id\nLIMIT %s",
-    "WHERE e.id = ANY(%s)",
-)
+_EVENTS_BY_ID_SQL = f"""
+SELECT {_EVENT_COLUMNS}
+FROM jobs_jobevent e
+{_EVENT_JOINS}
+WHERE e.id = ANY(%s)
+"""
 
 
 def _fanout_event(row: Sequence[Any]) -> OutboxEvent:
@@ -314,7 +330,7 @@ def with_rows(events: Sequence[OutboxEvent]) -> None:
 
 # The history as the webhooks fan-out reads it: the same events, narrow rows (D262).
 FANOUT_HISTORY = replace(HISTORY, events_sql=_FANOUT_EVENTS_SQL, event=_fanout_event,
-                         narrow=True)  # fmt: skip
+                         narrow=True, wide=HISTORY)  # fmt: skip
 
 
 # --- webhooks ---------------------------------------------------------------------------
@@ -586,9 +602,11 @@ def dispatchers() -> list[Dispatcher]:
     stream (with Redis) and the Kafka sink (when configured), so none waits for another's
     tick (a broker that is slow or away, a fan-out of many deliveries) and each keeps up
     with a drain on its own (issue 41)."""
-    # Read and built once for stream and Kafka; the webhooks fan-out takes its range from
-    # their window when it holds it (D394), so the window keeps a few batches.
-    built = Built(keep=4 * DISPATCH_BATCH)
+    # Read and built once for the three; the window keeps a few batches for the ones that
+    # follow. The fan-out takes its range from there when the window holds it (D394); with
+    # the stream or Kafka on, it reads whole rows there when it is first (D397).
+    shared = bool(settings.REDIS_URL) or kafka.configured()
+    built = Built(keep=4 * DISPATCH_BATCH, lead=shared)
     found = [Dispatcher([WebhookFanout()], batch=DISPATCH_BATCH, sources=(FANOUT_HISTORY,),
                         built=built)]  # fmt: skip
     if settings.REDIS_URL:

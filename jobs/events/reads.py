@@ -68,8 +68,10 @@ class Built:
     further back or ahead reads the database as before. A body then shows the job as it
     was when the first dispatcher read it, as any of them might have."""
 
-    def __init__(self, keep: int) -> None:
+    def __init__(self, keep: int, lead: bool = False) -> None:
         self.keep = keep
+        # A narrow reader at the window's front reads whole rows into it: others follow.
+        self.lead = lead
         self._lock = threading.Lock()
         self._windows: dict[str, tuple[int, int, list]] = {}
         self._reading: dict[str, threading.Lock] = defaultdict(threading.Lock)
@@ -81,11 +83,22 @@ class Built:
         both miss and read the same rows; the second now finds them in the window."""
         if source.narrow:  # the window's whole rows serve it; its own never go in
             found = self._peek(source, after, upto, limit)
-            return _read(cur, source, after, upto, limit) if found is None else found
+            if found is not None:
+                return found
+            # First to reach the range (at or past the window's end): its whole rows, read
+            # once for the dispatchers that follow (D397). Behind the window, nobody
+            # follows: narrow rows, the whole ones of the events a webhook takes only.
+            if not (self.lead and source.wide is not None and after >= self._end(source)):
+                return _read(cur, source, after, upto, limit)
+            source = source.wide
         with self._lock:
             reading = self._reading[source.table]
         with reading:
             return self._from_window(cur, source, after, upto, limit)
+
+    def _end(self, source) -> int:
+        with self._lock:
+            return self._windows.get(source.table, (0, 0, []))[1]
 
     def _peek(self, source, after: int, upto: int, limit: int) -> list | None:
         """What `_read` answers if the window holds all of it, else None."""
