@@ -143,12 +143,23 @@ def missing_for_settings() -> list[Extra]:
     return [e for e in EXTRAS.values() if e.on() and not e.installed()]
 
 
-class Absent:
-    """Stands for a module of a missing extra: any use raises MissingExtra, so a module
-    that imports it still imports (and its pyarrow-free parts work)."""
+class Lazy:
+    """Stands for a module of an extra, imported at its first use (D373): pyarrow and
+    numpy cost every API process a tenth of a second at start, for an archive it rarely
+    reads. Without the extra, the module that imports it still imports (and its parts
+    that do not need it work); the first use raises MissingExtra."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, module: str, name: str) -> None:
+        self._module_name = module
         self._name = name
+        self._module: Any = None
 
     def __getattr__(self, attr: str) -> Any:
-        raise MissingExtra(EXTRAS[self._name].message())
+        module = self._module
+        if module is None:
+            try:
+                module = importlib.import_module(self._module_name)
+            except ImportError as exc:
+                raise MissingExtra(EXTRAS[self._name].message()) from exc
+            self._module = module
+        return getattr(module, attr)

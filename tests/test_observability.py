@@ -7,6 +7,10 @@ tests/test_observability_e2e.py."""
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
@@ -15,6 +19,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 import tests.observability_tasks  # noqa: F401 - registers the tasks
+from harness import ROOT
 from harness.telemetry import SentryReceiver
 from jobs import submission
 from jobs.models import Job, Schedule
@@ -208,3 +213,38 @@ def test_log_lines_carry_the_trace_and_the_running_job(spans, caplog):
         assert (record.job_id, record.task) == (job.pk, "obs.step_then_retry")
         assert record.trace_id == f"{span.context.trace_id:032x}"
         assert record.span_id == f"{span.context.span_id:016x}"
+
+
+def test_redis_py_metrics_still_reach_an_applications_meter_provider():
+    """jobs.transport imports redis-py with the OpenTelemetry metrics SDK hidden (D374):
+    a start does not load the SDK for redis-py, and a host that sets up a MeterProvider
+    and turns redis-py's own metrics on still gets them, from the transport's client.
+    In a process of its own: the global provider can be set once."""
+    code = textwrap.dedent(
+        """
+        import sys
+        import django
+        django.setup()
+        from jobs.transport import get_transport
+        print("sdk at start:", "opentelemetry.sdk.metrics" in sys.modules)
+        from opentelemetry import metrics
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+        from redis.observability import OTelConfig, get_observability_instance
+        reader = InMemoryMetricReader()
+        metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+        get_observability_instance().init(OTelConfig())
+        transport = get_transport()
+        assert transport.enabled
+        transport._client.ping()
+        names = {m.name for rm in reader.get_metrics_data().resource_metrics
+                 for sm in rm.scope_metrics for m in sm.metrics}
+        print("metrics:", sorted(names))
+        """
+    )
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "jobservice.test_settings"}
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "sdk at start: False" in done.stdout, done.stdout
+    assert "db.client.connection.create_time" in done.stdout, done.stdout  # as without D374

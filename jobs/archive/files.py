@@ -1,6 +1,6 @@
 """Parquet files of archived tables and their manifest: the only module that imports
-pyarrow, the `archive` extra (without it the module imports, and any use of pyarrow
-raises jobs.extras.MissingExtra naming the extra).
+pyarrow, the `archive` extra, at its first use (without it the module imports, and any
+use of pyarrow raises jobs.extras.MissingExtra naming the extra).
 
 A table leaves PostgreSQL as `COPY … (FORMAT csv)` (fast, streamed to a scratch file)
 and becomes one Parquet file whose columns keep the table's types: bigint → int64,
@@ -22,17 +22,20 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from jobs import extras
 
-try:
+if TYPE_CHECKING:
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.csv as pacsv
     import pyarrow.parquet as pq
-except ImportError:  # no `archive` extra
-    pa = pc = pacsv = pq = extras.Absent("archive")
+else:  # imported at first use: the admin imports this module in every API process (D373)
+    pa = extras.Lazy("pyarrow", "archive")
+    pc = extras.Lazy("pyarrow.compute", "archive")
+    pacsv = extras.Lazy("pyarrow.csv", "archive")
+    pq = extras.Lazy("pyarrow.parquet", "archive")
 
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"

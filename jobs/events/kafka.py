@@ -25,7 +25,7 @@ import json
 import logging
 from collections.abc import Mapping, Sequence
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -34,11 +34,12 @@ from jobs.conf import settings
 from jobs.observability import hooks
 from jobs.transport import TransportError
 
-try:
+if TYPE_CHECKING:
     import confluent_kafka as ck
     from confluent_kafka import admin as ck_admin
-except ImportError:  # no `kafka` extra: every use raises extras.MissingExtra
-    ck = ck_admin = extras.Absent("kafka")
+else:  # imported at first use (D373); without the `kafka` extra that use raises MissingExtra
+    ck = extras.Lazy("confluent_kafka", "kafka")
+    ck_admin = extras.Lazy("confluent_kafka.admin", "kafka")
 
 log = logging.getLogger(__name__)
 
