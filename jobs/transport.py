@@ -7,32 +7,17 @@ losing every message may delay work but never lose or change a job.
 from __future__ import annotations
 
 import logging
-import sys
 import threading
 from collections.abc import Iterable, Sequence
 
+import redis
 from django.core.cache.backends.redis import RedisCache as DjangoRedisCache
 from django.core.cache.backends.redis import RedisCacheClient
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from jobs import metrics
 from jobs.conf import settings
-
-# redis-py 8 imports the OpenTelemetry metrics SDK whenever it is installed
-# (redis.observability.providers), for a type annotation and a flag nothing reads: 40 ms
-# of every process's start. Imported here with the SDK hidden (D374), redis-py's own
-# metrics still work: they take the application's MeterProvider through the API when
-# turned on (tests/test_observability.py). A process that imported either first is as is.
-_OTEL_METRICS_SDK = "opentelemetry.sdk.metrics"
-_hide = "redis" not in sys.modules and _OTEL_METRICS_SDK not in sys.modules
-if _hide:
-    sys.modules[_OTEL_METRICS_SDK] = None  # an ImportError for this one import
-try:
-    import redis
-    from redis.backoff import NoBackoff
-    from redis.retry import Retry
-finally:
-    if _hide and sys.modules.get(_OTEL_METRICS_SDK, 0) is None:
-        del sys.modules[_OTEL_METRICS_SDK]
 
 log = logging.getLogger(__name__)
 
