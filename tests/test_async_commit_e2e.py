@@ -27,7 +27,7 @@ from harness.pgserver import PostgresServer, available
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("async_commit")]
 
 DRAIN_JOBS = 2000
-# 20 ms each: two default workers (4 threads each) take ~5 s, so the stop lands mid-drain.
+# 20 ms each: two workers of 4 threads take ~5 s, so the stop lands mid-drain.
 WORK = {"seconds": 0.02}
 
 
@@ -135,7 +135,7 @@ def test_an_immediate_stop_mid_drain_loses_nothing_and_runs_nothing_twice(stack)
     procs = Processes(stack.logs, stack.env)
     try:
         for _ in range(2):
-            procs.worker("--queues", "default", ready=True)
+            procs.worker("--queues", "default", "--concurrency", "4", ready=True)
         procs.reaper()
         wait_until(lambda: count("status = 'done'") >= DRAIN_JOBS // 5, 120, "a fifth done")
         stack.crash()

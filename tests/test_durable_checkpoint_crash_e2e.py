@@ -30,7 +30,10 @@ from tests.test_async_commit_e2e import private_stack
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("durable_checkpoint_crash")]
 
 DRAIN_JOBS = 600
-STEP_SECONDS = 0.004  # 5 steps of 4 ms: two workers take several seconds, the stop lands mid-drain
+# 5 steps of 8 ms on two workers of 4 threads: the drain takes several seconds, the stop
+# lands mid-drain (at the default 8 threads and 4 ms it could end before the stop).
+STEP_SECONDS = 0.008
+THREADS = "4"
 FAST = {"JOBS_LEASE_SECONDS": "4", "JOBS_PRESENCE_SECONDS": "0.5"}
 
 
@@ -117,7 +120,7 @@ def test_an_immediate_stop_mid_drain_loses_no_step_of_a_finished_job(stack, tmp_
     procs = Processes(stack.logs, stack.env)
     try:
         for _ in range(2):
-            procs.worker("--queues", "default", ready=True)
+            procs.worker("--queues", "default", "--concurrency", THREADS, ready=True)
         procs.reaper("--interval", "0.5")
         wait_until(lambda: len(done_ids()) >= DRAIN_JOBS // 5, 120, "a fifth done")
         stack.crash()
