@@ -603,10 +603,8 @@ def dispatchers() -> list[Dispatcher]:
     tick (a broker that is slow or away, a fan-out of many deliveries) and each keeps up
     with a drain on its own (issue 41)."""
     # Read and built once for the three; the window keeps a few batches for the ones that
-    # follow. The fan-out takes its range from there when the window holds it (D394); with
-    # the stream or Kafka on, it reads whole rows there when it is first (D397).
-    shared = bool(settings.REDIS_URL) or kafka.configured()
-    built = Built(keep=4 * DISPATCH_BATCH, lead=shared)
+    # follow. The fan-out takes its range from there when the window holds it (D394).
+    built = Built(keep=4 * DISPATCH_BATCH)
     found = [Dispatcher([WebhookFanout()], batch=DISPATCH_BATCH, sources=(FANOUT_HISTORY,),
                         built=built)]  # fmt: skip
     if settings.REDIS_URL:
@@ -614,6 +612,8 @@ def dispatchers() -> list[Dispatcher]:
     if kafka.configured():  # the domain events of publish() too, behind a cursor of their own
         found.append(Dispatcher([kafka.KafkaSink()], batch=kafka.BATCH, sources=SOURCES,
                                 built=built))  # fmt: skip
+    # With the stream or Kafka following, the fan-out first to a range reads it whole (D397).
+    built.lead = len(found) > 1
     return found
 
 

@@ -132,9 +132,7 @@ class Command(BaseCommand):
                 "cannot see uncommitted jobs. Use jobs.testing.run_jobs(), or a "
                 "TransactionTestCase (docs/testing.md)"
             )
-        if opts["concurrency"] is None:
-            opts["concurrency"] = DEFAULT_CONCURRENCY[opts["pool"]]
-        if opts["concurrency"] < 1:
+        if opts["concurrency"] is not None and opts["concurrency"] < 1:  # None: the pool's default
             raise CommandError("--concurrency must be at least 1")
         if not 0 <= opts["flush_interval"] <= 5:
             raise CommandError("--flush-interval must be between 0 and 5 seconds")
