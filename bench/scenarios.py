@@ -152,7 +152,10 @@ def wait_terminal(n: int, timeout: float, job_ids: list[int] | None = None) -> N
     if job_ids is None:
         query, params = "SELECT count(*) FROM jobs_job WHERE status IN ('done', 'failed')", None
     else:
-        query = "SELECT count(*) FROM jobs_job WHERE id = ANY(%s) AND status IN ('done', 'failed')"
+        # bigint[]: psycopg sends small ids as int2[], and `id = ANY(int2[])` is not
+        # an index probe but a scan that tests every row against the whole array.
+        query = ("SELECT count(*) FROM jobs_job WHERE id = ANY(%s::bigint[]) "
+                 "AND status IN ('done', 'failed')")  # fmt: skip
         params = [job_ids]
     wait_until(lambda: sql(query, params)[0][0] >= n, timeout, f"{n} jobs terminal", interval=0.05)
 

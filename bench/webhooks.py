@@ -54,7 +54,7 @@ def _expected(job_ids: list[int], events: list[str]) -> dict[str, tuple[int, int
     from jobs.events import signing
 
     rows = sql("SELECT id, job_id, seq, to_status FROM jobs_jobevent WHERE kind = 'transition' "
-               "AND job_id = ANY(%s)", [job_ids])  # fmt: skip
+               "AND job_id = ANY(%s::bigint[])", [job_ids])  # fmt: skip
     return {signing.message_id(i): (j, s) for i, j, s, to in rows
             if "*" in events or signing.event_type(to) in events}  # fmt: skip
 
@@ -87,7 +87,7 @@ def _run(ctx: Context, code, n: int, fail: float, events: list[str]) -> dict:
         for p in [*workers, reaper]:
             p.stop()
         last_job = sql("SELECT extract(epoch FROM max(finished_at)) FROM jobs_job "
-                       "WHERE id = ANY(%s)", [job_ids])[0][0]  # fmt: skip
+                       "WHERE id = ANY(%s::bigint[])", [job_ids])[0][0]  # fmt: skip
         with receiver.lock:
             calls = list(receiver.calls)
             ids_ok = all(len(b) == 1 for b in receiver.bodies.values())
@@ -253,14 +253,15 @@ def drain_sinks(ctx: Context) -> Iterator[dict]:
                 wait_terminal(n, timeout=max(60, n / 200), job_ids=job_ids)
                 first_claim, last_finish = sql(
                     "SELECT extract(epoch FROM min(at)), (SELECT extract(epoch FROM "
-                    "max(finished_at)) FROM jobs_job WHERE id = ANY(%s)) FROM jobs_jobevent "
-                    "WHERE to_status = 'processing' AND job_id = ANY(%s)", [job_ids, job_ids]
+                    "max(finished_at)) FROM jobs_job WHERE id = ANY(%s::bigint[])) "
+                    "FROM jobs_jobevent WHERE to_status = 'processing' "
+                    "AND job_id = ANY(%s::bigint[])", [job_ids, job_ids]
                 )[0]  # fmt: skip
-                last = sql("SELECT max(id) FROM jobs_jobevent WHERE job_id = ANY(%s)",
+                last = sql("SELECT max(id) FROM jobs_jobevent WHERE job_id = ANY(%s::bigint[])",
                            [job_ids])[0][0]  # fmt: skip
                 passed: dict[str, float] = {}
                 expected = {signing.message_id(i) for (i,) in sql(
-                    "SELECT id FROM jobs_jobevent WHERE job_id = ANY(%s) AND "
+                    "SELECT id FROM jobs_jobevent WHERE job_id = ANY(%s::bigint[]) AND "
                     "to_status = 'done'", [job_ids])}  # fmt: skip
 
                 def caught_up(passed=passed, last=last, expected=expected,
