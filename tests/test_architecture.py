@@ -45,7 +45,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("task declarations", ["jobs.schedules.periodic"]),
     # Talk to the outside world; transport is the only module that imports redis.
     ("infrastructure", ["jobs.transport", "jobs.runtime", "jobs.reloading", "jobs.events.signing",
-                        "jobs.events.ssrf", "jobs.events.deadline",
+                        "jobs.events.ssrf", "jobs.events.deadline", "jobs.events.exchange",
                         # the read replica: where reads that may lag go (D147)
                         "jobs.replica",
                         # PostgreSQL's infinite dates as Python values (D158)

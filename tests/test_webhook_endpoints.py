@@ -153,7 +153,7 @@ def test_a_kept_alive_connection_is_reused_and_still_ends_at_the_deadline(settin
         took = time.monotonic() - started
         assert receiver.accepted == 1  # the second call went on the first connection
         assert 1.5 <= took < 2.0
-        assert not slot.pools  # a connection a deadline ended is not kept
+        assert not slot.connections  # a connection a deadline ended is not kept
     finally:
         slot.close_connections()
         receiver.close()

@@ -1,6 +1,6 @@
 """A total wall-clock bound on one HTTP exchange: connect, send and the whole answer.
 
-urllib3's timeouts bound each connect and each read, so a receiver that sends one byte
+A socket's timeouts bound each connect and each read, so a receiver that sends one byte
 before every read timeout ends holds the call for as long as it likes. `Deadline`
 keeps a duplicate of each socket the exchange opens and, when the total is spent,
 shuts the connection down through it: a blocked recv or send returns at once, TLS
@@ -23,15 +23,14 @@ class DeadlineExceeded(urllib3.exceptions.TimeoutError):
 
 
 class Deadline:
-    """`with Deadline(seconds) as d:` — sockets made by `d.connection_class(...)`
-    connections are shut down `seconds` after entry."""
+    """`with Deadline(seconds) as d:` — the sockets given to `d.watch_shared` are
+    shut down `seconds` after entry."""
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
         self._at = time.monotonic() + seconds
         self._lock = threading.Lock()
-        self._watched: list[socket.socket] = []
-        self._shared: list[socket.socket] = []  # a kept-alive connection's: shut, not closed
+        self._shared: list[socket.socket] = []  # the connection's duplicates: shut, not closed
         self._expired = False
 
     def __enter__(self) -> Deadline:
@@ -42,9 +41,6 @@ class Deadline:
     def __exit__(self, *exc: object) -> None:
         _CLOCK.remove(self)
         with self._lock:  # not while _expire shuts one down: its fd could be reused
-            for dup in self._watched:
-                dup.close()
-            self._watched = []
             self._shared = []
 
     @property
@@ -53,13 +49,6 @@ class Deadline:
 
     def remaining(self) -> float:
         return max(0.0, self._at - time.monotonic())
-
-    def watch(self, sock: socket.socket) -> None:
-        dup = sock.dup()
-        with self._lock:
-            self._watched.append(dup)
-            if self._expired:
-                _shut(dup)
 
     def watch_shared(self, dup: socket.socket) -> None:
         """Shut `dup` (a kept-alive connection's own duplicate, which outlives this
@@ -72,20 +61,8 @@ class Deadline:
     def _expire(self) -> None:
         with self._lock:
             self._expired = True
-            for dup in (*self._watched, *self._shared):
+            for dup in self._shared:
                 _shut(dup)
-
-    def connection_class(self, base: type) -> type:
-        """`base` (a urllib3 connection class) whose new sockets this deadline watches."""
-        deadline = self
-
-        class Watched(base):  # type: ignore[misc, valid-type]
-            def _new_conn(self) -> socket.socket:
-                sock = super()._new_conn()
-                deadline.watch(sock)
-                return sock
-
-        return Watched
 
 
 class _Clock:

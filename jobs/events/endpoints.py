@@ -22,7 +22,6 @@ from __future__ import annotations
 import logging
 import os
 import random
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -31,10 +30,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
-import urllib3
 
 from jobs.conf import settings
-from jobs.events.deadline import Deadline
+from jobs.events import exchange
 
 log = logging.getLogger(__name__)
 
@@ -64,50 +62,6 @@ _TAKE_SQL = "SELECT pg_try_advisory_lock(%s, (%s::bigint %% 2147483648)::int)"
 _GIVE_SQL = "SELECT pg_advisory_unlock(%s, (%s::bigint %% 2147483648)::int)"
 
 
-class _Shutter:
-    """A duplicate of a kept-alive connection's socket, through which the deadline of
-    whichever attempt uses the connection shuts it down (TLS wraps and detaches the
-    plain socket; the duplicate stays)."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.dup = sock.dup()
-
-    def close(self) -> None:
-        self.dup.close()
-
-
-def _connection_class(base: type, current: list[Deadline | None]) -> type:
-    """`base` whose sockets are watched by the deadline in `current[0]` of the attempt
-    using it: a new connection when made, a kept-alive one at each request."""
-
-    class KeptAlive(base):  # type: ignore[misc, valid-type]
-        _shutter: _Shutter | None = None
-
-        def _new_conn(self) -> socket.socket:
-            sock = super()._new_conn()
-            if self._shutter is not None:
-                self._shutter.close()
-            self._shutter = _Shutter(sock)
-            if current[0] is not None:
-                current[0].watch_shared(self._shutter.dup)
-            return sock
-
-        def request(self, *args, **kwargs):
-            if self._shutter is not None and self.sock is not None and current[0] is not None:
-                current[0].watch_shared(self._shutter.dup)
-            return super().request(*args, **kwargs)
-
-        def close(self) -> None:
-            try:
-                super().close()
-            finally:
-                if self._shutter is not None:
-                    self._shutter.close()
-                    self._shutter = None
-
-    return KeptAlive
-
-
 @dataclass(eq=False)
 class Slot:
     """One of an endpoint's slots, held by this process (`session` holds its lock;
@@ -116,33 +70,25 @@ class Slot:
     webhook_id: int
     number: int
     session: psycopg.Connection | None
-    pools: dict[tuple, urllib3.HTTPConnectionPool] = field(default_factory=dict)
-    deadline: list[Deadline | None] = field(default_factory=lambda: [None])
+    connections: dict[tuple, exchange.Connection] = field(default_factory=dict)
     freed_at: float = 0.0
 
-    def pool(self, scheme: str, address: str, port: int, host: str) -> urllib3.HTTPConnectionPool:
+    def connection(self, scheme: str, address: str, port: int, host: str) -> exchange.Connection:
         """The kept-alive connection to `address` (checked by ssrf) for `host`'s URL."""
         key = (scheme, address, port, host, settings.JOBS_WEBHOOK_CA_BUNDLE)
-        pool = self.pools.get(key)
-        if pool is None:
-            if len(self.pools) >= 4:  # a name that resolves elsewhere now: drop the old
+        kept = self.connections.get(key)
+        if kept is None:
+            if len(self.connections) >= 4:  # a name that resolves elsewhere now: drop the old
                 self.close_connections()
-            if scheme == "https":
-                pool = urllib3.HTTPSConnectionPool(
-                    address, port, server_hostname=host, assert_hostname=host, maxsize=1,
-                    retries=False, cert_reqs="CERT_REQUIRED",
-                    ca_certs=settings.JOBS_WEBHOOK_CA_BUNDLE or None,
-                )  # fmt: skip
-            else:
-                pool = urllib3.HTTPConnectionPool(address, port, maxsize=1, retries=False)
-            pool.ConnectionCls = _connection_class(pool.ConnectionCls, self.deadline)
-            self.pools[key] = pool
-        return pool
+            kept = exchange.Connection(scheme, address, port, host,
+                                       settings.JOBS_WEBHOOK_CA_BUNDLE or None)  # fmt: skip
+            self.connections[key] = kept
+        return kept
 
     def close_connections(self) -> None:
-        for pool in self.pools.values():
-            pool.close()
-        self.pools.clear()
+        for kept in self.connections.values():
+            kept.close()
+        self.connections.clear()
 
 
 @dataclass(eq=False)

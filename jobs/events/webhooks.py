@@ -16,7 +16,6 @@ spending its budget.
 
 from __future__ import annotations
 
-import http.client
 import logging
 import time
 from dataclasses import dataclass
@@ -104,12 +103,6 @@ def _fence(ctx: JobContext) -> dict:
     return {"job": ctx.job_id, "lv": ctx.lease_version, "owner": ctx.worker_id}
 
 
-def _timeout(remaining: float) -> urllib3.Timeout:
-    connect = min(settings.JOBS_WEBHOOK_CONNECT_TIMEOUT, remaining)
-    read = min(settings.JOBS_WEBHOOK_READ_TIMEOUT, remaining)
-    return urllib3.Timeout(connect=connect, read=read, total=remaining)
-
-
 def post(
     url: str,
     address: str,
@@ -127,10 +120,9 @@ def post(
     slot = endpoints.Slot(0, -1, None) if slot is None else slot
     try:
         with Deadline(seconds) as deadline:
-            slot.deadline[0] = deadline
             try:
                 answer = _post(url, address, headers, body, deadline, slot)
-            except (urllib3.exceptions.HTTPError, http.client.HTTPException, OSError):
+            except (urllib3.exceptions.HTTPError, OSError):
                 slot.close_connections()
                 if not deadline.expired:
                     raise
@@ -140,7 +132,6 @@ def post(
                 raise DeadlineExceeded(f"no complete answer within {seconds:g} s") from None
             return answer
     finally:
-        slot.deadline[0] = None
         if own:
             slot.close_connections()
 
@@ -158,25 +149,13 @@ def _post(
     default_port = 443 if scheme == "https" else 80
     headers = {**headers, "content-type": "application/json", "user-agent": "jobservice-webhooks",
                "host": name if port == default_port else f"{name}:{port}"}  # fmt: skip
-    pool = slot.pool(scheme, address, port, host)
-    response = pool.urlopen(
-        "POST", path, body=body.encode(), headers=headers,
-        timeout=_timeout(deadline.remaining()),
-        redirect=False, retries=False, preload_content=False,
+    remaining = deadline.remaining()
+    return slot.connection(scheme, address, port, host).post(
+        path, headers, body.encode(), deadline=deadline,
+        connect=min(settings.JOBS_WEBHOOK_CONNECT_TIMEOUT, remaining),
+        read=min(settings.JOBS_WEBHOOK_READ_TIMEOUT, remaining),
+        limit=settings.JOBS_WEBHOOK_MAX_RESPONSE_BYTES,
     )  # fmt: skip
-    kept = False
-    try:
-        head = response.read(settings.JOBS_WEBHOOK_MAX_RESPONSE_BYTES)
-        # The connection is kept only when the answer was read to its end: what is
-        # left of a longer one is not read (nor waited for).
-        kept = not response.read(1) if response.length_remaining != 0 else True
-        return response.status, head, dict(response.headers)
-    finally:
-        if kept:
-            response.release_conn()
-        else:
-            response.close()
-            slot.close_connections()
 
 
 def _outcome(outcome: str) -> None:
