@@ -25,8 +25,7 @@ from jobs.conf import settings
 from jobs.exceptions import BatchIdempotencyConflict, IdempotencyConflict
 from jobs.lifecycle import NON_TERMINAL, Status
 from jobs.models import Job, Queue
-from jobs.services.common import T, _count_on_commit, _hot_rows, _rows
-from jobs.services.signals import signal_after_commit
+from jobs.services.common import T, _count_on_commit, _hot_rows, _rows, signal_after_commit
 
 _JOB_FIELDS = [f.attname for f in Job._meta.concrete_fields]
 QT = Queue._meta.db_table
