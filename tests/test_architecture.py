@@ -69,10 +69,9 @@ LAYERS: list[tuple[str, list[str]]] = [
     # Rates per concurrency key counted in jobs_keyhit: the claim's and the submission's.
     ("per-key rates", ["jobs.flow.keyrate"]),
     # Every write, one compare-and-set each, in rooms that follow the job's life (issue
-    # 43). First what they share: the lease, a finished row, how a statement runs.
+    # 43). First what they share: the lease, a finished row, how a statement runs, and
+    # the Redis wake-ups sent once a write commits (and the park when one fails) (D399).
     ("service statements", ["jobs.services.common"]),
-    # The Redis wake-ups sent once a write commits (and the park when one fails).
-    ("service signals", ["jobs.services.signals"]),
     # The claim's three ways: plain (and by id), then turns (fair share and keys), then
     # limited (under the queue's lock), each built on the one below.
     ("plain claim", ["jobs.services.claims", "jobs.services.claims.plain"]),

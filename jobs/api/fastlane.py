@@ -30,11 +30,10 @@ from django_prometheus.utils import Time, TimeSince
 from rest_framework.exceptions import AuthenticationFailed
 
 from jobs import replica, submission
-from jobs.api import answers
 from jobs.api.auth import ClientRateThrottle, client_for
 from jobs.api.parsers import max_body_bytes
 from jobs.api.renderers import ORJSONRenderer
-from jobs.api.views import as_stored, job_location
+from jobs.api.views import as_stored, job_location, submitted_answer
 from jobs.conf import settings
 from jobs.exceptions import SubmissionError
 from jobs.models import Client
@@ -156,7 +155,7 @@ class FastLane:
             return None
         if created:
             job = as_stored(job)
-        body = _RENDER(answers.submitted(job))
+        body = _RENDER(submitted_answer(job))
         replica.pin(client.pk)
         code = 201 if created else 200
         inner, outer = self.headers[_secure(environ)]

@@ -1,7 +1,8 @@
 """Every write to a job, one compare-and-set per transition (SPEC §2–§5), in rooms that
 follow the job's life: inserts (submit), claims, fencing (heartbeat, start, complete,
 fail, release), recovery (the reaper's sweeps), repairs (staff and callers), retention,
-waits (durable steps and signals), workflows, and the Redis signals sent after commit.
+waits (durable steps and signals), workflows; what they share (common: the lease, a
+finished row, how a statement runs, the Redis signals sent after commit).
 
 Each write is a single statement whose WHERE clause states the state it expects, and
 the rows it returns say whether it held. Callers import the names below from here; the
@@ -11,7 +12,16 @@ rooms import each other only downward (tests/test_architecture.py).
 from jobs.services.claims.limited import Gated, claim_limited_under_queue_lock
 from jobs.services.claims.plain import claim, claim_ids, claim_next
 from jobs.services.claims.turns import CAP_RECHECK_SECONDS, Turns, claim_fair
-from jobs.services.common import Finished, Lease, moved_retry, worker_actor
+from jobs.services.common import (
+    Finished,
+    Lease,
+    mark_enqueue_failed,
+    moved_retry,
+    push_now_ignoring_rollback,
+    signal_after_commit,
+    signal_woken_children,
+    worker_actor,
+)
 from jobs.services.fencing import (
     Held,
     complete,
@@ -43,12 +53,6 @@ from jobs.services.repairs import (
     staff_retry,
 )
 from jobs.services.retention import prune_finished
-from jobs.services.signals import (
-    mark_enqueue_failed,
-    push_now_ignoring_rollback,
-    signal_after_commit,
-    signal_woken_children,
-)
 from jobs.services.waits import (
     SignalRefused,
     checkpoint_step,

@@ -31,8 +31,8 @@ from jobs.services.common import (
     _finished,
     _hot_rows,
     _rows,
+    signal_after_commit,
 )
-from jobs.services.signals import signal_after_commit
 
 log = logging.getLogger(__name__)
 

@@ -25,8 +25,7 @@ from jobs.conf import settings
 from jobs.exceptions import BatchIdempotencyConflict, IdempotencyConflict
 from jobs.lifecycle import NON_TERMINAL, Status
 from jobs.models import Job, Queue
-from jobs.services.common import T, _count_on_commit, _hot_rows, _rows
-from jobs.services.signals import signal_after_commit
+from jobs.services.common import T, _count_on_commit, _hot_rows, _rows, signal_after_commit
 
 _JOB_FIELDS = [f.attname for f in Job._meta.concrete_fields]
 QT = Queue._meta.db_table
@@ -41,8 +40,9 @@ RETURNING {", ".join(_JOB_FIELDS)}, run_at <= now(),
           EXISTS (SELECT FROM {QT} q WHERE q.name = %s AND q.paused)
 """
 # The last column says whether the job's queue is paused, for the answer's wait reason
-# (jobs.api.answers): uncorrelated, so one primary-key probe of jobs_queue per statement
-# (an InitPlan), as the open-queue claim makes; the answer then reads nothing more.
+# (jobs.api.views.submitted_answer): uncorrelated, so one primary-key probe of jobs_queue
+# per statement (an InitPlan), as the open-queue claim makes; the answer then reads
+# nothing more.
 # The live job holding a unique key (the partial unique index job_unique_key_live).
 _KEY_HOLDER_SQL = f"""
 SELECT {", ".join(_JOB_FIELDS)} FROM {T}
@@ -172,7 +172,7 @@ def submit(
         raise RuntimeError(f"unique key {unique_key!r} changed hands {_KEY_ROUNDS} times")
     row = rows[0]
     job = _job_from_row(row, binary=True)
-    due, job.queue_paused = row[-2], row[-1]  # the answer's wait reason (jobs.api.answers)
+    due, job.queue_paused = row[-2], row[-1]  # the answer's wait reason (jobs.api.views)
     # Counted when the caller's transaction commits: a rolled-back job never existed.
     transaction.on_commit(metrics.SUBMITTED.labels(queue, task).inc)
     admission.count_accepted({queue: 1}, client_id)  # this process's readings, now

@@ -18,8 +18,15 @@ from jobs import lifecycle, metrics
 from jobs.lifecycle import NOT_STARTED, Role, Status
 from jobs.logconfig import job_log_fields
 from jobs.models import WorkerProcess
-from jobs.services.common import _FINISH_RETURNING, _UNOWN, Finished, T, _finished, _rows
-from jobs.services.signals import signal_after_commit
+from jobs.services.common import (
+    _FINISH_RETURNING,
+    _UNOWN,
+    Finished,
+    T,
+    _finished,
+    _rows,
+    signal_after_commit,
+)
 
 log = logging.getLogger(__name__)
 

@@ -24,8 +24,8 @@ from jobs.services.common import (
     _finished,
     _rows,
     moved_retry,
+    signal_after_commit,
 )
-from jobs.services.signals import signal_after_commit
 
 log = logging.getLogger(__name__)
 

@@ -24,9 +24,9 @@ from jobs.services.common import (
     _finished,
     _hot_rows,
     _rows,
+    signal_after_commit,
     worker_actor,
 )
-from jobs.services.signals import signal_after_commit
 
 _STEP = JobStep._meta.db_table
 _SIGNAL = JobSignal._meta.db_table

@@ -1,7 +1,7 @@
 """A workflow's creation: its row, its jobs and their dependency edges in one
 transaction, idempotent per client and key; the roots are signalled once it commits.
 What happens as the jobs end is the graph's trigger (jobs.graph) and
-signals.signal_woken_children.
+common.signal_woken_children.
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ from jobs import metrics
 from jobs.conf import settings
 from jobs.exceptions import WorkflowIdempotencyConflict
 from jobs.lifecycle import BLOCKED_RUN_AT, Status, WaitReason
-from jobs.services.common import T, _count_on_commit, _hot_rows, _rows
-from jobs.services.signals import signal_after_commit
+from jobs.services.common import T, _count_on_commit, _hot_rows, _rows, signal_after_commit
 
 _WORKFLOW_INSERT_SQL = """
 INSERT INTO jobs_workflow (name, on_failure, client_id, unfinished, idempotency_key,

@@ -1,4 +1,4 @@
-"""The hand-written answer of `POST /api/v1/jobs/` (jobs.api.answers, D150) is the
+"""The hand-written answer of `POST /api/v1/jobs/` (jobs.api.views.submitted_answer, D150) is the
 serializer's document: the same keys in the same order, the same values, the same bytes."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from jobs import queuecontrol, selectors
-from jobs.api import answers
 from jobs.api.renderers import ORJSONRenderer
 from jobs.api.serializers import SubmittedJobSerializer
+from jobs.api.views import submitted_answer
 from jobs.lifecycle import STATUSES, WaitReason
 from jobs.models import Job, Queue
 from tests.api.conftest import authed, new_client
@@ -72,7 +72,7 @@ _jobs = st.builds(
 
 
 def _same(job: Job) -> None:
-    fast, drf = answers.submitted(job), SubmittedJobSerializer(job).data
+    fast, drf = submitted_answer(job), SubmittedJobSerializer(job).data
     assert fast == drf
     assert list(fast) == list(drf)
     assert ORJSONRenderer().render(fast) == ORJSONRenderer().render(drf)
@@ -95,7 +95,7 @@ def test_a_naive_datetime_or_other_drf_settings_get_the_serializers_answer(setti
     _same(job)
     settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "DATETIME_FORMAT": "%Y"}
     job.run_at = datetime(2030, 1, 1, tzinfo=UTC)
-    assert answers.submitted(job)["run_at"] == "2030"
+    assert submitted_answer(job)["run_at"] == "2030"
     _same(job)
 
 
