@@ -168,11 +168,16 @@ def test_a_connection_the_server_ended_between_calls_is_replaced_without_a_failu
 
 
 def test_what_goes_wrong_is_raised_as_urllib3s_errors(receiver):
-    r = receiver([None, b"NOT HTTP AT ALL\r\n\r\n"])
+    upgrade = (
+        b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"
+    )
+    r = receiver([None, b"NOT HTTP AT ALL\r\n\r\n", upgrade])
     conn = exchange.Connection("http", "127.0.0.1", r.port, "127.0.0.1", None)
     with pytest.raises(urllib3.exceptions.ProtocolError, match="before the answer"):
         call(conn)
     with pytest.raises(urllib3.exceptions.ProtocolError):
+        call(conn)
+    with pytest.raises(urllib3.exceptions.ProtocolError):  # 101: not an answer to a POST
         call(conn)
     with pytest.raises(urllib3.exceptions.ProtocolError, match="line break"):
         call(conn, **{"host": "x", "x-evil": "a\r\nx-injected: 1"})

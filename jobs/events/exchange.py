@@ -151,7 +151,7 @@ class Connection:
         except ssl.SSLError as exc:
             self.close()
             raise urllib3.exceptions.SSLError(exc) from exc
-        except (OSError, httptools.HttpParserError) as exc:
+        except (OSError, httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
             self.close()
             raise urllib3.exceptions.ProtocolError("Connection aborted.", exc) from exc
 
