@@ -27,7 +27,7 @@ from jobs.collectors import (
     scheduler_gauges,
     worker_gauges,
 )
-from jobs.events.outbox import OutboxLagCollector
+from jobs.events.lag import OutboxLagCollector
 from tests.harness import ROOT
 
 PROM_DIR = ROOT / "deploy" / "prometheus"

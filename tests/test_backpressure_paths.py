@@ -14,7 +14,8 @@ from prometheus_client import REGISTRY
 
 from jobs import admission, services
 from jobs.events import signing
-from jobs.events.outbox import Dispatcher, WebhookFanout
+from jobs.events.outbox import Dispatcher
+from jobs.events.relay import WebhookFanout
 from jobs.models import Client, Job, SchedulerRun, Webhook, WebhookDelivery
 from jobs.schedules import firing
 from jobs.schedules.scheduler import Scheduler

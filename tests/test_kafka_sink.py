@@ -24,7 +24,10 @@ from django.db import connection, transaction
 from harness import database_url
 from jobs import metrics, services
 from jobs.events import kafka, publish, signing, subscriber
-from jobs.events.outbox import SOURCES, Dispatcher, OutboxLagCollector, WebhookFanout, lag
+from jobs.events.lag import OutboxLagCollector, lag
+from jobs.events.outbox import Dispatcher
+from jobs.events.relay import WebhookFanout
+from jobs.events.sources import SOURCES
 from jobs.models import Client, DomainEvent, Job, JobEvent, Webhook, WebhookDelivery
 from tests.factories import raw
 

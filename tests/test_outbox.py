@@ -15,14 +15,11 @@ from django.db import connection, transaction
 from harness import database_url
 from jobs import services
 from jobs.events import publish, signing, subscriber
-from jobs.events.outbox import (
-    DOMAIN,
-    HISTORY,
-    Built,
-    Dispatcher,
-    OutboxLagCollector,
-    WebhookFanout,
-)
+from jobs.events.lag import OutboxLagCollector
+from jobs.events.outbox import Dispatcher
+from jobs.events.reads import Built
+from jobs.events.relay import WebhookFanout
+from jobs.events.sources import DOMAIN, HISTORY
 from jobs.models import Client, DomainEvent, Job, JobEvent, Webhook, WebhookDelivery
 from jobs.worker import Worker
 from tests.factories import raw

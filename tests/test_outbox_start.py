@@ -20,7 +20,10 @@ from rest_framework.test import APIClient
 
 from jobs import selectors, services
 from jobs.events import signing
-from jobs.events.outbox import HISTORY, Dispatcher, OutboxLagCollector, WebhookFanout
+from jobs.events.lag import OutboxLagCollector
+from jobs.events.outbox import Dispatcher
+from jobs.events.relay import WebhookFanout
+from jobs.events.sources import HISTORY
 from jobs.events.streams import StreamPublisher
 from jobs.models import Client, DomainEvent, JobEvent, Webhook, WebhookDelivery
 from tests.factories import raw

@@ -16,8 +16,10 @@ from django.test.utils import CaptureQueriesContext
 from harness.receiver import Recording
 from jobs import services
 from jobs.events import batches, endpoints, signing
-from jobs.events.outbox import FANOUT_HISTORY, HISTORY, Dispatcher, WebhookFanout
+from jobs.events.outbox import Dispatcher
 from jobs.events.reads import Built, binary_rows
+from jobs.events.relay import FANOUT_HISTORY, WebhookFanout
+from jobs.events.sources import HISTORY
 from jobs.events.webhooks import deliver
 from jobs.lifecycle import Status
 from jobs.models import Client, Job, JobEvent, Webhook, WebhookDelivery

@@ -23,7 +23,9 @@ from django.utils.translation import gettext as _
 from jobs import replica, selectors
 from jobs.admin.display import percent
 from jobs.conf import settings
-from jobs.events import kafka, outbox, webhooks
+from jobs.events import kafka, webhooks
+from jobs.events.lag import lag
+from jobs.events.sources import DOMAIN, HISTORY
 from jobs.lifecycle import Status
 from jobs.models import Job
 
@@ -298,9 +300,9 @@ def kafka_sink() -> dict[str, Any] | None:
     how far behind the broker's acknowledgements are."""
     if not kafka.configured():
         return None
-    rows = {r.subscriber: r for r in outbox.lag()}
+    rows = {r.subscriber: r for r in lag()}
     cursors = []
-    for source, label in ((outbox.HISTORY, "job events"), (outbox.DOMAIN, "domain events")):
+    for source, label in ((HISTORY, "job events"), (DOMAIN, "domain events")):
         name = kafka.KafkaSink.name + source.suffix
         row = rows.get(name)
         cursors.append({

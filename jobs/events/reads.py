@@ -1,5 +1,6 @@
-"""The outbox's reads of its sources (jobs.events.outbox): in binary, and built once per
-reaper for the dispatchers that read the same rows (issue 41, D270, D380).
+"""The outbox's reads of its sources (jobs.events.sources) for its dispatchers
+(jobs.events.outbox): in binary, and built once per reaper for the dispatchers that read
+the same rows (issue 41, D270, D380).
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ from django.db import models
 
 from jobs import tasks
 from jobs.events import signing, subscriber
-from jobs.events.outbox import Dispatcher, WebhookFanout
+from jobs.events.outbox import Dispatcher
+from jobs.events.relay import WebhookFanout
 from jobs.models import Client, Job, WebhookDelivery
 from jobs.worker import Worker
 from tests.api.conftest import counts

@@ -6,7 +6,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from jobs.events import kafka
-from jobs.events.outbox import DOMAIN, HISTORY, lag
+from jobs.events.lag import lag
+from jobs.events.sources import DOMAIN, HISTORY
 
 
 class Command(BaseCommand):

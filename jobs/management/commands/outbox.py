@@ -7,12 +7,13 @@ import argparse
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from jobs.events import outbox
+from jobs.events import cursors
+from jobs.events.lag import lag
 
 
 def position(value: str) -> str | int:
     """`beginning`, `now` or an event id (after which the subscriber starts)."""
-    if value in (outbox.BEGINNING, outbox.NOW):
+    if value in (cursors.BEGINNING, cursors.NOW):
         return value
     try:
         number = int(value)
@@ -34,9 +35,9 @@ class Command(BaseCommand):
         sub = parser.add_subparsers(dest="action", required=True)
         sub.add_parser("list", help="Each subscriber's cursor and lag, or 'not started'.")
         start = sub.add_parser("start", help="Place a subscriber's first position.")
-        start.add_argument("names", nargs="+", choices=sorted(outbox.CURSORS),
+        start.add_argument("names", nargs="+", choices=sorted(cursors.CURSORS),
                            metavar="SUBSCRIBER",
-                           help=f"one of {', '.join(sorted(outbox.CURSORS))}")  # fmt: skip
+                           help=f"one of {', '.join(sorted(cursors.CURSORS))}")  # fmt: skip
         start.add_argument("--from", dest="position", type=position, required=True,
                            help="beginning, now or an event id: the subscriber gets the "
                            "events after it")  # fmt: skip
@@ -51,8 +52,8 @@ class Command(BaseCommand):
             self._start(opts["names"], opts["position"], opts["move"])
 
     def _list(self) -> None:
-        rows = {r.subscriber: r for r in outbox.lag()}
-        for name in sorted({*outbox.CURSORS, *rows}):
+        rows = {r.subscriber: r for r in lag()}
+        for name in sorted({*cursors.CURSORS, *rows}):
             row = rows.get(name)
             if row is None:
                 self.stdout.write(f"{name}: not started (manage.py outbox start {name} "
@@ -63,17 +64,17 @@ class Command(BaseCommand):
                                   f"oldest {row.seconds:.1f}s, moved {moved}")  # fmt: skip
 
     def _start(self, names: list[str], where: str | int, move: bool) -> None:
-        sources = {outbox.CURSORS[n] for n in names}
+        sources = {cursors.CURSORS[n] for n in names}
         if isinstance(where, int) and len(sources) > 1:
             raise CommandError(
                 "an event id belongs to one table: name the history's subscribers and the "
                 "domain events' (kafka.domain) apart"
             )
-        place = outbox.move_cursor_skipping_or_repeating if move else outbox.start_cursor
+        place = cursors.move_cursor_skipping_or_repeating if move else cursors.start_cursor
         for name in dict.fromkeys(names):
             try:
                 placed = place(name, where)
-            except outbox.CursorExists as exc:
+            except cursors.CursorExists as exc:
                 raise CommandError(f"{exc}: --move to move it (skips or repeats events)") from exc
             except ValueError as exc:
                 raise CommandError(str(exc)) from exc

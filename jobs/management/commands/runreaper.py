@@ -21,7 +21,8 @@ from jobs.collectors import (
     scheduler_gauges,
 )
 from jobs.conf import settings
-from jobs.events.outbox import OutboxLagCollector, dispatchers
+from jobs.events.lag import OutboxLagCollector
+from jobs.events.outbox import dispatchers
 from jobs.lifecycle import Status
 from jobs.reaper import Reaper
 from jobs.runtime import HEADLESS_CHECKS, add_metrics_arguments, start_metrics_server
