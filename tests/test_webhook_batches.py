@@ -254,20 +254,3 @@ def test_the_fan_out_first_to_a_range_reads_it_whole_for_the_stream(hook):
     for _ in range(2):
         solo.tick()
     assert alone._windows == {}  # read narrow: nothing for others to follow
-
-
-def test_a_batch_stops_calling_at_its_bound_and_the_rest_go_back_unspent(
-    hook, receiver, monkeypatch
-):
-    monkeypatch.setattr(batches, "FAST_SECONDS", 2.0)
-    monkeypatch.setattr(batches, "RUN_SECONDS", 30.0)
-    monkeypatch.setattr(batches, "BATCH_BOUND", 0.0)  # every call is past it: one a batch
-    jobs = deliveries_queued(hook)
-    assert attempt(jobs[0])["run"] == N - 1  # the run went on, a batch after another
-    assert Job.objects.filter(pk__in=jobs, status=Status.DONE).count() == N
-    assert len({c[0] for c in receiver.calls}) == len(receiver.calls) == N
-    # The first batch claimed the other eleven and called one; the ones it gave back
-    # were claimed again by the next, no retry spent and no attempt counted twice.
-    assert parks(jobs) >= N - 2
-    assert all(j.retry_count == 0 for j in Job.objects.filter(pk__in=jobs))
-    assert sorted(WebhookDelivery.objects.values_list("attempts", flat=True)) == [1] * N
