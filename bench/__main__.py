@@ -119,6 +119,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         choices=["fast", "failing"],
         help="Only this receiver in webhook-throughput (repeatable; default both).",
     )
+    p.add_argument(
+        "--receiver-in-bench",
+        action="store_true",
+        help="The webhook scenarios' receiver as an http.server thread of the bench's own "
+        "process (the receiver before 0.3.6) instead of a process of its own.",
+    )
     p.add_argument("--out", type=Path, default=None, help="JSON lines file to append to.")
     p.add_argument("--keep-db", action="store_true", help="Do not drop the scratch database.")
     return p.parse_args(argv)
@@ -204,6 +210,8 @@ def command_for(name: str, args: argparse.Namespace, record: dict) -> str:
     if name == "webhook-throughput":
         for receiver in args.webhook_receiver or []:
             parts += ["--webhook-receiver", receiver]
+    if name in ("webhook-throughput", "drain-sinks") and args.receiver_in_bench:
+        parts.append("--receiver-in-bench")
     if name == "claim-big":
         parts += ["--finished-rows", str(args.finished_rows)]
     if args.baseline:

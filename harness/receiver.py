@@ -73,6 +73,16 @@ class Recording:
                     out[msg_id] = at
             return out
 
+    def snapshot(self) -> tuple[list[tuple[str, int, int, float, int]], dict[str, set[str]]]:
+        """Every call (webhook-id, job, seq, time, code) and each id's distinct bodies."""
+        with self.lock:
+            return list(self.calls), {k: set(v) for k, v in self.bodies.items()}
+
+    def count(self) -> int:
+        """How many webhook-ids were answered 200 so far."""
+        with self.lock:
+            return len({c[0] for c in self.calls if c[4] == 200})
+
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()

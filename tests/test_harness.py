@@ -216,3 +216,51 @@ def test_drop_stale_drops_only_leftovers_whose_run_is_gone():
             db.drop()
     with pytest.raises(psycopg.OperationalError):
         mine.connect().close()
+
+
+# --- webhook receivers ----------------------------------------------------------------
+
+
+def _post_calls(url: str, n: int) -> list[tuple[int, str | None]]:
+    """n webhook POSTs on one kept-alive connection: (status, Retry-After) of each."""
+    import http.client
+    import json
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
+    answers = []
+    try:
+        for i in range(n):
+            body = json.dumps({"type": "job.done", "data": {"id": i // 3, "seq": i % 3}})
+            conn.request("POST", parts.path, body=body, headers={"webhook-id": f"msg_{i}"})
+            resp = conn.getresponse()
+            resp.read()
+            answers.append((resp.status, resp.getheader("Retry-After")))
+            assert not resp.will_close
+    finally:
+        conn.close()
+    return answers
+
+
+def test_the_receiver_process_answers_and_records_as_the_thread_receiver_does():
+    """The bench's receiver in a process of its own notes what the thread one notes and
+    answers the same seeded 500s, so the two give the same figures' checks."""
+    from harness.receiver import Recording
+    from harness.receiver_process import ReceiverProcess
+
+    thread, process = Recording(0.3), ReceiverProcess(0.3)
+    try:
+        answers = _post_calls(thread.url, 60)
+        assert _post_calls(process.url, 60) == answers
+        assert {a for a in answers} == {(200, None), (500, "1")}
+        (t_calls, t_bodies), (p_calls, p_bodies) = thread.snapshot(), process.snapshot()
+        assert [c[:3] + c[4:] for c in p_calls] == [c[:3] + c[4:] for c in t_calls]
+        assert p_bodies == t_bodies
+        ok = {c[0] for c in t_calls if c[4] == 200}
+        assert process.count() == thread.count() == len(ok)
+        assert process.delivered().keys() == thread.delivered().keys() == ok
+    finally:
+        thread.close()
+        process.close()
+    assert process.proc.returncode == 0  # its stdin closing ends it
