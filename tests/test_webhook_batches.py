@@ -181,6 +181,43 @@ def test_the_fan_out_writes_rows_and_jobs_in_one_statement_one_job_per_chain(hoo
     assert Job.objects.filter(task=signing.DELIVER_TASK).count() == 5
 
 
+def _narrow_after(after: int) -> list:
+    with connection.cursor() as cur:
+        cur.execute(FANOUT_HISTORY.events_sql, [after, 1 << 62, 1000])
+        return [FANOUT_HISTORY.event(r) for r in cur.fetchall()]
+
+
+def test_only_a_delivery_jobs_end_makes_the_fan_out_look_at_its_chain(hook):
+    """A chain (webhook, source job) gets its next delivery's job when the one before
+    ends; the delivery job's queued and processing events leave it busy, so a batch of
+    those costs the fan-out no statement, and its done event releases the next in seq
+    order (issue 41: they were two thirds of the chains the fan-out checked)."""
+    Webhook.objects.filter(pk=hook.pk).update(events=["*"])
+    fanout = WebhookFanout()
+    (source,) = [s.job_id for s in services.submit_many([services.NewJob("echo", {})],
+                                                           client_id=hook.client_id)]  # fmt: skip
+    services.complete([(services.claim("w1", source), {})])
+    with transaction.atomic():
+        assert fanout.handle(_narrow_after(0)) == 3  # queued, processing, done
+    head = WebhookDelivery.objects.get(job__isnull=False)
+    assert head.seq == 1
+    seen = JobEvent.objects.order_by("-id").values_list("id", flat=True).first()
+    lease = services.claim("deliveries-1", head.job_id)
+    busy = _narrow_after(seen)  # the delivery job's processing event
+    assert [(e.job_id, e.to_status) for e in busy] == [(head.job_id, Status.PROCESSING)]
+    with transaction.atomic(), CaptureQueriesContext(connection) as queries:
+        assert fanout.handle(busy) == 0
+    assert [q["sql"] for q in queries] == []
+    assert WebhookDelivery.objects.exclude(job_id=None).count() == 1
+    seen = busy[-1].id
+    assert services.complete([(lease, {"status": 200})])
+    with transaction.atomic():
+        fanout.handle(_narrow_after(seen))  # its done event: the chain is idle again
+    released = WebhookDelivery.objects.exclude(job_id=None).exclude(pk=head.pk).get()
+    assert released.seq == 2
+    assert released.job.status == Status.QUEUED
+
+
 def test_the_fan_out_takes_its_range_from_the_streams_window(hook):
     """Sharing the reaper's window (D394): once the stream has read a range, the fan-out
     takes its events from there (whole rows: no read of its own, narrow or whole), and
