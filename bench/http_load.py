@@ -76,7 +76,10 @@ def _server(ctx: Any, setup: Setup, web_concurrency: int | None) -> tuple[Servic
         port,
         root=setup.root,
         LOG_LEVEL="WARNING",
+        # No worker drains what the scenarios submit: neither backpressure (the queue's
+        # depth, a client's share of it, D198) nor the throttle may answer them 429.
         JOBS_MAX_QUEUE_DEPTH="100000000",
+        JOBS_MAX_CLIENT_QUEUE_DEPTH="100000000",
         JOBS_API_THROTTLE="100000000/minute",
         **web,
         **setup.env,
