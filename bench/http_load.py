@@ -67,6 +67,15 @@ def setups(ctx: Any) -> list[Setup]:
     return [*out, *(Setup(ctx.code, *parse_server(s)) for s in specs)]
 
 
+# No worker drains what the scenarios submit: neither backpressure (the queue's depth, a
+# client's share of it, D198) nor the throttle may answer them 429.
+UNREFUSED = {
+    "JOBS_MAX_QUEUE_DEPTH": "100000000",
+    "JOBS_MAX_CLIENT_QUEUE_DEPTH": "100000000",
+    "JOBS_API_THROTTLE": "100000000/minute",
+}
+
+
 def _server(ctx: Any, setup: Setup, web_concurrency: int | None) -> tuple[Service, str]:
     """The API server of `setup`'s tree with that tree's own defaults, unless
     --web-concurrency says how many workers."""
@@ -76,11 +85,7 @@ def _server(ctx: Any, setup: Setup, web_concurrency: int | None) -> tuple[Servic
         port,
         root=setup.root,
         LOG_LEVEL="WARNING",
-        # No worker drains what the scenarios submit: neither backpressure (the queue's
-        # depth, a client's share of it, D198) nor the throttle may answer them 429.
-        JOBS_MAX_QUEUE_DEPTH="100000000",
-        JOBS_MAX_CLIENT_QUEUE_DEPTH="100000000",
-        JOBS_API_THROTTLE="100000000/minute",
+        **UNREFUSED,
         **web,
         **setup.env,
     )

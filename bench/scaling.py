@@ -154,10 +154,8 @@ def _drain(ctx: Context, route: str, n: int, env: dict[str, str]) -> dict:
 def _api(ctx: Context, route: str, n: int, env: dict[str, str]) -> dict:
     reset(ctx)
     port = free_port()
-    server = ctx.procs.api(port, LOG_LEVEL="WARNING", JOBS_MAX_QUEUE_DEPTH="100000000",
-                           JOBS_MAX_CLIENT_QUEUE_DEPTH="100000000",
-                           JOBS_API_THROTTLE="100000000/minute", WEB_CONCURRENCY=str(n),
-                           **env)  # fmt: skip
+    server = ctx.procs.api(port, LOG_LEVEL="WARNING", WEB_CONCURRENCY=str(n),
+                           **http_load.UNREFUSED, **env)  # fmt: skip
     url = f"http://127.0.0.1:{port}/api/v1/jobs/"
     body = {"task": "echo", "payload": {"n": 1}}
     clients, threads = (2, 2) if ctx.quick else (4, 4)

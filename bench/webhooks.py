@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from bench.measure import backend_pids, cpu_seconds, sql
 from bench.scenarios import Context, counts_by_status, reset, scenario, wait_terminal
 from harness import wait_until
-from harness.receiver import Recording
+from harness.receiver import Recording, first_200s
 from harness.receiver_process import ReceiverProcess
 
 WEBHOOK_ENV = {"JOBS_WEBHOOK_ALLOW_PRIVATE": "1"}
@@ -65,9 +65,13 @@ def _receiver(ctx: Context, fail: float = 0.0) -> Recording | ReceiverProcess:
     return Recording(fail) if ctx.args.receiver_in_bench else ReceiverProcess(fail)
 
 
-def _all_delivered(receiver: Recording | ReceiverProcess, expected) -> bool:
-    """Every expected id answered 200: the count first, the whole record only then."""
-    return receiver.count() >= len(expected) and not (expected - receiver.delivered().keys())
+def _all_delivered(receiver: Recording | ReceiverProcess, expected) -> dict[str, float] | None:
+    """webhook-id → time of its first 200 once every expected id has one, else None: the
+    count first, the whole record only then."""
+    if receiver.count() < len(expected):
+        return None
+    delivered = receiver.delivered()
+    return None if expected - delivered.keys() else delivered
 
 
 def _run(ctx: Context, code, n: int, fail: float, events: list[str]) -> dict:
@@ -87,9 +91,8 @@ def _run(ctx: Context, code, n: int, fail: float, events: list[str]) -> dict:
         # A failing receiver's deliveries wait out its circuit (open 10 s and more after
         # five failures in a row), not the machine: 10,000 of its events take minutes.
         deadline = max(300.0, len(expected) / (8 if fail else 20))
-        wait_until(lambda: _all_delivered(receiver, expected.keys()), deadline,
+        wait_until(lambda: _all_delivered(receiver, expected.keys()) is not None, deadline,
                    f"{len(expected)} events delivered", interval=0.2)  # fmt: skip
-        delivered = receiver.delivered()
         cpu = (cpu_seconds(pids[0]) - cpu_before[0], cpu_seconds(pids[1]) - cpu_before[1],
                cpu_seconds(backend_pids()) - cpu_before[2])  # fmt: skip
         per = [f"{name} {c / len(expected) * 1e6:.0f} us"
@@ -99,7 +102,8 @@ def _run(ctx: Context, code, n: int, fail: float, events: list[str]) -> dict:
             p.stop()
         last_job = sql("SELECT extract(epoch FROM max(finished_at)) FROM jobs_job "
                        "WHERE id = ANY(%s::bigint[])", [job_ids])[0][0]  # fmt: skip
-        calls, bodies = receiver.snapshot()
+        calls, bodies = receiver.snapshot()  # the record, read once
+        delivered = first_200s(calls)
         ids_ok = all(len(b) == 1 for b in bodies.values())
         # In order per job: each job's 200s arrive in seq order (a retry repeats only
         # the delivery it retries, never one after it).
@@ -279,9 +283,10 @@ def drain_sinks(ctx: Context) -> Iterator[dict]:
                     for name in ("webhooks", "stream", "kafka"):
                         if name not in passed and _cursor(name) >= last:
                             passed[name] = time.time()
-                    if "receiver" not in passed and _all_delivered(receiver, expected):
-                        delivered = receiver.delivered()
-                        passed["receiver"] = max(delivered[m] for m in expected)
+                    if "receiver" not in passed:
+                        delivered = _all_delivered(receiver, expected)
+                        if delivered is not None:
+                            passed["receiver"] = max(delivered[m] for m in expected)
                     return len(passed) == 4
 
                 wait_until(caught_up, max(300, n / 20), "every sink caught up", interval=0.05)

@@ -8,7 +8,7 @@ import random
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
@@ -20,6 +20,16 @@ def serve_on_loopback(
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server, f"http://127.0.0.1:{server.server_address[1]}{path}"
+
+
+def first_200s(calls: Iterable[tuple[str, int, int, float, int]]) -> dict[str, float]:
+    """webhook-id → time of its first 200, from a receiver's calls (id, job, seq, time,
+    code) in the order they came."""
+    out: dict[str, float] = {}
+    for msg_id, _, _, at, code in calls:
+        if code == 200 and msg_id not in out:
+            out[msg_id] = at
+    return out
 
 
 class Recording:
@@ -67,11 +77,7 @@ class Recording:
     def delivered(self) -> dict[str, float]:
         """webhook-id → time of its first 200."""
         with self.lock:
-            out: dict[str, float] = {}
-            for msg_id, _, _, at, code in self.calls:
-                if code == 200 and msg_id not in out:
-                    out[msg_id] = at
-            return out
+            return first_200s(self.calls)
 
     def snapshot(self) -> tuple[list[tuple[str, int, int, float, int]], dict[str, set[str]]]:
         """Every call (webhook-id, job, seq, time, code) and each id's distinct bodies."""

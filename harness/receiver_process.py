@@ -24,6 +24,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from harness.receiver import first_200s
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -53,8 +55,6 @@ def serve(fail: float, seed: int, retry_after: str) -> None:
     rng = random.Random(seed)
     calls: list[tuple[str, float, int, bytes]] = []
     delivered: set[str] = set()
-    ok_200 = _answer(200, b"ok", retry_after, False)
-    ok_500 = _answer(500, b"ok", retry_after, False)
 
     def control(path: bytes) -> bytes:
         if path == b"/_count":
@@ -103,8 +103,7 @@ def serve(fail: float, seed: int, retry_after: str) -> None:
                 calls.append((self.msg_id, time.time(), code, b"".join(self.body)))
                 if code == 200:
                     delivered.add(self.msg_id)
-                answer = (ok_200 if code == 200 else ok_500) if not close else \
-                    _answer(code, b"ok", retry_after, True)  # fmt: skip
+                answer = _answer(code, b"ok", retry_after, close)
             self.transport.write(answer)
             if close:
                 self.transport.close()
@@ -158,11 +157,7 @@ class ReceiverProcess:
 
     def delivered(self) -> dict[str, float]:
         """webhook-id → time of its first 200."""
-        out: dict[str, float] = {}
-        for msg_id, _, _, at, code in self.snapshot()[0]:
-            if code == 200 and msg_id not in out:
-                out[msg_id] = at
-        return out
+        return first_200s(self.snapshot()[0])
 
     def close(self) -> None:
         self._conn.close()
