@@ -7,6 +7,7 @@ times, finished_at) wherever the database has them.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 import time
@@ -54,6 +55,9 @@ class Context:
         return [(code, v) for v in variants for code in self.codes()]
 
 
+_NO_REDUNDANT_MIGRATION = importlib.import_module("jobs.migrations.0031_no_redundant_indexes")
+_NO_REDUNDANT = {**_NO_REDUNDANT_MIGRATION.PLAIN, **_NO_REDUNDANT_MIGRATION.PARTITIONED}
+
 # Database variants for side-by-side runs on the scratch database (--variant).
 VARIANTS: dict[str, str | tuple[str, ...]] = {
     "default": "",
@@ -66,6 +70,10 @@ VARIANTS: dict[str, str | tuple[str, ...]] = {
         "autovacuum_analyze_scale_factor, autovacuum_vacuum_cost_limit)",
         "VACUUM FULL jobs_job_hot",
     ),
+    # The foreign keys' own indexes migration 0031 dropped (D406), built again.
+    "redundant-indexes": tuple(
+        f"CREATE INDEX IF NOT EXISTS {index} ON {on}" for index, on in _NO_REDUNDANT.items()
+    ),  # fmt: skip
 }
 
 
@@ -79,6 +87,8 @@ def apply_variant(name: str) -> None:
     sql("DROP TRIGGER IF EXISTS jobs_job_history ON jobs_job")
     storage = importlib.import_module("jobs.migrations.0004_jobs_table_storage").FORWARD
     sql(storage.replace("jobs_job", "jobs_job_hot"))  # the hot partition's since 0021
+    for index in _NO_REDUNDANT:  # as 0031 left them
+        sql(f"DROP INDEX IF EXISTS {index}")
     statements = VARIANTS[name]
     for statement in (statements,) if isinstance(statements, str) else statements:
         if statement:

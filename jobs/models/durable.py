@@ -63,7 +63,7 @@ class JobSignal(JobPart):
     """A signal delivered to a job (`POST /jobs/<id>/signal/`, `jobs.signals`): kept
     until the job's `wait_for_signal(key)` consumes it, one per (job, key)."""
 
-    job = _job_part_fk("signals")
+    job = _job_part_fk("signals", db_index=False)  # jobsignal_job_key_uniq leads with it (D406)
     key = models.CharField(max_length=200)
     payload = models.JSONField(null=True, blank=True)
     sent_by = models.CharField(max_length=250, blank=True, default="")
@@ -131,8 +131,13 @@ class WorkflowNode(models.Model):
         Job, primary_key=True, on_delete=models.DO_NOTHING, db_constraint=False,
         related_name="workflow_node",
     )  # fmt: skip
+    # workflownode_key_uniq leads with it (D406).
     workflow = models.ForeignKey(
-        Workflow, on_delete=models.DO_NOTHING, db_constraint=False, related_name="nodes"
+        Workflow,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        related_name="nodes",
+        db_index=False,
     )
     key = models.CharField(max_length=200)
     pending_parents = models.IntegerField(default=0)
@@ -156,12 +161,15 @@ class JobDependency(models.Model):
     """child runs after parent has ended (done, or failed under on_failure=continue)."""
 
     id = models.BigAutoField(primary_key=True)
+    # Indexed by jobdependency_uniq (child first) and jobdependency_parent_idx (D406).
     child = models.ForeignKey(
-        Job, on_delete=models.DO_NOTHING, db_constraint=False, related_name="parent_links"
-    )
+        Job, on_delete=models.DO_NOTHING, db_constraint=False, related_name="parent_links",
+        db_index=False,
+    )  # fmt: skip
     parent = models.ForeignKey(
-        Job, on_delete=models.DO_NOTHING, db_constraint=False, related_name="child_links"
-    )
+        Job, on_delete=models.DO_NOTHING, db_constraint=False, related_name="child_links",
+        db_index=False,
+    )  # fmt: skip
 
     class Meta:
         db_table = "jobs_jobdependency"

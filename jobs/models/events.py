@@ -26,7 +26,9 @@ class Webhook(models.Model):
     stored: it is derived from `secret_salt` and JOBS_WEBHOOK_KEY (jobs.events.signing),
     so a read of this table alone cannot forge a signature."""
 
-    client = models.ForeignKey(Client, on_delete=models.CASCADE, related_name="webhooks")
+    # webhook_client_idx leads with it (D406).
+    client = models.ForeignKey(Client, on_delete=models.CASCADE, related_name="webhooks",
+                               db_index=False)  # fmt: skip
     url = models.URLField(max_length=2000)
     events = ArrayField(models.CharField(max_length=40))
     enabled = models.BooleanField(default=True)
@@ -77,7 +79,9 @@ class WebhookDelivery(models.Model):
     waits for an earlier event of the same job to the same endpoint (seq order)."""
 
     id = models.BigAutoField(primary_key=True)
-    webhook = models.ForeignKey(Webhook, on_delete=models.CASCADE, related_name="deliveries")
+    # Indexed by delivery_once_per_event and delivery_chain_idx, which lead with it (D406).
+    webhook = models.ForeignKey(Webhook, on_delete=models.CASCADE, related_name="deliveries",
+                                db_index=False)  # fmt: skip
     event_id = models.BigIntegerField(help_text="The jobs_jobevent row (the message id).")
     source_job_id = models.BigIntegerField()
     seq = models.IntegerField()

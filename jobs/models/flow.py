@@ -91,9 +91,11 @@ class SequenceWait(models.Model):
     """A job waiting its turn in a sequence, in submission order (`position`)."""
 
     id = models.BigAutoField(primary_key=True)
+    # sequencewait_position_uniq leads with it (D406).
     sequence = models.ForeignKey(
-        Sequence, on_delete=models.DO_NOTHING, db_constraint=False, related_name="waits"
-    )
+        Sequence, on_delete=models.DO_NOTHING, db_constraint=False, related_name="waits",
+        db_index=False,
+    )  # fmt: skip
     position = models.BigIntegerField()
     job_id = models.BigIntegerField()
 
@@ -158,9 +160,11 @@ class BatchFailure(models.Model):
     scan of jobs_job (one row per failure, removed again by a staff retry)."""
 
     id = models.BigAutoField(primary_key=True)
+    # batchfailure_uniq leads with it (D406).
     batch = models.ForeignKey(
-        Batch, on_delete=models.DO_NOTHING, db_constraint=False, related_name="failures"
-    )
+        Batch, on_delete=models.DO_NOTHING, db_constraint=False, related_name="failures",
+        db_index=False,
+    )  # fmt: skip
     job_id = models.BigIntegerField()
 
     class Meta:

@@ -141,9 +141,11 @@ class Job(models.Model):
     due_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(db_default=Now())
     finished_at = models.DateTimeField(null=True, blank=True)
+    # Indexed by job_client_created_idx, which leads with it (D406).
     client = models.ForeignKey(
-        Client, null=True, blank=True, on_delete=models.PROTECT, related_name="jobs"
-    )
+        Client, null=True, blank=True, on_delete=models.PROTECT, related_name="jobs",
+        db_index=False,
+    )  # fmt: skip
     idempotency_key = models.CharField(max_length=200, null=True, blank=True)
     request_hash = models.CharField(max_length=64, null=True, blank=True)
     updated_by = models.CharField(
@@ -373,9 +375,11 @@ class JobEvent(models.Model):
     RETRY_POLICY = "retry_policy"  # a task's retry policy's decision (jobs.retries)
 
     id = models.BigAutoField(primary_key=True)
+    # Indexed by jobevent_job_idx, which leads with it (D406).
     job = models.ForeignKey(
-        Job, on_delete=models.DO_NOTHING, db_constraint=False, related_name="events"
-    )
+        Job, on_delete=models.DO_NOTHING, db_constraint=False, related_name="events",
+        db_index=False,
+    )  # fmt: skip
     kind = models.CharField(max_length=20, default=TRANSITION, db_default=TRANSITION)
     at = models.DateTimeField(db_default=Now())
     from_status = models.CharField(max_length=20, null=True, blank=True)

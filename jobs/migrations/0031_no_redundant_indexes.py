@@ -1,0 +1,197 @@
+"""Eleven indexes that another index of the same table already serves go (D406).
+
+Each is Django's index on a foreign key whose column leads another index of its table:
+`jobs_job.client_id` (job_client_created_idx), `jobs_jobevent.job_id` (jobevent_job_idx),
+`jobs_webhookdelivery.webhook_id` (delivery_once_per_event, delivery_chain_idx),
+`jobs_jobdependency.child_id` (jobdependency_uniq) and `.parent_id` (a second copy of
+jobdependency_parent_idx), and six more of tables written less often (signals, workflow
+nodes, sequence waits, batch failures, webhooks, schedules: each table's unique key or
+named index leads with the column). A job's insert and each of its status changes (not
+HOT: the status is indexed) wrote an entry into the first, each history row one into the
+second. tests/test_indexes.py keeps it so.
+
+The plain tables' indexes are dropped CONCURRENTLY (the migration is not atomic). A
+partitioned table's index cannot be: its DROP takes ACCESS EXCLUSIVE on the parent and
+its partitions for a catalog change of milliseconds, under a 2 s lock_timeout, retried,
+so a long transaction on the table delays the migration, never the jobs. The reverse
+builds them again (the partitioned ones without CONCURRENTLY: writes wait while they
+build).
+"""
+
+import logging
+import time
+
+from django.db import OperationalError, migrations, models, transaction
+
+log = logging.getLogger("jobs.migrations")
+
+PLAIN = {
+    "jobs_webhookdelivery_webhook_id_14e823cc": "jobs_webhookdelivery (webhook_id)",
+    "jobs_jobdependency_child_id_264a6e8f": "jobs_jobdependency (child_id)",
+    "jobs_jobdependency_parent_id_1a2db807": "jobs_jobdependency (parent_id)",
+    "jobs_jobsignal_job_id_0d159881": "jobs_jobsignal (job_id)",
+    "jobs_workflownode_workflow_id_2a466b05": "jobs_workflownode (workflow_id)",
+    "jobs_sequencewait_sequence_id_eaaa61a5": "jobs_sequencewait (sequence_id)",
+    "jobs_batchfailure_batch_id_1ffc6942": "jobs_batchfailure (batch_id)",
+    "jobs_webhook_client_id_8c95ce4e": "jobs_webhook (client_id)",
+    "jobs_schedule_client_id_01cdfa80": "jobs_schedule (client_id)",
+}
+PARTITIONED = {
+    "jobs_job_client_id_8aaadee3": "jobs_job (client_id)",
+    "jobs_jobevent_job_id_79067df7": "jobs_jobevent (job_id)",
+}
+
+
+def drop_partitioned(apps, schema_editor) -> None:
+    connection = schema_editor.connection
+    for index in PARTITIONED:
+        for attempt in range(30):
+            try:
+                started = time.monotonic()
+                with transaction.atomic(using=connection.alias), connection.cursor() as cur:
+                    cur.execute("SET LOCAL lock_timeout = '2s'")
+                    cur.execute(f"DROP INDEX IF EXISTS {index}")
+                log.info("0031: %s dropped in %.1f ms (attempt %d)", index,
+                         (time.monotonic() - started) * 1000, attempt + 1)  # fmt: skip
+                break
+            except OperationalError as exc:  # lock_timeout: a transaction held the table
+                if "lock timeout" not in str(exc) or attempt == 29:
+                    raise
+                time.sleep(min(0.2 * (attempt + 1), 3))
+
+
+def create_partitioned(apps, schema_editor) -> None:
+    with schema_editor.connection.cursor() as cur:
+        for index, on in PARTITIONED.items():
+            cur.execute(f"CREATE INDEX IF NOT EXISTS {index} ON {on}")
+
+
+def _field(to: str, related_name: str, **kwargs) -> models.ForeignKey:
+    return models.ForeignKey(db_index=False, related_name=related_name, to=to, **kwargs)
+
+
+class Migration(migrations.Migration):
+    atomic = False
+
+    dependencies = [("jobs", "0030_jobstep_one_index")]
+
+    operations = [
+        migrations.SeparateDatabaseAndState(
+            state_operations=[
+                migrations.AlterField(
+                    model_name="job",
+                    name="client",
+                    field=_field(
+                        "jobs.client",
+                        "jobs",
+                        blank=True,
+                        null=True,
+                        on_delete=models.deletion.PROTECT,
+                    ),  # fmt: skip
+                ),
+                migrations.AlterField(
+                    model_name="jobdependency",
+                    name="child",
+                    field=_field(
+                        "jobs.job",
+                        "parent_links",
+                        db_constraint=False,
+                        on_delete=models.deletion.DO_NOTHING,
+                    ),  # fmt: skip
+                ),
+                migrations.AlterField(
+                    model_name="jobdependency",
+                    name="parent",
+                    field=_field(
+                        "jobs.job",
+                        "child_links",
+                        db_constraint=False,
+                        on_delete=models.deletion.DO_NOTHING,
+                    ),  # fmt: skip
+                ),
+                migrations.AlterField(
+                    model_name="jobevent",
+                    name="job",
+                    field=_field(
+                        "jobs.job",
+                        "events",
+                        db_constraint=False,
+                        on_delete=models.deletion.DO_NOTHING,
+                    ),  # fmt: skip
+                ),
+                migrations.AlterField(
+                    model_name="batchfailure",
+                    name="batch",
+                    field=_field(
+                        "jobs.batch",
+                        "failures",
+                        db_constraint=False,
+                        on_delete=models.deletion.DO_NOTHING,
+                    ),  # fmt: skip
+                ),
+                migrations.AlterField(
+                    model_name="jobsignal",
+                    name="job",
+                    field=_field(
+                        "jobs.job",
+                        "signals",
+                        db_constraint=False,
+                        on_delete=models.deletion.DO_NOTHING,
+                    ),  # fmt: skip
+                ),
+                migrations.AlterField(
+                    model_name="schedule",
+                    name="client",
+                    field=_field(
+                        "jobs.client",
+                        "schedules",
+                        blank=True,
+                        null=True,
+                        on_delete=models.deletion.PROTECT,
+                    ),  # fmt: skip
+                ),
+                migrations.AlterField(
+                    model_name="sequencewait",
+                    name="sequence",
+                    field=_field(
+                        "jobs.sequence",
+                        "waits",
+                        db_constraint=False,
+                        on_delete=models.deletion.DO_NOTHING,
+                    ),  # fmt: skip
+                ),
+                migrations.AlterField(
+                    model_name="webhook",
+                    name="client",
+                    field=_field("jobs.client", "webhooks", on_delete=models.deletion.CASCADE),
+                ),
+                migrations.AlterField(
+                    model_name="workflownode",
+                    name="workflow",
+                    field=_field(
+                        "jobs.workflow",
+                        "nodes",
+                        db_constraint=False,
+                        on_delete=models.deletion.DO_NOTHING,
+                    ),  # fmt: skip
+                ),
+                migrations.AlterField(
+                    model_name="webhookdelivery",
+                    name="webhook",
+                    field=_field(
+                        "jobs.webhook", "deliveries", on_delete=models.deletion.CASCADE
+                    ),  # fmt: skip
+                ),
+            ],
+            database_operations=[
+                *(
+                    migrations.RunSQL(
+                        f"DROP INDEX CONCURRENTLY IF EXISTS {index}",
+                        reverse_sql=f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {index} ON {on}",
+                    )
+                    for index, on in PLAIN.items()
+                ),
+                migrations.RunPython(drop_partitioned, create_partitioned),
+            ],
+        ),
+    ]
