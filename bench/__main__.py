@@ -50,7 +50,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--variant",
         action="append",
         choices=list(scenarios.VARIANTS),
-        help="Database variants to measure side by side in drain/latency (repeatable).",
+        help="Database variants to measure side by side in drain, latency and drain-sinks "
+        "(repeatable).",
     )
     p.add_argument("--repeat", type=int, default=1, help="Run each measurement this many times.")
     p.add_argument("--jobs", type=int, help="Jobs per drain run (default 20000; quick 300).")

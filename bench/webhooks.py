@@ -16,7 +16,14 @@ from collections import defaultdict
 from collections.abc import Iterator
 
 from bench.measure import backend_pids, cpu_seconds, sql
-from bench.scenarios import Context, counts_by_status, reset, scenario, wait_terminal
+from bench.scenarios import (
+    Context,
+    apply_variant,
+    counts_by_status,
+    reset,
+    scenario,
+    wait_terminal,
+)
 from harness import wait_until
 from harness.receiver import Recording, first_200s
 from harness.receiver_process import ReceiverProcess
@@ -241,10 +248,11 @@ def drain_sinks(ctx: Context) -> Iterator[dict]:
     concurrency = ctx.args.concurrency or 128
     broker = KafkaBroker(ctx.logdir / "tansu-sinks.log").start()
     try:
-        for i, code in enumerate(ctx.codes()):
+        for i, (code, variant) in enumerate(ctx.setups()):
             topic = f"bench.sinks.{i}"
             broker.create_topic(topic, partitions=12)
             reset(ctx)
+            apply_variant(variant)
             sql("DELETE FROM jobs_webhookdelivery")
             sql("DELETE FROM jobs_outboxcursor WHERE name LIKE 'kafka%%'")
             placed = ctx.procs.start("outbox", "start", "kafka", "--from", "now", root=code.root)
@@ -308,7 +316,7 @@ def drain_sinks(ctx: Context) -> Iterator[dict]:
             drain_s = float(last_finish) - float(first_claim)
             yield {
                 "scenario": "drain-sinks",
-                "code": code.label,
+                "code": code.label + ("" if variant == "default" else f" +{variant}"),
                 "figure": f"drain {n} no-op jobs (2 runworkers, --concurrency {concurrency}) "
                 "with a webhook, the Redis stream and the Kafka sink: the last event's lag",
                 "value": max(after[k] for k in ("webhooks", "stream", "kafka")),
