@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 # scaling, fillfactor, table_growth and webhooks register their scenarios when imported.
-from bench import fillfactor, scaling, scenarios, table_growth, webhooks  # noqa: F401
+from bench import fillfactor, scaling, scenarios, table_growth, variants, webhooks  # noqa: F401
 from bench.env import Code, processes, scratch_database, setup_django
 from harness import ROOT, PgBouncer, RedisServer
 
@@ -49,9 +49,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--variant",
         action="append",
-        choices=list(scenarios.VARIANTS),
-        help="Database variants to measure side by side in drain, latency and drain-sinks "
-        "(repeatable).",
+        choices=list(variants.VARIANTS),
+        help="Database variants to measure side by side in drain, latency, drain-sinks and "
+        "the HTTP submissions (repeatable).",
     )
     p.add_argument("--repeat", type=int, default=1, help="Run each measurement this many times.")
     p.add_argument("--jobs", type=int, help="Jobs per drain run (default 20000; quick 300).")

@@ -27,6 +27,7 @@ from bench.measure import (
     released_together,
     sql,
 )
+from bench.variants import apply_variant
 from harness import Service, free_port
 
 
@@ -41,13 +42,18 @@ def not_measured(name: str) -> dict:
 
 
 class Setup:
-    """One API server to measure: a tree (`code`) with extra environment (`env`)."""
+    """One API server to measure: a tree (`code`) with extra environment (`env`), on a
+    database variant (bench.variants.VARIANTS)."""
 
-    def __init__(self, code: Any, label: str = "", env: dict[str, str] | None = None) -> None:
+    def __init__(self, code: Any, label: str = "", env: dict[str, str] | None = None,
+                 variant: str = "default") -> None:  # fmt: skip
         self.code = code
         self.root = code.root
         self.env = env or {}
-        self.label = f"{code.label} {label}".strip()
+        self.variant = variant
+        self.label = f"{code.label} {label}".strip() + (
+            "" if variant == "default" else f" +{variant}"
+        )
 
 
 def parse_server(spec: str) -> tuple[str, dict[str, str]]:
@@ -59,12 +65,17 @@ def parse_server(spec: str) -> tuple[str, dict[str, str]]:
 
 def setups(ctx: Any) -> list[Setup]:
     """The baseline tree with its defaults, then this tree with each --server (its
-    default server without any)."""
-    out = [Setup(ctx.baseline)] if ctx.baseline else []
-    specs = ctx.args.server or []
-    if not specs:
-        return [*out, Setup(ctx.code)]
-    return [*out, *(Setup(ctx.code, *parse_server(s)) for s in specs)]
+    default server without any), on each --variant of the database in turn."""
+    out = []
+    for variant in getattr(ctx.args, "variant", None) or ["default"]:
+        if ctx.baseline:
+            out.append(Setup(ctx.baseline, variant=variant))
+        specs = ctx.args.server or []
+        if not specs:
+            out.append(Setup(ctx.code, variant=variant))
+        else:
+            out += [Setup(ctx.code, *parse_server(s), variant=variant) for s in specs]
+    return out
 
 
 # No worker drains what the scenarios submit: neither backpressure (the queue's depth, a
@@ -132,6 +143,7 @@ def _measured(ctx: Any, code: Any, name: str, path: str, load: Any) -> tuple[dic
     """`load(url, seconds)` against `code`'s API server, warmed up first: what it returned,
     the CPU seconds of the server's processes and of the database backends meanwhile, and
     the last job id before it."""
+    apply_variant(code.variant)  # the setup's shape of the schema, on emptied tables
     server, url = _server(ctx, code, ctx.args.web_concurrency)
     # Each server worker imports the URLconf, DRF and the schema code on its first
     # requests: warm them up so the figures (and CPU per request) are the steady state.

@@ -7,7 +7,6 @@ times, finished_at) wherever the database has them.
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 import time
@@ -27,8 +26,8 @@ from bench.measure import (
     released_together,
     sql,
 )
+from bench.variants import apply_variant
 from harness import ROOT, Processes, RedisServer, ScratchDatabase, wait_until
-from jobs.migrations import _triggers
 
 
 @dataclass
@@ -53,50 +52,6 @@ class Context:
         """Every (code, database variant) pair to measure, side by side in this run."""
         variants = self.args.variant or ["default"]
         return [(code, v) for v in variants for code in self.codes()]
-
-
-_NO_REDUNDANT_MIGRATION = importlib.import_module("jobs.migrations.0031_no_redundant_indexes")
-_NO_REDUNDANT = {**_NO_REDUNDANT_MIGRATION.PLAIN, **_NO_REDUNDANT_MIGRATION.PARTITIONED}
-
-# Database variants for side-by-side runs on the scratch database (--variant).
-VARIANTS: dict[str, str | tuple[str, ...]] = {
-    "default": "",
-    # The history trigger as it was before 0006: one trigger call per changed row.
-    "row-history": _triggers.HISTORY_PER_ROW,
-    # Without the storage settings of migration 0004 (fillfactor, autovacuum), for a
-    # before/after of that migration; they are the hot partition's since 0021.
-    "no-table-storage": (
-        "ALTER TABLE jobs_job_hot RESET (fillfactor, autovacuum_vacuum_scale_factor, "
-        "autovacuum_analyze_scale_factor, autovacuum_vacuum_cost_limit)",
-        "VACUUM FULL jobs_job_hot",
-    ),
-    # The foreign keys' own indexes migration 0031 dropped (D406), built again.
-    "redundant-indexes": tuple(
-        f"CREATE INDEX IF NOT EXISTS {index} ON {on}" for index, on in _NO_REDUNDANT.items()
-    ),  # fmt: skip
-}
-
-
-def apply_variant(name: str) -> None:
-    """Put back the migrated schema's history triggers and storage, then apply the variant."""
-    import importlib
-
-    from jobs.lifecycle import guard_trigger_sql
-
-    sql(guard_trigger_sql("jobs_job", "jobs_jobevent"))
-    sql("DROP TRIGGER IF EXISTS jobs_job_history ON jobs_job")
-    storage = importlib.import_module("jobs.migrations.0004_jobs_table_storage").FORWARD
-    sql(storage.replace("jobs_job", "jobs_job_hot"))  # the hot partition's since 0021
-    for index in _NO_REDUNDANT:  # as 0031 left them
-        sql(f"DROP INDEX IF EXISTS {index}")
-    statements = VARIANTS[name]
-    for statement in (statements,) if isinstance(statements, str) else statements:
-        if statement:
-            sql(statement)
-    # The emptied tables as reset() leaves them whatever the variant did: an index built
-    # on a truncated table notes it as empty (reltuples 0, not the unknown -1 TRUNCATE
-    # leaves), and the planner's first choices in the run followed that (D406).
-    sql("TRUNCATE jobs_job, jobs_jobevent")
 
 
 ALL: dict[str, Callable[[Context], Iterator[dict]]] = {}

@@ -16,14 +16,8 @@ from collections import defaultdict
 from collections.abc import Iterator
 
 from bench.measure import backend_pids, cpu_seconds, sql
-from bench.scenarios import (
-    Context,
-    apply_variant,
-    counts_by_status,
-    reset,
-    scenario,
-    wait_terminal,
-)
+from bench.scenarios import Context, counts_by_status, reset, scenario, wait_terminal
+from bench.variants import apply_variant
 from harness import wait_until
 from harness.receiver import Recording, first_200s
 from harness.receiver_process import ReceiverProcess
