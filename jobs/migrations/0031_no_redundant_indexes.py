@@ -12,8 +12,10 @@ second. tests/test_indexes.py keeps it so.
 
 The plain tables' indexes are dropped CONCURRENTLY (the migration is not atomic). A
 partitioned table's index cannot be: its DROP takes ACCESS EXCLUSIVE on the parent and
-its partitions for a catalog change of milliseconds, under a 2 s lock_timeout, retried,
-so a long transaction on the table delays the migration, never the jobs. The reverse
+its partitions for a catalog change of milliseconds. While it waits for that lock every
+writer queues behind it, so it waits LOCK_WAIT_MS at most and tries again after a pause:
+a long transaction on the table delays the migration, and the jobs by LOCK_WAIT_MS a try
+at most. The reverse
 builds them again (the partitioned ones without CONCURRENTLY: writes wait while they
 build).
 """
@@ -36,6 +38,9 @@ PLAIN = {
     "jobs_webhook_client_id_8c95ce4e": "jobs_webhook (client_id)",
     "jobs_schedule_client_id_01cdfa80": "jobs_schedule (client_id)",
 }
+# A writer queued behind the DROP's lock request waits this long at most, per try.
+LOCK_WAIT_MS = 100
+TRIES = 300
 PARTITIONED = {
     "jobs_job_client_id_8aaadee3": "jobs_job (client_id)",
     "jobs_jobevent_job_id_79067df7": "jobs_jobevent (job_id)",
@@ -45,19 +50,19 @@ PARTITIONED = {
 def drop_partitioned(apps, schema_editor) -> None:
     connection = schema_editor.connection
     for index in PARTITIONED:
-        for attempt in range(30):
+        for attempt in range(TRIES):
             try:
                 started = time.monotonic()
                 with transaction.atomic(using=connection.alias), connection.cursor() as cur:
-                    cur.execute("SET LOCAL lock_timeout = '2s'")
+                    cur.execute(f"SET LOCAL lock_timeout = '{LOCK_WAIT_MS}ms'")
                     cur.execute(f"DROP INDEX IF EXISTS {index}")
                 log.info("0031: %s dropped in %.1f ms (attempt %d)", index,
                          (time.monotonic() - started) * 1000, attempt + 1)  # fmt: skip
                 break
             except OperationalError as exc:  # lock_timeout: a transaction held the table
-                if "lock timeout" not in str(exc) or attempt == 29:
+                if "lock timeout" not in str(exc) or attempt == TRIES - 1:
                     raise
-                time.sleep(min(0.2 * (attempt + 1), 3))
+                time.sleep(min(0.1 * (attempt + 1), 2))
 
 
 def create_partitioned(apps, schema_editor) -> None:
