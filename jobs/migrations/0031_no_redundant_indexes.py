@@ -71,8 +71,23 @@ def create_partitioned(apps, schema_editor) -> None:
             cur.execute(f"CREATE INDEX IF NOT EXISTS {index} ON {on}")
 
 
-def _field(to: str, related_name: str, **kwargs) -> models.ForeignKey:
-    return models.ForeignKey(db_index=False, related_name=related_name, to=to, **kwargs)
+# The foreign keys declared db_index=False: (model, field, target, related name, options).
+_LOOSE = {"db_constraint": False, "on_delete": models.deletion.DO_NOTHING}
+_CLIENT = {"blank": True, "null": True, "on_delete": models.deletion.PROTECT}
+KEYS = [
+    ("job", "client", "jobs.client", "jobs", _CLIENT),
+    ("jobdependency", "child", "jobs.job", "parent_links", _LOOSE),
+    ("jobdependency", "parent", "jobs.job", "child_links", _LOOSE),
+    ("jobevent", "job", "jobs.job", "events", _LOOSE),
+    ("batchfailure", "batch", "jobs.batch", "failures", _LOOSE),
+    ("jobsignal", "job", "jobs.job", "signals", _LOOSE),
+    ("schedule", "client", "jobs.client", "schedules", _CLIENT),
+    ("sequencewait", "sequence", "jobs.sequence", "waits", _LOOSE),
+    ("webhook", "client", "jobs.client", "webhooks", {"on_delete": models.deletion.CASCADE}),
+    ("workflownode", "workflow", "jobs.workflow", "nodes", _LOOSE),
+    ("webhookdelivery", "webhook", "jobs.webhook", "deliveries",
+     {"on_delete": models.deletion.CASCADE}),
+]  # fmt: skip
 
 
 class Migration(migrations.Migration):
@@ -84,109 +99,11 @@ class Migration(migrations.Migration):
         migrations.SeparateDatabaseAndState(
             state_operations=[
                 migrations.AlterField(
-                    model_name="job",
-                    name="client",
-                    field=_field(
-                        "jobs.client",
-                        "jobs",
-                        blank=True,
-                        null=True,
-                        on_delete=models.deletion.PROTECT,
-                    ),  # fmt: skip
-                ),
-                migrations.AlterField(
-                    model_name="jobdependency",
-                    name="child",
-                    field=_field(
-                        "jobs.job",
-                        "parent_links",
-                        db_constraint=False,
-                        on_delete=models.deletion.DO_NOTHING,
-                    ),  # fmt: skip
-                ),
-                migrations.AlterField(
-                    model_name="jobdependency",
-                    name="parent",
-                    field=_field(
-                        "jobs.job",
-                        "child_links",
-                        db_constraint=False,
-                        on_delete=models.deletion.DO_NOTHING,
-                    ),  # fmt: skip
-                ),
-                migrations.AlterField(
-                    model_name="jobevent",
-                    name="job",
-                    field=_field(
-                        "jobs.job",
-                        "events",
-                        db_constraint=False,
-                        on_delete=models.deletion.DO_NOTHING,
-                    ),  # fmt: skip
-                ),
-                migrations.AlterField(
-                    model_name="batchfailure",
-                    name="batch",
-                    field=_field(
-                        "jobs.batch",
-                        "failures",
-                        db_constraint=False,
-                        on_delete=models.deletion.DO_NOTHING,
-                    ),  # fmt: skip
-                ),
-                migrations.AlterField(
-                    model_name="jobsignal",
-                    name="job",
-                    field=_field(
-                        "jobs.job",
-                        "signals",
-                        db_constraint=False,
-                        on_delete=models.deletion.DO_NOTHING,
-                    ),  # fmt: skip
-                ),
-                migrations.AlterField(
-                    model_name="schedule",
-                    name="client",
-                    field=_field(
-                        "jobs.client",
-                        "schedules",
-                        blank=True,
-                        null=True,
-                        on_delete=models.deletion.PROTECT,
-                    ),  # fmt: skip
-                ),
-                migrations.AlterField(
-                    model_name="sequencewait",
-                    name="sequence",
-                    field=_field(
-                        "jobs.sequence",
-                        "waits",
-                        db_constraint=False,
-                        on_delete=models.deletion.DO_NOTHING,
-                    ),  # fmt: skip
-                ),
-                migrations.AlterField(
-                    model_name="webhook",
-                    name="client",
-                    field=_field("jobs.client", "webhooks", on_delete=models.deletion.CASCADE),
-                ),
-                migrations.AlterField(
-                    model_name="workflownode",
-                    name="workflow",
-                    field=_field(
-                        "jobs.workflow",
-                        "nodes",
-                        db_constraint=False,
-                        on_delete=models.deletion.DO_NOTHING,
-                    ),  # fmt: skip
-                ),
-                migrations.AlterField(
-                    model_name="webhookdelivery",
-                    name="webhook",
-                    field=_field(
-                        "jobs.webhook", "deliveries", on_delete=models.deletion.CASCADE
-                    ),  # fmt: skip
-                ),
+                    model_name=model,
+                    name=name,
+                    field=models.ForeignKey(db_index=False, related_name=related, to=to, **options),
+                )
+                for model, name, to, related, options in KEYS
             ],
             database_operations=[
                 *(
