@@ -27,7 +27,7 @@ VARIANTS: dict[str, str | tuple[str, ...]] = {
     # The foreign keys' own indexes migration 0031 dropped (D406), built again.
     "redundant-indexes": tuple(
         f"CREATE INDEX IF NOT EXISTS {index} ON {on}" for index, on in _NO_REDUNDANT.items()
-    ),  # fmt: skip
+    ),
 }
 
 
