@@ -218,6 +218,29 @@ def test_only_a_delivery_jobs_end_makes_the_fan_out_look_at_its_chain(hook):
     assert released.job.status == Status.QUEUED
 
 
+def test_a_delivery_job_goes_on_in_its_source_jobs_trace_new_or_waiting(hook):
+    """D303: a delivery job carries its source job's trace context, whether it is given
+    with its row (the batch's event carries the context) or later to a waiting row (read
+    from the source job then)."""
+    Webhook.objects.filter(pk=hook.pk).update(events=["*"])
+    fanout = WebhookFanout()
+    traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    (source,) = [s.job_id for s in services.submit_many([services.NewJob("echo", {})],
+                                                           client_id=hook.client_id)]  # fmt: skip
+    Job.objects.filter(pk=source).update(trace_context=traceparent)
+    services.complete([(services.claim("w1", source), {})])
+    with transaction.atomic():
+        fanout.handle(_narrow_after(0))  # the first delivery's job, with its row
+    head = WebhookDelivery.objects.get(job__isnull=False)
+    assert head.job.trace_context == traceparent
+    seen = JobEvent.objects.order_by("-id").values_list("id", flat=True).first()
+    services.complete([(services.claim("deliveries-1", head.job_id), {"status": 200})])
+    with transaction.atomic():
+        fanout.handle(_narrow_after(seen))  # the next, a waiting row, when the first ends
+    (second,) = WebhookDelivery.objects.exclude(job_id=None).exclude(pk=head.pk)
+    assert second.seq == 2 and second.job.trace_context == traceparent
+
+
 def test_the_fan_out_takes_its_range_from_the_streams_window(hook):
     """Sharing the reaper's window (D394): once the stream has read a range, the fan-out
     takes its events from there (whole rows: no read of its own, narrow or whole), and

@@ -32,8 +32,8 @@ _FAN_OUT_SQL = f"""
 WITH input AS MATERIALIZED (
   SELECT u.*, nextval(pg_get_serial_sequence('{D}', 'id')) AS id
   FROM unnest(%(webhooks)b::bigint[], %(events)b::bigint[], %(sources)b::bigint[],
-              %(seqs)b::int[], %(types)b::text[], %(bodies)b::text[])
-       AS u(webhook_id, event_id, source_job_id, seq, type, body)
+              %(seqs)b::int[], %(types)b::text[], %(bodies)b::text[], %(traces)b::text[])
+       AS u(webhook_id, event_id, source_job_id, seq, type, body, trace)
   WHERE NOT EXISTS (SELECT FROM {D} x  -- a batch repeated after a crash
                     WHERE x.webhook_id = u.webhook_id AND x.event_id = u.event_id)
 ), idle AS (
@@ -45,16 +45,16 @@ WITH input AS MATERIALIZED (
     WHERE b.webhook_id = c.webhook_id AND b.source_job_id = c.source_job_id
       AND j.status NOT IN ({sql_list(TERMINAL)}))
 ), waiting AS (
-  SELECT d.id, d.webhook_id, d.source_job_id, d.seq, false AS new
+  SELECT d.id, d.webhook_id, d.source_job_id, d.seq, false AS new, NULL::text AS trace
   FROM {D} d JOIN idle USING (webhook_id, source_job_id) WHERE d.job_id IS NULL
   UNION ALL
-  SELECT i.id, i.webhook_id, i.source_job_id, i.seq, true
+  SELECT i.id, i.webhook_id, i.source_job_id, i.seq, true, i.trace
   FROM input i JOIN idle USING (webhook_id, source_job_id)
 ), firsts AS MATERIALIZED (
-  SELECT DISTINCT ON (webhook_id, source_job_id) id, new, source_job_id
+  SELECT DISTINCT ON (webhook_id, source_job_id) id, new, source_job_id, trace
   FROM waiting ORDER BY webhook_id, source_job_id, seq, id
 ), heads AS MATERIALIZED (
-  SELECT f.id AS delivery_id, f.new, f.source_job_id,
+  SELECT f.id AS delivery_id, f.new, f.source_job_id, f.trace,
          nextval(pg_get_serial_sequence('{J}', 'id')) AS job_id
   FROM (SELECT * FROM firsts ORDER BY id LIMIT %(room)s) f
 ), jobs AS (
@@ -62,8 +62,10 @@ WITH input AS MATERIALIZED (
                    updated_by, status, retry_count, lease_version, trace_context)
   SELECT job_id, %(task)s, jsonb_build_object('delivery_id', delivery_id), %(queue)s, 0,
          now(), %(max_retries)s, NULL, %(actor)s, '{Status.QUEUED}', 0, 0,
-         -- a delivery goes on in its source job's trace (D303): its call's traceparent
-         (SELECT s.trace_context FROM {J} s WHERE s.id = heads.source_job_id)
+         -- a delivery goes on in its source job's trace (D303): its call's traceparent,
+         -- read with the batch's event, or for an older waiting delivery from its job
+         CASE WHEN heads.new THEN heads.trace
+              ELSE (SELECT s.trace_context FROM {J} s WHERE s.id = heads.source_job_id) END
   FROM heads
   RETURNING id
 ), added AS (
@@ -92,13 +94,14 @@ class FannedOut:
 
 def fan_out(rows: Sequence[tuple], chains: Iterable[tuple[int, int]], room: int,
             actor: str) -> FannedOut:  # fmt: skip
-    """Write `rows` (webhook, event, source job, seq, type, body) as waiting deliveries
+    """Write `rows` (webhook, event, source job, seq, type, body, the source job's trace
+    context) as waiting deliveries
     and give each idle chain among `chains` (webhook, source job) a job for its first
     waiting delivery, up to `room` jobs, in one statement; the jobs are signalled once
     the caller's transaction commits."""
     chains = sorted(set(chains))
-    columns = [list(c) for c in zip(*rows, strict=True)] if rows else [[]] * 6
-    params = dict(zip(("webhooks", "events", "sources", "seqs", "types", "bodies"),
+    columns = [list(c) for c in zip(*rows, strict=True)] if rows else [[]] * 7
+    params = dict(zip(("webhooks", "events", "sources", "seqs", "types", "bodies", "traces"),
                       columns, strict=True))  # fmt: skip
     params.update(
         chain_webhooks=[c[0] for c in chains], chain_sources=[c[1] for c in chains],

@@ -20,7 +20,14 @@ from jobs import admission, metrics, services
 from jobs.conf import settings
 from jobs.events import fanout, signing
 from jobs.events.reads import binary_rows
-from jobs.events.sources import EVENT_COLUMNS, EVENT_JOINS, HISTORY, RANGE_SQL, OutboxEvent
+from jobs.events.sources import (
+    EVENT_COLUMNS,
+    EVENT_JOINS,
+    HISTORY,
+    RANGE_SQL,
+    TRACE_COLUMN,
+    OutboxEvent,
+)
 from jobs.lifecycle import TERMINAL, sql_list
 
 # What the webhooks fan-out needs of every event: whose job it is and whether the job is
@@ -50,7 +57,8 @@ def with_rows(events: Sequence[OutboxEvent]) -> None:
     missing = {e.id: e for e in events if e.row is None}
     if missing:
         for row in binary_rows(_EVENTS_BY_ID_SQL, [list(missing)]):
-            missing[row[0]].row = row
+            event = missing[row[0]]
+            event.row, event.trace = row, row[TRACE_COLUMN]
 
 
 # The history as the webhooks fan-out reads it: the same events, narrow rows (D262).
@@ -107,7 +115,8 @@ class WebhookFanout:
                 if e.id > after and (signing.ALL_EVENTS in types or e.type in types):
                     taken.append((hook_id, e))
         with_rows([e for _, e in taken])
-        rows = [(hook_id, e.id, e.job_id, e.seq or 0, e.type, e.body) for hook_id, e in taken]
+        rows = [(hook_id, e.id, e.job_id, e.seq or 0, e.type, e.body, e.trace)
+                for hook_id, e in taken]  # fmt: skip
         chains = {(r[0], r[2]) for r in rows}
         # A chain is released by its delivery job's end: the job's other events (queued,
         # processing, a retry) leave it busy, and checking them cost the fan-out

@@ -124,12 +124,16 @@ class OutboxEvent:
         return self._body
 
 
+# Where a whole row (EVENT_COLUMNS) has its job's trace context.
+TRACE_COLUMN = 28
+
+
 def _event(row: Sequence[Any]) -> OutboxEvent:
     event_id, job_id, to_status, seq, client_id = row[0], row[1], row[4], row[6], row[7]
     return OutboxEvent(
         event_id, job_id, client_id, signing.event_type(to_status), seq, to_status,
         signing.message_id(event_id), tuple(row[25:28]) if row[25] is not None else None, row,
-        trace=row[28],
+        trace=row[TRACE_COLUMN],
     )  # fmt: skip
 
 
