@@ -95,10 +95,9 @@ class FannedOut:
 def fan_out(rows: Sequence[tuple], chains: Iterable[tuple[int, int]], room: int,
             actor: str) -> FannedOut:  # fmt: skip
     """Write `rows` (webhook, event, source job, seq, type, body, the source job's trace
-    context) as waiting deliveries
-    and give each idle chain among `chains` (webhook, source job) a job for its first
-    waiting delivery, up to `room` jobs, in one statement; the jobs are signalled once
-    the caller's transaction commits."""
+    context) as waiting deliveries and give each idle chain among `chains` (webhook,
+    source job) a job for its first waiting delivery, up to `room` jobs, in one
+    statement; the jobs are signalled once the caller's transaction commits."""
     chains = sorted(set(chains))
     columns = [list(c) for c in zip(*rows, strict=True)] if rows else [[]] * 7
     params = dict(zip(("webhooks", "events", "sources", "seqs", "types", "bodies", "traces"),
