@@ -27,7 +27,7 @@ from bench.measure import (
     released_together,
     sql,
 )
-from bench.variants import apply_variant
+from bench.variants import apply_variant, labelled
 from harness import Service, free_port
 
 
@@ -51,9 +51,7 @@ class Setup:
         self.root = code.root
         self.env = env or {}
         self.variant = variant
-        self.label = f"{code.label} {label}".strip() + (
-            "" if variant == "default" else f" +{variant}"
-        )
+        self.label = labelled(f"{code.label} {label}".strip(), variant)
 
 
 def parse_server(spec: str) -> tuple[str, dict[str, str]]:
@@ -67,7 +65,7 @@ def setups(ctx: Any) -> list[Setup]:
     """The baseline tree with its defaults, then this tree with each --server (its
     default server without any), on each --variant of the database in turn."""
     out = []
-    for variant in getattr(ctx.args, "variant", None) or ["default"]:
+    for variant in ctx.args.variant or ["default"]:
         if ctx.baseline:
             out.append(Setup(ctx.baseline, variant=variant))
         specs = ctx.args.server or []

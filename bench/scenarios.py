@@ -26,7 +26,7 @@ from bench.measure import (
     released_together,
     sql,
 )
-from bench.variants import apply_variant
+from bench.variants import apply_variant, labelled
 from harness import ROOT, Processes, RedisServer, ScratchDatabase, wait_until
 
 
@@ -227,7 +227,7 @@ def drain(ctx: Context, workers: int, *, tuned: bool = True) -> Iterator[dict]:
         status = counts_by_status()
         yield {
             "scenario": name,
-            "code": code.label + ("" if variant == "default" else f" +{variant}"),
+            "code": labelled(code.label, variant),
             "figure": f"drain {n} no-op jobs with {workers} runworker process(es)"
             + ("" if tuned else " at runworker's defaults"),
             "value": n / seconds,
@@ -515,7 +515,7 @@ def submission_to_done(ctx: Context, *, tuned: bool) -> Iterator[dict]:
         to_claim = percentiles([float(r[1]) for r in rows])
         to_finish = percentiles([float(r[2]) for r in rows])
         yield {
-            "code": code.label + ("" if variant == "default" else f" +{variant}"),
+            "code": labelled(code.label, variant),
             "figure": "submission -> done of a no-op job on idle workers (p99)",
             "value": pct["p99"],
             "unit": "ms",

@@ -37,6 +37,11 @@ VARIANTS: dict[str, str | tuple[str, ...] | Callable[[], tuple[str, ...]]] = {
 }
 
 
+def labelled(label: str, variant: str) -> str:
+    """A result's code label, naming the variant it ran on (none for the default)."""
+    return label if variant == "default" else f"{label} +{variant}"
+
+
 def apply_variant(name: str) -> None:
     """Put back the migrated schema's history triggers and storage, then apply the variant."""
     from jobs.lifecycle import guard_trigger_sql

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 from bench.measure import backend_pids, cpu_seconds, sql
 from bench.scenarios import Context, counts_by_status, reset, scenario, wait_terminal
-from bench.variants import apply_variant
+from bench.variants import apply_variant, labelled
 from harness import wait_until
 from harness.receiver import Recording, first_200s
 from harness.receiver_process import ReceiverProcess
@@ -310,7 +310,7 @@ def drain_sinks(ctx: Context) -> Iterator[dict]:
             drain_s = float(last_finish) - float(first_claim)
             yield {
                 "scenario": "drain-sinks",
-                "code": code.label + ("" if variant == "default" else f" +{variant}"),
+                "code": labelled(code.label, variant),
                 "figure": f"drain {n} no-op jobs (2 runworkers, --concurrency {concurrency}) "
                 "with a webhook, the Redis stream and the Kafka sink: the last event's lag",
                 "value": max(after[k] for k in ("webhooks", "stream", "kafka")),

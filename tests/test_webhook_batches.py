@@ -181,6 +181,16 @@ def test_the_fan_out_writes_rows_and_jobs_in_one_statement_one_job_per_chain(hoo
     assert Job.objects.filter(task=signing.DELIVER_TASK).count() == 5
 
 
+def _one_done_job(hook: Webhook, trace_context: str | None = None) -> int:
+    """A job of the hook's client, done (with `trace_context`, as a traced request sets it)."""
+    (source,) = [s.job_id for s in services.submit_many([services.NewJob("echo", {})],
+                                                           client_id=hook.client_id)]  # fmt: skip
+    if trace_context is not None:
+        Job.objects.filter(pk=source).update(trace_context=trace_context)
+    services.complete([(services.claim("w1", source), {})])
+    return source
+
+
 def _narrow_after(after: int) -> list:
     with connection.cursor() as cur:
         cur.execute(FANOUT_HISTORY.events_sql, [after, 1 << 62, 1000])
@@ -194,9 +204,7 @@ def test_only_a_delivery_jobs_end_makes_the_fan_out_look_at_its_chain(hook):
     order (issue 41: they were two thirds of the chains the fan-out checked)."""
     Webhook.objects.filter(pk=hook.pk).update(events=["*"])
     fanout = WebhookFanout()
-    (source,) = [s.job_id for s in services.submit_many([services.NewJob("echo", {})],
-                                                           client_id=hook.client_id)]  # fmt: skip
-    services.complete([(services.claim("w1", source), {})])
+    _one_done_job(hook)
     with transaction.atomic():
         assert fanout.handle(_narrow_after(0)) == 3  # queued, processing, done
     head = WebhookDelivery.objects.get(job__isnull=False)
@@ -225,10 +233,7 @@ def test_a_delivery_job_goes_on_in_its_source_jobs_trace_new_or_waiting(hook):
     Webhook.objects.filter(pk=hook.pk).update(events=["*"])
     fanout = WebhookFanout()
     traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
-    (source,) = [s.job_id for s in services.submit_many([services.NewJob("echo", {})],
-                                                           client_id=hook.client_id)]  # fmt: skip
-    Job.objects.filter(pk=source).update(trace_context=traceparent)
-    services.complete([(services.claim("w1", source), {})])
+    _one_done_job(hook, traceparent)
     with transaction.atomic():
         fanout.handle(_narrow_after(0))  # the first delivery's job, with its row
     head = WebhookDelivery.objects.get(job__isnull=False)

@@ -15,9 +15,8 @@ partitioned table's index cannot be: its DROP takes ACCESS EXCLUSIVE on the pare
 its partitions for a catalog change of milliseconds. While it waits for that lock every
 writer queues behind it, so it waits LOCK_WAIT_MS at most and tries again after a pause:
 a long transaction on the table delays the migration, and the jobs by LOCK_WAIT_MS a try
-at most. The reverse
-builds them again (the partitioned ones without CONCURRENTLY: writes wait while they
-build).
+at most. The reverse builds them again (the partitioned ones without CONCURRENTLY: writes
+wait while they build).
 """
 
 import logging
