@@ -90,6 +90,7 @@ def test_no_slot_when_other_processes_hold_them_all(slots, settings):
         taken = slots.take(WEBHOOK)
         assert taken is not None and taken.slot.number == 1
         taken.give()
+        other.execute("SELECT pg_advisory_unlock_all()")
 
 
 class KeepAlive:
