@@ -126,6 +126,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="The webhook scenarios' receiver as an http.server thread of the bench's own "
         "process (the receiver before 0.3.6) instead of a process of its own.",
     )
+    p.add_argument(
+        "--deliveries-after-sinks",
+        action="store_true",
+        help="drain-sinks with the drain's workers on the default queue only and a webhooks "
+        "worker started once every cursor has passed the last event: the sinks' lag without "
+        "the deliveries' work beside the relays.",
+    )
     p.add_argument("--out", type=Path, default=None, help="JSON lines file to append to.")
     p.add_argument("--keep-db", action="store_true", help="Do not drop the scratch database.")
     return p.parse_args(argv)
@@ -213,6 +220,8 @@ def command_for(name: str, args: argparse.Namespace, record: dict) -> str:
             parts += ["--webhook-receiver", receiver]
     if name in ("webhook-throughput", "drain-sinks") and args.receiver_in_bench:
         parts.append("--receiver-in-bench")
+    if name == "drain-sinks" and args.deliveries_after_sinks:
+        parts.append("--deliveries-after-sinks")
     if name == "claim-big":
         parts += ["--finished-rows", str(args.finished_rows)]
     if args.baseline:

@@ -14,6 +14,7 @@ import math
 import time
 from collections import defaultdict
 from collections.abc import Iterator
+from functools import partial
 
 from bench.measure import backend_pids, cpu_seconds, sql
 from bench.scenarios import Context, counts_by_status, reset, scenario, wait_terminal
@@ -259,8 +260,13 @@ def drain_sinks(ctx: Context) -> Iterator[dict]:
                        "JOBS_KAFKA_TOPIC": topic,
                        "JOBS_KAFKA_CONFIG": '{"linger.ms": 5}'}  # fmt: skip
                 reaper = ctx.procs.start("runreaper", root=code.root, **env)
-                workers = [ctx.procs.worker("--concurrency", str(concurrency), root=code.root,
-                                            ready=True, **env) for _ in range(2)]  # fmt: skip
+                # --deliveries-after-sinks: the deliveries wait until every cursor has
+                # passed, so the relays have the machine to themselves (a figure, not a mode).
+                later = ctx.args.deliveries_after_sinks
+                queues = ["--queues", "default"] if later else []
+                workers = [ctx.procs.worker("--concurrency", str(concurrency), *queues,
+                                            root=code.root, ready=True, **env)
+                           for _ in range(2)]  # fmt: skip
                 pids = [reaper.pid], [w.pid for w in workers]
                 cpu_before = [cpu_seconds(p) for p in pids] + [cpu_seconds(backend_pids())]
                 first_event = sql("SELECT COALESCE(max(id), 0) FROM jobs_jobevent")[0][0]
@@ -280,11 +286,16 @@ def drain_sinks(ctx: Context) -> Iterator[dict]:
                     "SELECT id FROM jobs_jobevent WHERE job_id = ANY(%s::bigint[]) AND "
                     "to_status = 'done'", [job_ids])}  # fmt: skip
 
-                def caught_up(passed=passed, last=last, expected=expected,
-                              receiver=receiver) -> bool:  # fmt: skip
+                deliverer = (partial(ctx.procs.worker, "--queues", signing.WEBHOOK_QUEUE,
+                                     root=code.root, **env) if later else None)  # fmt: skip
+
+                def caught_up(passed=passed, last=last, expected=expected, receiver=receiver,
+                              workers=workers, deliverer=deliverer) -> bool:  # fmt: skip
                     for name in ("webhooks", "stream", "kafka"):
                         if name not in passed and _cursor(name) >= last:
                             passed[name] = time.time()
+                    if deliverer is not None and len(workers) == 2 and len(passed) == 3:
+                        workers.append(deliverer())
                     if "receiver" not in passed:
                         delivered = _all_delivered(receiver, expected)
                         if delivered is not None:
@@ -296,6 +307,7 @@ def drain_sinks(ctx: Context) -> Iterator[dict]:
                 behind = trace.at_end(float(last_finish), last, passed)
                 # CPU per history event relayed (the jobs', the deliveries' too) from the
                 # submission to the last sink: what bounds the relays on a busy machine.
+                pids = [reaper.pid], [w.pid for w in workers]  # a late webhooks worker too
                 cpu = [cpu_seconds(p) for p in pids] + [cpu_seconds(backend_pids())]
                 events = sql("SELECT count(*) FROM jobs_jobevent WHERE id > %s AND "
                              "kind = 'transition'", [first_event])[0][0]  # fmt: skip
@@ -310,7 +322,8 @@ def drain_sinks(ctx: Context) -> Iterator[dict]:
             drain_s = float(last_finish) - float(first_claim)
             yield {
                 "scenario": "drain-sinks",
-                "code": labelled(code.label, variant),
+                "code": labelled(code.label, variant)
+                + (" (deliveries after the sinks)" if later else ""),
                 "figure": f"drain {n} no-op jobs (2 runworkers, --concurrency {concurrency}) "
                 "with a webhook, the Redis stream and the Kafka sink: the last event's lag",
                 "value": max(after[k] for k in ("webhooks", "stream", "kafka")),

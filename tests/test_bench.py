@@ -71,6 +71,23 @@ def test_quick_bench_reports_a_figure_per_scenario(tmp_path):
     assert listed.stdout.strip() == "0"
 
 
+def test_drain_sinks_can_hold_the_deliveries_until_every_cursor_has_passed(tmp_path):
+    """--deliveries-after-sinks: the relays' lag without the deliveries' work beside them,
+    and every delivery still made, by a webhooks worker started afterwards."""
+    out = tmp_path / "bench.jsonl"
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    args = ["--quick", "--scenario", "drain-sinks", "--deliveries-after-sinks"]
+    proc = subprocess.run([sys.executable, "-m", "bench", *args, "--out", str(out)], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=280)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (record,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert record["code"].endswith("(deliveries after the sinks)")
+    assert "--deliveries-after-sinks" in record["command"]
+    assert isinstance(record["value"], float) and record["value"] > 0
+    passed = record["summary"].split("last event passed by ", 1)[1]
+    assert "receiver" in passed and "webhooks" in passed, record["summary"]
+
+
 def test_request_cpu_reports_each_trees_cpu_per_submission():
     """`python -m bench.request_cpu --baseline REF`: one line per tree with a positive
     median, and the command (the submissions are answered 201, or the child stops)."""
