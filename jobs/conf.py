@@ -106,6 +106,7 @@ SETTINGS: dict[str, Setting] = {
     "JOBS_WEBHOOK_CIRCUIT_MAX_OPEN_SECONDS": Setting(600.0, "Longest open period of a circuit."),
     "JOBS_WEBHOOK_MAX_RESPONSE_BYTES": Setting(4096, "Bytes of a receiver's answer kept."),
     "JOBS_WEBHOOK_MAX_RETRIES": Setting(10, "Retry budget of a webhook delivery."),
+    "JOBS_WEBHOOK_OUTBOX_HOLD": Setting(3.0, "Longest wait in a row of webhook deliveries while the outbox relays are a batch behind, then as long open (0: never wait)."),
     "JOBS_WEBHOOK_CA_BUNDLE": Setting("", "PEM file of CA certificates for https receivers; empty: the system's."),
     "JOBS_WEBHOOK_KEY": Setting("", "Key webhook secrets are derived from; empty: SECRET_KEY."),
     "JOBS_ARCHIVE_DIR": Setting("", "Local directory prunejobs archives expired partitions to (Parquet, the `archive` extra); empty: they are kept, not archived."),

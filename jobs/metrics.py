@@ -97,6 +97,11 @@ WEBHOOK_DELIVERIES_HELD = Counter(
     "Webhook deliveries kept waiting because the webhooks queue was past "
     "JOBS_MAX_QUEUE_DEPTH (each is released when the queue has room)",
 )
+WEBHOOK_OUTBOX_HOLDS = Counter(
+    "jobs_webhook_outbox_holds_total",
+    "Times a worker's webhook deliveries began waiting for the outbox relays to catch up "
+    "(JOBS_WEBHOOK_OUTBOX_HOLD)",
+)
 SCHEDULE_SLOTS = Counter(
     "jobs_schedule_slots_total",
     "Schedule slots claimed by this scheduler, by outcome (enqueued, overlap_skipped, queue_full)",

@@ -25,6 +25,8 @@ from django.db.models.functions import Now
 
 from jobs import queues, selectors, services
 from jobs.dispatch import QueueSpec
+from jobs.events import backlog
+from jobs.events.signing import WEBHOOK_QUEUE
 from jobs.models import Queue
 from jobs.services import Lease
 
@@ -155,6 +157,8 @@ class Gate:
         self._refresh()
         now = time.monotonic()
         with self._lock:
+            if WEBHOOK_QUEUE in order and backlog.HOLD.on():  # the outbox first (D409)
+                self._blocked[WEBHOOK_QUEUE] = now + backlog.LOOK_SECONDS
             for queue, until in list(self._blocked.items()):
                 if until <= now:
                     del self._blocked[queue]

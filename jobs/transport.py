@@ -184,6 +184,25 @@ class Transport:
             script = self._append_script = self._client.register_script(_APPEND_EVENTS_LUA)
         return script
 
+    def set_flag(self, name: str, ttl_ms: int) -> None:
+        """`<prefix><name>` set for `ttl_ms` (jobs.events.backlog)."""
+        try:
+            self._client.set(f"{self.prefix}{name}", b"1", px=ttl_ms)
+        except redis.RedisError as exc:
+            raise self._fail("set", exc) from exc
+
+    def clear_flag(self, name: str) -> None:
+        try:
+            self._client.delete(f"{self.prefix}{name}")
+        except redis.RedisError as exc:
+            raise self._fail("del", exc) from exc
+
+    def flag(self, name: str) -> bool:
+        try:
+            return bool(self._client.exists(f"{self.prefix}{name}"))
+        except redis.RedisError as exc:
+            raise self._fail("exists", exc) from exc
+
     def publish(self, channel: str, message: str) -> None:
         """PUBLISH a hint to the subscribers of `channel` (jobs.waiting)."""
         try:
@@ -225,6 +244,15 @@ class NullTransport:
 
     def lengths(self, queues: Iterable[str]) -> dict[str, int]:
         return {}
+
+    def set_flag(self, name: str, ttl_ms: int) -> None:
+        return None
+
+    def clear_flag(self, name: str) -> None:
+        return None
+
+    def flag(self, name: str) -> bool:
+        return False
 
     def publish(self, channel: str, message: str) -> None:
         return None

@@ -15,7 +15,7 @@ from django.test.utils import CaptureQueriesContext
 
 from harness.receiver import Recording
 from jobs import services
-from jobs.events import batches, endpoints, signing
+from jobs.events import backlog, batches, endpoints, signing
 from jobs.events.outbox import Dispatcher
 from jobs.events.reads import Built, binary_rows
 from jobs.events.relay import FANOUT_HISTORY, WebhookFanout
@@ -24,6 +24,7 @@ from jobs.events.webhooks import deliver
 from jobs.lifecycle import Status
 from jobs.models import Client, Job, JobEvent, Webhook, WebhookDelivery
 from jobs.tasks import JobContext
+from jobs.transport import get_transport
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -110,6 +111,27 @@ def test_a_fast_endpoints_deliveries_go_out_in_the_first_ones_run(hook, receiver
         assert job.started_at is not None and job.retry_count == 0
     hook.refresh_from_db()
     assert (hook.circuit_state, hook.circuit_failures) == ("closed", 0)
+
+
+def test_a_run_ends_at_once_while_the_outbox_is_far_behind(hook, receiver, monkeypatch):
+    """D409: a delivery still makes its own call, but takes none of its endpoint's other
+    deliveries while a reaper says the outbox is a batch behind; once it is not, the
+    next delivery's run takes the rest."""
+    monkeypatch.setattr(batches, "FAST_SECONDS", 2.0)
+    monkeypatch.setattr(batches, "RUN_SECONDS", 30.0)
+    jobs = deliveries_queued(hook)
+    transport = get_transport()
+    transport.set_flag(backlog.FLAG, 30_000)
+    monkeypatch.setattr(backlog, "HOLD", backlog.Hold())
+    try:
+        assert attempt(jobs[0])["run"] == 0
+    finally:
+        transport.clear_flag(backlog.FLAG)
+    assert len(receiver.calls) == 1
+    assert Job.objects.filter(pk__in=jobs, status=Status.QUEUED).count() == N - 1
+    monkeypatch.setattr(backlog, "HOLD", backlog.Hold())
+    assert attempt(jobs[1])["run"] == N - 2
+    assert len(receiver.calls) == N
 
 
 @pytest.mark.parametrize("receiver", [{4}], indirect=True)

@@ -31,7 +31,7 @@ from django.db import connection, transaction
 
 from jobs import metrics, selectors, services
 from jobs.errors import class_path
-from jobs.events import circuit, endpoints, signing, ssrf
+from jobs.events import backlog, circuit, endpoints, signing, ssrf
 from jobs.lifecycle import Status
 
 log = logging.getLogger(__name__)
@@ -102,6 +102,8 @@ def run(ctx, webhook_id: int, slot: endpoints.Taken, send: Send,
         while (elapsed := time.monotonic() - started) < RUN_SECONDS and not ctx.stop.is_set():
             if elapsed >= HANDOVER_AFTER and endpoints.SLOTS.waiting(webhook_id):
                 break  # another delivery here waits for the slot: hand it over
+            if backlog.HOLD.on():
+                break  # the outbox is far behind: its relays first (D409)
             lent, fast = _lent(webhook_id, slot)
             called += lent
             if not fast:

@@ -38,6 +38,7 @@ from django.db import DatabaseError, InterfaceError, close_old_connections, conn
 from jobs import metrics, selectors
 from jobs.conf import settings
 from jobs.events import kafka
+from jobs.events.backlog import Backlog
 from jobs.events.cursors import CURSOR_SQL, LOCK_SQL, START_SQL
 from jobs.events.reads import Built
 from jobs.events.relay import FANOUT_HISTORY, WebhookFanout
@@ -78,7 +79,8 @@ class Dispatcher:
     def __init__(self, subscribers: Sequence | None = None, batch: int = 500,
                  interval: float | None = None,
                  sources: Sequence[Source] = (HISTORY,),
-                 built: Built | None = None) -> None:  # fmt: skip
+                 built: Built | None = None,
+                 backlog: Backlog | None = None) -> None:  # fmt: skip
         if subscribers is None:
             subscribers = [WebhookFanout()]
             if settings.REDIS_URL:
@@ -91,6 +93,7 @@ class Dispatcher:
         self.built = Built(keep=2 * batch) if built is None else built
         self._not_started_logged: dict[str, float] = {}
         self.waiting = 0  # ids behind the horizon the last tick noted (run's wait)
+        self.backlog = backlog  # told how far behind each tick left it (D409)
 
     def tick(self) -> int:
         """One pass over every subscriber; the number of events handed out. A subscriber
@@ -104,6 +107,8 @@ class Dispatcher:
                 except TransportError as exc:
                     log.warning("outbox subscriber %s failed, will retry: %s",
                                 subscriber.name + source.suffix, exc)  # fmt: skip
+        if self.backlog is not None:
+            self.backlog.report(self.cursor_names[0], self.waiting, self.batch)
         return total
 
     def _tick_one(self, subscriber, source: Source = HISTORY) -> int:
@@ -224,10 +229,14 @@ def dispatchers() -> list[Dispatcher]:
     # Read and built once for the three; the window keeps a few batches for the ones that
     # follow. The fan-out takes its range from there when the window holds it (D394).
     built = Built(keep=4 * DISPATCH_BATCH)
+    # The fan-out and the stream, a batch behind, ask the deliveries to wait (D409); Kafka
+    # does not: a slow broker is not work the deliveries take cores from.
+    backlog = Backlog()
     found = [Dispatcher([WebhookFanout()], batch=DISPATCH_BATCH, sources=(FANOUT_HISTORY,),
-                        built=built)]  # fmt: skip
+                        built=built, backlog=backlog)]  # fmt: skip
     if settings.REDIS_URL:
-        found.append(Dispatcher([StreamPublisher()], batch=DISPATCH_BATCH, built=built))
+        found.append(Dispatcher([StreamPublisher()], batch=DISPATCH_BATCH, built=built,
+                                backlog=backlog))  # fmt: skip
     if kafka.configured():  # the domain events of publish() too, behind a cursor of their own
         found.append(Dispatcher([kafka.KafkaSink()], batch=kafka.BATCH, sources=SOURCES,
                                 built=built))  # fmt: skip
