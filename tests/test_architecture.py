@@ -54,6 +54,9 @@ LAYERS: list[tuple[str, list[str]]] = [
                         "jobs.lending",
                         # Parquet files of archived periods: the only pyarrow import
                         "jobs.archive.files"]),
+    # Whether the outbox is a batch behind, as the reaper's relays say and the workers'
+    # deliveries ask (a Redis flag, D409).
+    ("outbox backlog", ["jobs.events.backlog"]),
     # The models in rooms by capability (D401): first the job, its client and history,
     # which every other room points at; then the others, each importing only that one;
     # then the package's face, the one place callers import a model from.
