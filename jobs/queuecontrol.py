@@ -155,9 +155,11 @@ class Gate:
     def open(self, order: list[str]) -> list[str]:
         """`order` without the queues paused or blocked now."""
         self._refresh()
+        # The outbox first (D409); asked outside the lock: it may ask Redis.
+        held = WEBHOOK_QUEUE in order and backlog.HOLD.on()
         now = time.monotonic()
         with self._lock:
-            if WEBHOOK_QUEUE in order and backlog.HOLD.on():  # the outbox first (D409)
+            if held:
                 self._blocked[WEBHOOK_QUEUE] = now + backlog.LOOK_SECONDS
             for queue, until in list(self._blocked.items()):
                 if until <= now:

@@ -5,8 +5,8 @@ fan-out releases meanwhile run on the same cores: a delivery is a job (its claim
 call, its completion, and three history rows every relay passes again), about 1.2 ms of
 CPU across the processes. Side by side, deliveries started only once every cursor had
 passed (`python -m bench --scenario drain-sinks --deliveries-after-sinks`) halved every
-sink's lag after a drain, and the receiver's last delivery came no later: the same work
-in a better order. So a reaper whose fan-out or stream is a full batch or more behind
+sink's lag after a drain, and the receiver's last delivery came about when it did: the
+same work in a better order. So a reaper whose fan-out or stream is a full batch or more behind
 says so (a Redis key with a short life), and workers leave the webhooks queue unclaimed
 while it is set: for at most JOBS_WEBHOOK_OUTBOX_HOLD seconds in a row, then as long
 again open, so deliveries never wait on a backlog that does not end. Without Redis, or
