@@ -30,8 +30,9 @@ log = logging.getLogger(__name__)
 FLAG = "outbox:behind"
 # A reaper that stops saying it is behind (stopped, killed) holds nobody past this.
 FLAG_MS = 2000
-# How often a reaper that is still behind says so again, and a worker looks.
+# How often a reaper that is still behind says so again.
 REFRESH_SECONDS = FLAG_MS / 1000 / 4
+# How often a worker looks (the gate's wait while held).
 LOOK_SECONDS = 0.05
 
 
